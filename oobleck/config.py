@@ -1,0 +1,302 @@
+"""Structured configuration: the schema of every Hydra config group, and its validation.
+
+The dataclasses here are registered in Hydra's ConfigStore as ``oobleck_schema``; ``conf/config.yaml``
+puts that schema first in its defaults list, so every key a YAML file or a command-line override
+sets is type-checked and an unknown key is an error. ``validate(cfg)`` then checks values and
+cross-field constraints before any process starts, raising ``ConfigError`` with one message that
+names the key, the value and the fix.
+
+Sections mirror the config groups: ``model/``, ``cluster/``, ``profile``, ``job``, ``planner``,
+``failures/``, ``strategy/``, ``sim`` (filled by ``experiment/``) and ``logger/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from oobleck.errors import ConfigError
+
+
+@dataclass
+class ModelConfig:
+    """A GPT-family model; ``conf/model/<name>.yaml`` holds the published sizes."""
+
+    name: str = MISSING
+    n_layer: int = MISSING  # transformer blocks (the layered model adds embedding, final norm, head)
+    n_embd: int = MISSING
+    n_head: int = MISSING
+    vocab_size: int = 50257
+    seq_len: int = 1024
+    ffn_mult: int = 4
+    dropout: float = 0.0
+    init_std: float = 0.02
+    # Tied input embedding and LM head. When true the runtime all-reduces the tied weight's
+    # gradient between the stages holding the two ends, so training stays exact.
+    tie_embeddings: bool = True
+
+
+@dataclass
+class GPUConfig:
+    """A named accelerator for analytic profiles and simulation (``cluster.gpu``)."""
+
+    name: str = "A100-40GB"
+    peak_tflops: float = 312.0  # dense fp16/bf16 tensor-core peak (NVIDIA A100 datasheet)
+    memory_gb: float = 40.0
+    memory_bandwidth_gbps: float = 1555.0  # HBM bytes/s in GB/s (A100 40GB datasheet)
+    # Fraction of peak FLOP/s a transformer layer achieves; an assumption, see conf/cluster.
+    achieved_flop_fraction: float = 0.45
+
+
+@dataclass
+class ClusterConfig:
+    """Where workers run: ``local`` (processes on this machine) or ``slurm`` (one agent per node)."""
+
+    kind: str = "local"
+    nodes: int = 4
+    gpus_per_node: int = 1
+    device: str = "cpu"  # cpu (gloo) | cuda (nccl)
+    gpu: GPUConfig = field(default_factory=GPUConfig)
+    # Memory the planner may use on one device. For cpu "devices" this is a per-worker budget.
+    device_memory_gb: float = 4.0
+    intra_node_bandwidth_gbps: float = 10.0  # GB/s between devices of one node
+    inter_node_bandwidth_gbps: float = 1.0  # GB/s between nodes
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0  # 0: pick a free port
+    heartbeat_interval_s: float = 0.5
+    heartbeat_timeout_s: float = 10.0
+    collective_timeout_s: float = 60.0
+    startup_timeout_s: float = 180.0
+    # Torch threads per worker; 0 lets torch choose. Keep 1 on small CPU machines.
+    torch_threads: int = 1
+
+
+@dataclass
+class ProfileConfig:
+    """Where the planner's per-layer profile comes from."""
+
+    source: str = "auto"  # auto | measured | analytic | file
+    path: Optional[str] = None  # profile JSON for source=file
+    cache_dir: str = ".oobleck_cache/profiles"
+    warmup: int = 2
+    repeats: int = 5
+
+
+@dataclass
+class JobConfig:
+    """The training job: fault tolerance, batch sizes, steps and optimiser."""
+
+    fault_tolerance: int = 1  # f: simultaneous node failures to survive without restart
+    global_batch_size: int = 32
+    microbatch_size: int = 2
+    steps: int = 30
+    seed: int = 0
+    dataset: str = "corpus"  # corpus (shipped text, byte-level) | synthetic (seeded tokens)
+    lr: float = 3e-4
+    min_lr: float = 3e-5
+    warmup_steps: int = 5
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # global-norm clipping; 0 disables
+
+
+@dataclass
+class PlannerConfig:
+    """Template generation and instantiation settings."""
+
+    # Templates are ranked at m = reference_microbatches_per_stage * S microbatches (paper: 4 * S).
+    reference_microbatches_per_stage: int = 4
+    # Only plan stage widths the runtime can execute (a stage on g GPUs of one node).
+    max_gpus_per_stage: Optional[int] = None
+
+
+@dataclass
+class FailureEventConfig:
+    """One scheduled membership change: at a step or after a time, remove or join nodes."""
+
+    action: str = "remove"  # remove | join
+    step: Optional[int] = None
+    time_s: Optional[float] = None
+    nodes: Optional[list[int]] = None  # explicit node ids
+    count: Optional[int] = None  # or how many (chosen deterministically from the seed)
+    # Where in the step to strike for removals at a step: any | forward | backward | allreduce | optimizer
+    phase: str = "any"
+    freeze: bool = False  # SIGSTOP instead of SIGKILL: caught by the heartbeat timeout
+
+
+@dataclass
+class FailuresConfig:
+    """The failure schedule: none | explicit | poisson | trace."""
+
+    kind: str = "none"
+    events: list[FailureEventConfig] = field(default_factory=list)
+    mtbf_s: float = 60.0  # poisson: mean time between node failures
+    max_events: Optional[int] = None
+    seed: int = 0
+    trace: Optional[str] = None  # trace file, or a shipped name such as synthetic/10m
+    # Real runs replay a trace faster: seconds of run time per hour of trace time.
+    seconds_per_trace_hour: float = 10.0
+
+
+@dataclass
+class StrategyConfig:
+    """A resilience strategy: oobleck | varuna | bamboo. Constants carry their source in YAML."""
+
+    name: str = "oobleck"
+    checkpoint_interval: int = 0  # steps between checkpoints; 0 = none
+    checkpoint_dir: str = "checkpoints"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SimConfig:
+    """Simulator experiments (set by ``experiment/``)."""
+
+    models: list[str] = field(default_factory=lambda: ["gpt3_medium"])
+    traces: list[str] = field(default_factory=lambda: ["synthetic/1h"])
+    strategies: list[str] = field(default_factory=lambda: ["oobleck", "varuna", "bamboo"])
+    duration_h: Optional[float] = None  # None: the whole trace
+    figures: bool = True
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "offline"  # offline | online | disabled
+    project: str = "oobleck"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoggerConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    progress_bar: bool = True
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    job: JobConfig = field(default_factory=JobConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    failures: FailuresConfig = field(default_factory=FailuresConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    sim: SimConfig = field(default_factory=SimConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    experiment: str = "default"
+
+
+def register_configs() -> None:
+    """Register the schema with Hydra; ``conf/config.yaml`` lists ``oobleck_schema`` first."""
+    ConfigStore.instance().store(name="oobleck_schema", node=Config)
+
+
+register_configs()
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}; set {key}=<one of them>")
+
+
+def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
+    if value is None or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{key}={value} must be {bound}")
+
+
+def validate(cfg: Config | DictConfig) -> None:
+    """Check values and cross-field constraints; raise ``ConfigError`` naming the first problem.
+
+    Constraints that need the model profile (n0, memory) are checked by the planner, which
+    raises ``PlanningError`` with the same kind of message.
+    """
+    model, cluster, job = cfg.model, cfg.cluster, cfg.job
+    for key in ("n_layer", "n_embd", "n_head", "vocab_size", "seq_len"):
+        _positive(f"model.{key}", getattr(model, key))
+    if model.n_embd % model.n_head:
+        raise ConfigError(
+            f"model.n_embd={model.n_embd} is not divisible by model.n_head={model.n_head}; "
+            "choose a head count that divides the width"
+        )
+    _choice("cluster.kind", cluster.kind, ("local", "slurm"))
+    _choice("cluster.device", cluster.device, ("cpu", "cuda"))
+    _positive("cluster.nodes", cluster.nodes)
+    _positive("cluster.gpus_per_node", cluster.gpus_per_node)
+    _positive("cluster.device_memory_gb", cluster.device_memory_gb)
+    _positive("cluster.intra_node_bandwidth_gbps", cluster.intra_node_bandwidth_gbps)
+    _positive("cluster.inter_node_bandwidth_gbps", cluster.inter_node_bandwidth_gbps)
+    for key in ("heartbeat_interval_s", "heartbeat_timeout_s", "collective_timeout_s", "startup_timeout_s"):
+        _positive(f"cluster.{key}", getattr(cluster, key))
+    if cluster.heartbeat_timeout_s <= cluster.heartbeat_interval_s:
+        raise ConfigError(
+            f"cluster.heartbeat_timeout_s={cluster.heartbeat_timeout_s} must exceed "
+            f"cluster.heartbeat_interval_s={cluster.heartbeat_interval_s}"
+        )
+    if not 0 <= cluster.master_port <= 65535:
+        raise ConfigError(f"cluster.master_port={cluster.master_port} must be in 0..65535 (0 picks a free port)")
+    _choice("profile.source", cfg.profile.source, ("auto", "measured", "analytic", "file"))
+    if cfg.profile.source == "file" and not cfg.profile.path:
+        raise ConfigError("profile.source=file needs profile.path=<profile JSON written by python -m oobleck.profile>")
+
+    if job.fault_tolerance < 0:
+        raise ConfigError(f"job.fault_tolerance={job.fault_tolerance} must be >= 0")
+    _positive("job.microbatch_size", job.microbatch_size)
+    _positive("job.global_batch_size", job.global_batch_size)
+    if job.global_batch_size % job.microbatch_size:
+        raise ConfigError(
+            f"job.global_batch_size={job.global_batch_size} is not divisible by "
+            f"job.microbatch_size={job.microbatch_size}; make the batch a multiple of the microbatch"
+        )
+    microbatches = job.global_batch_size // job.microbatch_size
+    if microbatches < job.fault_tolerance + 1:
+        raise ConfigError(
+            f"job.global_batch_size={job.global_batch_size} gives {microbatches} microbatches of "
+            f"{job.microbatch_size}, fewer than the f+1={job.fault_tolerance + 1} pipelines "
+            "job.fault_tolerance needs; raise the batch or lower the microbatch size"
+        )
+    _positive("job.steps", job.steps)
+    _positive("job.lr", job.lr)
+    _positive("job.min_lr", job.min_lr, allow_zero=True)
+    _positive("job.warmup_steps", job.warmup_steps, allow_zero=True)
+    _positive("job.grad_clip", job.grad_clip, allow_zero=True)
+    _choice("job.dataset", job.dataset, ("corpus", "synthetic"))
+    _positive("planner.reference_microbatches_per_stage", cfg.planner.reference_microbatches_per_stage)
+
+    failures = cfg.failures
+    _choice("failures.kind", failures.kind, ("none", "explicit", "poisson", "trace"))
+    if failures.kind == "poisson":
+        _positive("failures.mtbf_s", failures.mtbf_s)
+    if failures.kind == "trace" and not failures.trace:
+        raise ConfigError("failures.kind=trace needs failures.trace=<file or shipped name, e.g. synthetic/10m>")
+    for index, event in enumerate(failures.events):
+        key = f"failures.events[{index}]"
+        _choice(f"{key}.action", event.action, ("remove", "join"))
+        _choice(f"{key}.phase", event.phase, ("any", "forward", "backward", "allreduce", "optimizer"))
+        if (event.step is None) == (event.time_s is None):
+            raise ConfigError(f"{key} needs exactly one of step=<int> or time_s=<seconds>")
+        if event.nodes is None and event.count is None:
+            raise ConfigError(f"{key} needs nodes=[ids] or count=<n>")
+
+    _choice("strategy.name", cfg.strategy.name, ("oobleck", "varuna", "bamboo"))
+    _positive("strategy.checkpoint_interval", cfg.strategy.checkpoint_interval, allow_zero=True)
+    _choice("logger.wandb.mode", cfg.logger.wandb.mode, ("offline", "online", "disabled"))
+
+
+def to_container(cfg: Config | DictConfig) -> dict[str, Any]:
+    """A plain, resolved dict of the config (for plan.json, wandb and worker processes)."""
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.structured(cfg)
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def from_container(data: dict[str, Any]) -> DictConfig:
+    """Rebuild a typed config from ``to_container``'s output (e.g. in a worker process)."""
+    return OmegaConf.merge(OmegaConf.structured(Config), data)  # type: ignore[return-value]

@@ -1,0 +1,244 @@
+"""Planner outputs: pipeline templates, instantiated execution plans and reconfiguration plans.
+
+These frozen dataclasses are the contract between the planner and everything that consumes a plan
+(the runtime, the control plane, the simulator, plan.json). They serialise to plain dicts, so the
+controller can publish them through the TCPStore and every process rebuilds the identical plan.
+
+Vocabulary:
+- a *stage* is a contiguous layer range ``[start, end)`` on ``gpus`` devices of one node; each of
+  those devices holds the whole stage and takes a share of every microbatch (data parallel inside
+  the stage), which is what the cost model's ``F/g`` plus an in-node all-reduce describes;
+- a *template* is the best stage layout for a node count; a *pipeline* is a template instantiated
+  on concrete node ids with a number of microbatches per iteration;
+- a *worker* is one device: ``(node id, local rank)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+Worker = tuple[int, int]  # (node id, local rank on that node)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """Layers ``[start, end)`` on ``gpus`` devices ``gpu_offset .. gpu_offset+gpus-1`` of pipeline node ``node``."""
+
+    start: int
+    end: int
+    node: int  # position of the node within its pipeline (0-based), not a node id
+    gpu_offset: int
+    gpus: int
+
+    @property
+    def layers(self) -> range:
+        return range(self.start, self.end)
+
+
+@dataclass(frozen=True)
+class PipelineTemplate:
+    """The chosen stage layout for ``num_nodes`` nodes, with its cost-model figures."""
+
+    num_nodes: int
+    stages: tuple[StageSpec, ...]
+    stage_seconds: tuple[float, ...]  # w_i: forward + backward (+ boundary transfer) per microbatch
+    stage_memory_bytes: tuple[float, ...]  # peak bytes per device of each stage
+    reference_microbatches: int  # the m at which templates were ranked (4 * stages by default)
+    reference_iteration_s: float  # predicted iteration time at that m
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def num_layers(self) -> int:
+        return self.stages[-1].end
+
+
+@dataclass(frozen=True)
+class PipelineInstance:
+    """A template on concrete nodes, taking microbatches ``[first_microbatch, first_microbatch+microbatches)``."""
+
+    index: int
+    template: PipelineTemplate
+    nodes: tuple[int, ...]
+    microbatches: int
+    first_microbatch: int
+    predicted_iteration_s: float
+
+    def stage_workers(self, stage: int) -> tuple[Worker, ...]:
+        spec = self.template.stages[stage]
+        node = self.nodes[spec.node]
+        return tuple((node, spec.gpu_offset + g) for g in range(spec.gpus))
+
+    def workers(self) -> tuple[Worker, ...]:
+        return tuple(w for s in range(self.template.num_stages) for w in self.stage_workers(s))
+
+
+@dataclass(frozen=True)
+class WorkerAssignment:
+    """What one device does in a plan."""
+
+    worker: Worker
+    rank: int  # rank in this plan's generation (dense, deterministic order)
+    pipeline: int
+    stage: int
+    shard: int  # index of this device among its stage's devices
+    shards: int
+    layers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """Pipelines covering every live node, and the split of one global batch over them."""
+
+    pipelines: tuple[PipelineInstance, ...]
+    num_layers: int
+    global_batch_size: int
+    microbatch_size: int
+    fault_tolerance: int
+    gpus_per_node: int
+    predicted_iteration_s: float  # max over pipelines: they finish together by construction
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch_size // self.microbatch_size
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return tuple(sorted(n for p in self.pipelines for n in p.nodes))
+
+    @property
+    def predicted_samples_per_s(self) -> float:
+        return self.global_batch_size / self.predicted_iteration_s
+
+    def assignments(self) -> tuple[WorkerAssignment, ...]:
+        """Every device's role; ranks follow (pipeline, stage, shard) order."""
+        result = []
+        for pipeline in self.pipelines:
+            for stage_index, stage in enumerate(pipeline.template.stages):
+                workers = pipeline.stage_workers(stage_index)
+                for shard, worker in enumerate(workers):
+                    result.append(
+                        WorkerAssignment(
+                            worker=worker,
+                            rank=len(result),
+                            pipeline=pipeline.index,
+                            stage=stage_index,
+                            shard=shard,
+                            shards=len(workers),
+                            layers=tuple(stage.layers),
+                        )
+                    )
+        return tuple(result)
+
+    def assignment_of(self, worker: Worker) -> WorkerAssignment | None:
+        for assignment in self.assignments():
+            if assignment.worker == worker:
+                return assignment
+        return None
+
+    def layer_holders(self) -> dict[int, tuple[Worker, ...]]:
+        """For each layer, every device holding it (across all pipelines and stage shards)."""
+        holders: dict[int, list[Worker]] = {layer: [] for layer in range(self.num_layers)}
+        for assignment in self.assignments():
+            for layer in assignment.layers:
+                holders[layer].append(assignment.worker)
+        return {layer: tuple(workers) for layer, workers in holders.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExecutionPlan:
+        pipelines = []
+        for p in data["pipelines"]:
+            t = p["template"]
+            template = PipelineTemplate(
+                num_nodes=t["num_nodes"],
+                stages=tuple(StageSpec(**s) for s in t["stages"]),
+                stage_seconds=tuple(t["stage_seconds"]),
+                stage_memory_bytes=tuple(t["stage_memory_bytes"]),
+                reference_microbatches=t["reference_microbatches"],
+                reference_iteration_s=t["reference_iteration_s"],
+            )
+            pipelines.append(
+                PipelineInstance(
+                    index=p["index"],
+                    template=template,
+                    nodes=tuple(p["nodes"]),
+                    microbatches=p["microbatches"],
+                    first_microbatch=p["first_microbatch"],
+                    predicted_iteration_s=p["predicted_iteration_s"],
+                )
+            )
+        fields = {k: v for k, v in data.items() if k != "pipelines"}
+        return cls(pipelines=tuple(pipelines), **fields)
+
+    def iter_microbatches(self) -> Iterator[tuple[int, int]]:
+        """(pipeline index, global microbatch index) for every microbatch of one iteration."""
+        for pipeline in self.pipelines:
+            for mb in range(pipeline.first_microbatch, pipeline.first_microbatch + pipeline.microbatches):
+                yield pipeline.index, mb
+
+
+@dataclass(frozen=True)
+class LayerTransfer:
+    """Copy chunk ``chunk`` of ``chunks`` of layer ``layer``'s state from ``source`` to ``target``.
+
+    A layer needed by a new holder is split into ``chunks`` equal parts (by flattened element
+    range) across distinct surviving holders, so no single source sends it all.
+    """
+
+    layer: int
+    source: Worker
+    target: Worker
+    chunk: int
+    chunks: int
+    nbytes: int  # parameter bytes of this chunk (optimizer state moves with it)
+
+
+@dataclass(frozen=True)
+class ReconfigurationPlan:
+    """How to go from ``old`` to ``new`` after ``removed`` nodes failed and ``joined`` nodes arrived."""
+
+    old: ExecutionPlan
+    new: ExecutionPlan
+    removed: tuple[int, ...]
+    joined: tuple[int, ...]
+    transfers: tuple[LayerTransfer, ...]
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(t.nbytes for t in self.transfers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "old": self.old.to_dict(),
+            "new": self.new.to_dict(),
+            "removed": list(self.removed),
+            "joined": list(self.joined),
+            "transfers": [asdict(t) for t in self.transfers],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ReconfigurationPlan:
+        return cls(
+            old=ExecutionPlan.from_dict(data["old"]),
+            new=ExecutionPlan.from_dict(data["new"]),
+            removed=tuple(data["removed"]),
+            joined=tuple(data["joined"]),
+            transfers=tuple(
+                LayerTransfer(
+                    layer=t["layer"],
+                    source=tuple(t["source"]),  # type: ignore[arg-type]
+                    target=tuple(t["target"]),  # type: ignore[arg-type]
+                    chunk=t["chunk"],
+                    chunks=t["chunks"],
+                    nbytes=t["nbytes"],
+                )
+                for t in data["transfers"]
+            ),
+        )

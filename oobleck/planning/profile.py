@@ -1,0 +1,166 @@
+"""Planner inputs: a model's per-layer profile and the cluster it runs on.
+
+A ``ModelProfile`` is what the profiler measures (or the analytic model predicts) for one
+microbatch size on one device type. Profiles are saved as JSON with a schema version; loading
+validates every field and raises ``ProfileError`` naming the file, the layer and the field.
+This module imports no torch: profiles are produced elsewhere and consumed by the planner and
+the simulator.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from oobleck.errors import ProfileError
+
+PROFILE_SCHEMA_VERSION = 1
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """One layer for one microbatch on one device: times in seconds, sizes in bytes."""
+
+    name: str
+    forward_s: float
+    backward_s: float
+    param_bytes: int  # parameters only (fp32: 4 bytes per parameter)
+    activation_bytes: int  # kept from forward until backward, per microbatch
+    output_bytes: int  # the boundary tensor sent to the next stage, per microbatch
+
+    @property
+    def params(self) -> int:
+        return self.param_bytes // 4
+
+
+@dataclass(frozen=True)
+class AllReduceSample:
+    """A measured all-reduce: ``seconds`` to reduce ``nbytes`` over ``group_size`` ranks."""
+
+    group_size: int
+    nbytes: int
+    seconds: float
+    scope: str = "cross_node"  # in_node | cross_node
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    model: str
+    microbatch_size: int
+    device: str  # e.g. "cpu", "cuda:NVIDIA H200", "analytic:A100-40GB"
+    layers: tuple[LayerProfile, ...]
+    source: str = "synthetic"  # measured | analytic | synthetic
+    # Pairs of layer indices that share one parameter tensor (tied embedding and LM head).
+    tied_layers: tuple[tuple[int, int], ...] = ()
+    allreduce: tuple[AllReduceSample, ...] = ()
+    cache_key: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate_profile(self)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(layer.param_bytes for layer in self.layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["schema_version"] = PROFILE_SCHEMA_VERSION
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, origin: str = "profile") -> ModelProfile:
+        if not isinstance(data, dict):
+            raise ProfileError(f"{origin}: expected a JSON object, got {type(data).__name__}")
+        version = data.get("schema_version")
+        if version != PROFILE_SCHEMA_VERSION:
+            raise ProfileError(
+                f"{origin}: schema_version={version!r}, this version reads {PROFILE_SCHEMA_VERSION}; "
+                "re-create it with python -m oobleck.profile"
+            )
+        try:
+            layers = tuple(
+                LayerProfile(**{k: layer[k] for k in LayerProfile.__dataclass_fields__}) for layer in data["layers"]
+            )
+            allreduce = tuple(AllReduceSample(**sample) for sample in data.get("allreduce", ()))
+            return cls(
+                model=data["model"],
+                microbatch_size=int(data["microbatch_size"]),
+                device=data["device"],
+                layers=layers,
+                source=data.get("source", "measured"),
+                tied_layers=tuple(tuple(pair) for pair in data.get("tied_layers", ())),  # type: ignore[misc]
+                allreduce=allreduce,
+                cache_key=data.get("cache_key", ""),
+                metadata=dict(data.get("metadata", {})),
+            )
+        except ProfileError as error:
+            raise ProfileError(f"{origin}: {error}") from None
+        except (KeyError, TypeError, ValueError) as error:
+            raise ProfileError(f"{origin}: missing or malformed field ({error!r}); re-create the profile") from None
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelProfile:
+        path = Path(path)
+        if not path.is_file():
+            raise ProfileError(f"profile file {path} does not exist; write one with python -m oobleck.profile")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ProfileError(f"{path}: not valid JSON ({error}); re-create it with python -m oobleck.profile") from None
+        return cls.from_dict(data, origin=str(path))
+
+
+def validate_profile(profile: ModelProfile) -> None:
+    if not profile.layers:
+        raise ProfileError(f"profile of {profile.model!r} has no layers")
+    if profile.microbatch_size <= 0:
+        raise ProfileError(f"microbatch_size={profile.microbatch_size} must be > 0")
+    for index, layer in enumerate(profile.layers):
+        for name in ("forward_s", "backward_s"):
+            value = getattr(layer, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ProfileError(f"layer {index} ({layer.name}): {name}={value} must be a positive number of seconds")
+        for name in ("param_bytes", "activation_bytes", "output_bytes"):
+            value = getattr(layer, name)
+            if not isinstance(value, int) or value < 0:
+                raise ProfileError(f"layer {index} ({layer.name}): {name}={value} must be a non-negative integer")
+    for pair in profile.tied_layers:
+        if len(pair) != 2 or not all(0 <= i < len(profile.layers) for i in pair):
+            raise ProfileError(f"tied_layers entry {pair} must name two layer indices in 0..{len(profile.layers) - 1}")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The hardware the planner plans for. Bandwidths in bytes/s, memory in bytes per device."""
+
+    nodes: int
+    gpus_per_node: int
+    device_memory_bytes: float
+    intra_node_bandwidth: float
+    inter_node_bandwidth: float
+
+    @classmethod
+    def from_config(cls, cluster: Any) -> ClusterSpec:
+        """Build from ``cfg.cluster`` (``ClusterConfig`` or its DictConfig)."""
+        return cls(
+            nodes=int(cluster.nodes),
+            gpus_per_node=int(cluster.gpus_per_node),
+            device_memory_bytes=float(cluster.device_memory_gb) * GB,
+            intra_node_bandwidth=float(cluster.intra_node_bandwidth_gbps) * GB,
+            inter_node_bandwidth=float(cluster.inter_node_bandwidth_gbps) * GB,
+        )
