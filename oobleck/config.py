@@ -47,8 +47,12 @@ class GPUConfig:
     peak_tflops: float = 312.0  # dense fp16/bf16 tensor-core peak (NVIDIA A100 datasheet)
     memory_gb: float = 40.0
     memory_bandwidth_gbps: float = 1555.0  # HBM bytes/s in GB/s (A100 40GB datasheet)
-    # Fraction of peak FLOP/s a transformer layer achieves; an assumption, see conf/cluster.
+    # Fraction of peak FLOP/s a transformer layer achieves; an assumption, see conf/gpu/.
     achieved_flop_fraction: float = 0.45
+    # Fraction of peak memory bandwidth memory-bound work achieves (an assumption, see conf/gpu/).
+    achieved_bandwidth_fraction: float = 0.7
+    # Bytes per activation / boundary value in mixed-precision training (bf16/fp16).
+    activation_bytes_per_value: int = 2
 
 
 @dataclass
@@ -83,6 +87,11 @@ class ProfileConfig:
     cache_dir: str = ".oobleck_cache/profiles"
     warmup: int = 2
     repeats: int = 5
+    # Measured profiles also time all-reduce for these group sizes and message sizes (bytes) on the
+    # current backend; an empty list skips it (group sizes above the local device count are skipped).
+    allreduce_group_sizes: list[int] = field(default_factory=lambda: [2])
+    allreduce_bytes: list[int] = field(default_factory=lambda: [1 << 20, 16 << 20])
+    allreduce_timeout_s: float = 120.0
 
 
 @dataclass
@@ -95,6 +104,7 @@ class JobConfig:
     steps: int = 30
     seed: int = 0
     dataset: str = "corpus"  # corpus (shipped text, byte-level) | synthetic (seeded tokens)
+    synthetic_samples: int = 4096  # samples in the synthetic dataset (job.dataset=synthetic)
     lr: float = 3e-4
     min_lr: float = 3e-5
     warmup_steps: int = 5
@@ -161,7 +171,15 @@ class SimConfig:
     strategies: list[str] = field(default_factory=lambda: ["oobleck", "varuna", "bamboo"])
     duration_h: Optional[float] = None  # None: the whole trace
     figures: bool = True
+    # Per-strategy constant overrides: sim.params.<strategy>.<key> (defaults: conf/strategy/<name>.yaml).
     params: dict[str, Any] = field(default_factory=dict)
+    # Where each simulated model's profile comes from: analytic (cluster.gpu's FLOP/byte model) or
+    # whatever profile.source says (auto | measured | file) for validation against real runs.
+    profile_source: str = "analytic"
+    # Nodes the templates are generated for; None: the most nodes alive at once in any trace.
+    nodes: Optional[int] = None
+    # Time bins (seconds) of the throughput-over-time tables and figures.
+    timeline_bin_s: float = 300.0
 
 
 @dataclass
@@ -245,6 +263,20 @@ def validate(cfg: Config | DictConfig) -> None:
     _choice("profile.source", cfg.profile.source, ("auto", "measured", "analytic", "file"))
     if cfg.profile.source == "file" and not cfg.profile.path:
         raise ConfigError("profile.source=file needs profile.path=<profile JSON written by python -m oobleck.profile>")
+    _positive("profile.repeats", cfg.profile.repeats)
+    _positive("profile.warmup", cfg.profile.warmup, allow_zero=True)
+    _positive("profile.allreduce_timeout_s", cfg.profile.allreduce_timeout_s)
+    for size in cfg.profile.allreduce_group_sizes:
+        if size < 2:
+            raise ConfigError(f"profile.allreduce_group_sizes contains {size}; all-reduce groups need >= 2 ranks")
+    for nbytes in cfg.profile.allreduce_bytes:
+        _positive("profile.allreduce_bytes[]", nbytes)
+    gpu = cluster.gpu
+    for key in ("peak_tflops", "memory_gb", "memory_bandwidth_gbps", "activation_bytes_per_value"):
+        _positive(f"cluster.gpu.{key}", getattr(gpu, key))
+    for key in ("achieved_flop_fraction", "achieved_bandwidth_fraction"):
+        if not 0 < getattr(gpu, key) <= 1:
+            raise ConfigError(f"cluster.gpu.{key}={getattr(gpu, key)} must be in (0, 1]")
 
     if job.fault_tolerance < 0:
         raise ConfigError(f"job.fault_tolerance={job.fault_tolerance} must be >= 0")
@@ -268,6 +300,7 @@ def validate(cfg: Config | DictConfig) -> None:
     _positive("job.warmup_steps", job.warmup_steps, allow_zero=True)
     _positive("job.grad_clip", job.grad_clip, allow_zero=True)
     _choice("job.dataset", job.dataset, ("corpus", "synthetic"))
+    _positive("job.synthetic_samples", job.synthetic_samples)
     _positive("planner.reference_microbatches_per_stage", cfg.planner.reference_microbatches_per_stage)
 
     failures = cfg.failures
@@ -286,6 +319,15 @@ def validate(cfg: Config | DictConfig) -> None:
             raise ConfigError(f"{key} needs nodes=[ids] or count=<n>")
 
     _choice("strategy.name", cfg.strategy.name, ("oobleck", "varuna", "bamboo"))
+    sim = cfg.sim
+    for index, name in enumerate(sim.strategies):
+        _choice(f"sim.strategies[{index}]", name, ("oobleck", "varuna", "bamboo"))
+    _choice("sim.profile_source", sim.profile_source, ("analytic", "auto", "measured", "file"))
+    if sim.duration_h is not None:
+        _positive("sim.duration_h", sim.duration_h)
+    if sim.nodes is not None:
+        _positive("sim.nodes", sim.nodes)
+    _positive("sim.timeline_bin_s", sim.timeline_bin_s)
     _positive("strategy.checkpoint_interval", cfg.strategy.checkpoint_interval, allow_zero=True)
     _choice("logger.wandb.mode", cfg.logger.wandb.mode, ("offline", "online", "disabled"))
 

@@ -1,0 +1,122 @@
+"""``get_profile(cfg)``: the planner's profile for a config, from the source ``profile.source`` names.
+
+- ``file``: load ``profile.path`` (written by ``python -m oobleck.profile``) and check it matches the
+  model and microbatch size of the config.
+- ``measured``: measure on ``cluster.device`` here (cached, see ``oobleck.profiling.cache``), plus
+  all-reduce samples for ``profile.allreduce_group_sizes`` on the device's backend.
+- ``analytic``: the FLOP/byte model of ``cluster.gpu`` (``gpu=<name>``, ``conf/gpu/``).
+- ``auto`` (the default): ``file`` when ``profile.path`` is set; otherwise ``measured`` when the
+  configured device exists on this machine (always for ``cpu``; ``cuda`` when CUDA is available),
+  so real runs plan from real numbers; otherwise ``analytic`` for ``cluster.gpu``, so paper-scale
+  GPU configs can be planned and simulated on a machine without GPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from typing import Any, Optional
+
+import torch
+
+from oobleck.errors import ProfileError
+from oobleck.planning.profile import ModelProfile
+from oobleck.profiling.allreduce import measure_allreduce
+from oobleck.profiling.analytic import analytic_profile
+from oobleck.profiling.cache import cache_key, cache_path, load_cached
+from oobleck.profiling.measure import device_label, measure_profile
+
+log = logging.getLogger(__name__)
+
+
+def resolve_source(cfg: Any) -> str:
+    """The concrete source (file | measured | analytic) ``profile.source`` means here."""
+    source = cfg.profile.source
+    if source != "auto":
+        return source
+    if cfg.profile.path:
+        return "file"
+    if cfg.cluster.device == "cpu" or torch.cuda.is_available():
+        return "measured"
+    return "analytic"
+
+
+def load_profile_file(path: str, model_cfg: Any, microbatch_size: int) -> ModelProfile:
+    from oobleck.models import num_layers
+
+    profile = ModelProfile.load(path)
+    expected_layers = num_layers(model_cfg)
+    if profile.model != model_cfg.name or profile.num_layers != expected_layers:
+        raise ProfileError(
+            f"{path} profiles model {profile.model!r} with {profile.num_layers} layers, but model={model_cfg.name} "
+            f"has {expected_layers}; profile this model (python -m oobleck.profile model={model_cfg.name})"
+        )
+    if profile.microbatch_size != microbatch_size:
+        raise ProfileError(
+            f"{path} was profiled at microbatch size {profile.microbatch_size}, but job.microbatch_size={microbatch_size}; "
+            f"re-profile with job.microbatch_size={microbatch_size} or set job.microbatch_size={profile.microbatch_size}"
+        )
+    return profile
+
+
+def cached_measured_profile(cfg: Any, *, refresh: bool = False, progress: Optional[Any] = None) -> ModelProfile:
+    """The measured profile for ``cfg`` from the cache, measuring (and caching) it when missing,
+    stale or corrupt, or when ``refresh``."""
+    device = torch.device("cuda" if cfg.cluster.device == "cuda" else "cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ProfileError(
+            "profile.source=measured with cluster.device=cuda, but CUDA is not available here; "
+            "use profile.source=analytic (gpu=<name>) or cluster.device=cpu"
+        )
+    label = device_label(device)
+    microbatch = int(cfg.job.microbatch_size)
+    key = cache_key(cfg.model, microbatch, label, torch.__version__)
+    path = cache_path(cfg.profile.cache_dir, cfg.model.name, microbatch, label)
+    if not refresh:
+        cached = load_cached(path, key)
+        if cached is not None:
+            log.info("profile cache hit: %s", path)
+            return cached
+    profile = measure_profile(
+        cfg.model,
+        microbatch,
+        device,
+        warmup=int(cfg.profile.warmup),
+        repeats=int(cfg.profile.repeats),
+        seed=int(cfg.job.seed),
+        threads=int(cfg.cluster.torch_threads) or None,
+        progress=progress,
+    )
+    group_sizes = list(cfg.profile.allreduce_group_sizes)
+    if device.type == "cuda":
+        group_sizes = [k for k in group_sizes if k <= torch.cuda.device_count()]
+    samples = measure_allreduce(
+        group_sizes,
+        list(cfg.profile.allreduce_bytes),
+        backend="nccl" if device.type == "cuda" else "gloo",
+        warmup=int(cfg.profile.warmup),
+        repeats=int(cfg.profile.repeats),
+        timeout_s=float(cfg.profile.allreduce_timeout_s),
+    )
+    data = profile.to_dict()
+    data["allreduce"] = [asdict(sample) for sample in samples]
+    data["cache_key"] = key
+    profile = ModelProfile.from_dict(data, origin="measured profile")
+    profile.save(path)
+    log.info("profile cached: %s", path)
+    return profile
+
+
+def get_profile(cfg: Any, *, progress: Optional[Any] = None) -> ModelProfile:
+    """The per-layer profile the planner uses for ``cfg`` (see the module doc for the sources)."""
+    source = resolve_source(cfg)
+    microbatch = int(cfg.job.microbatch_size)
+    if source == "file":
+        if not cfg.profile.path:
+            raise ProfileError("profile.source=file needs profile.path=<profile JSON written by python -m oobleck.profile>")
+        return load_profile_file(cfg.profile.path, cfg.model, microbatch)
+    if source == "measured":
+        return cached_measured_profile(cfg, progress=progress)
+    if source == "analytic":
+        return analytic_profile(cfg.model, cfg.cluster.gpu, microbatch)
+    raise ProfileError(f"profile.source={cfg.profile.source!r} is not one of auto, measured, analytic, file")

@@ -1,0 +1,68 @@
+"""The measured-profile cache: JSON files under ``profile.cache_dir``.
+
+A file is named by model, microbatch size and device, and stores the key it was made for: a hash
+of the model config, microbatch size, device, torch version and profile schema. A file whose
+stored key differs (the model config, torch or the schema changed: *stale*) or that does not load
+(truncated, not JSON, invalid values: *corrupt*) is reported with a warning and re-profiled; the
+caller then overwrites it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from oobleck.errors import ProfileError
+from oobleck.planning.profile import PROFILE_SCHEMA_VERSION, ModelProfile
+
+
+class ProfileCacheWarning(UserWarning):
+    """A cached profile was stale or corrupt and is being re-profiled."""
+
+
+def _plain(model_cfg: Any) -> dict[str, Any]:
+    if isinstance(model_cfg, DictConfig):
+        return OmegaConf.to_container(model_cfg, resolve=True)  # type: ignore[return-value]
+    return dict(OmegaConf.to_container(OmegaConf.structured(model_cfg), resolve=True))  # type: ignore[arg-type]
+
+
+def cache_key(model_cfg: Any, microbatch_size: int, device: str, torch_version: str) -> str:
+    payload = {
+        "model": _plain(model_cfg),
+        "microbatch_size": int(microbatch_size),
+        "device": device,
+        "torch": torch_version,
+        "schema": PROFILE_SCHEMA_VERSION,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def cache_path(cache_dir: str | Path, model_name: str, microbatch_size: int, device: str) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", device)
+    return Path(cache_dir) / f"{model_name}-mb{microbatch_size}-{slug}.json"
+
+
+def load_cached(path: Path, key: str) -> Optional[ModelProfile]:
+    """The cached profile at ``path`` if it exists and was made for ``key``; else ``None``
+    (with a ``ProfileCacheWarning`` when a file was there but stale or corrupt)."""
+    if not path.exists():
+        return None
+    try:
+        profile = ModelProfile.load(path)
+    except ProfileError as error:
+        warnings.warn(f"profile cache {path} is corrupt ({error}); re-profiling", ProfileCacheWarning, stacklevel=2)
+        return None
+    if profile.cache_key != key:
+        warnings.warn(
+            f"profile cache {path} is stale (made for another model config, device or torch version); re-profiling",
+            ProfileCacheWarning,
+            stacklevel=2,
+        )
+        return None
+    return profile
