@@ -122,18 +122,21 @@ class PlannerConfig:
     reference_microbatches_per_stage: int = 4
     # Only plan stage widths the runtime can execute (a stage on g GPUs of one node).
     max_gpus_per_stage: Optional[int] = None
+    # Reconfiguration splits each layer copy across up to this many surviving holders.
+    transfer_sources: int = 4
 
 
 @dataclass
 class FailureEventConfig:
     """One scheduled membership change: at a step or after a time, remove or join nodes."""
 
-    action: str = "remove"  # remove | join
+    action: str = "remove"  # remove | join | raise (a worker raises: tests the error path)
     step: Optional[int] = None
     time_s: Optional[float] = None
     nodes: Optional[list[int]] = None  # explicit node ids
     count: Optional[int] = None  # or how many (chosen deterministically from the seed)
-    # Where in the step to strike for removals at a step: any | forward | backward | allreduce | optimizer
+    # Where in the step to strike for removals at a step: any | forward | backward | allreduce |
+    # optimizer | reconfigure (during the next reconfiguration after that step)
     phase: str = "any"
     freeze: bool = False  # SIGSTOP instead of SIGKILL: caught by the heartbeat timeout
 
@@ -150,6 +153,19 @@ class FailuresConfig:
     trace: Optional[str] = None  # trace file, or a shipped name such as synthetic/10m
     # Real runs replay a trace faster: seconds of run time per hour of trace time.
     seconds_per_trace_hour: float = 10.0
+
+
+@dataclass
+class RuntimeConfig:
+    """Worker runtime knobs (oobleck/runtime)."""
+
+    bucket_mb: float = 4.0  # gradient all-reduce bucket size (MiB)
+    # An abandoned process group (aborted generation) is released once none of its operations
+    # is pending, and at the latest cluster.collective_timeout_s + reap_margin_s after it was
+    # abandoned (gloo has failed its pending operations by then).
+    reap_margin_s: float = 5.0
+    # Collect every layer's final parameters into final_params.pt in the run dir (exactness checks).
+    save_final_params: bool = False
 
 
 @dataclass
@@ -173,8 +189,8 @@ class SimConfig:
     figures: bool = True
     # Per-strategy constant overrides: sim.params.<strategy>.<key> (defaults: conf/strategy/<name>.yaml).
     params: dict[str, Any] = field(default_factory=dict)
-    # Where each simulated model's profile comes from: analytic (cluster.gpu's FLOP/byte model) or
-    # whatever profile.source says (auto | measured | file) for validation against real runs.
+    # Where each simulated model's profile comes from: analytic (cluster.gpu's FLOP/byte model, and
+    # cluster.gpu.memory_gb per device) or auto | measured | file as in profile.source (real runs).
     profile_source: str = "analytic"
     # Nodes the templates are generated for; None: the most nodes alive at once in any trace.
     nodes: Optional[int] = None
@@ -206,6 +222,7 @@ class Config:
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     failures: FailuresConfig = field(default_factory=FailuresConfig)
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     sim: SimConfig = field(default_factory=SimConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     experiment: str = "default"
@@ -302,6 +319,7 @@ def validate(cfg: Config | DictConfig) -> None:
     _choice("job.dataset", job.dataset, ("corpus", "synthetic"))
     _positive("job.synthetic_samples", job.synthetic_samples)
     _positive("planner.reference_microbatches_per_stage", cfg.planner.reference_microbatches_per_stage)
+    _positive("planner.transfer_sources", cfg.planner.transfer_sources)
 
     failures = cfg.failures
     _choice("failures.kind", failures.kind, ("none", "explicit", "poisson", "trace"))
@@ -311,8 +329,8 @@ def validate(cfg: Config | DictConfig) -> None:
         raise ConfigError("failures.kind=trace needs failures.trace=<file or shipped name, e.g. synthetic/10m>")
     for index, event in enumerate(failures.events):
         key = f"failures.events[{index}]"
-        _choice(f"{key}.action", event.action, ("remove", "join"))
-        _choice(f"{key}.phase", event.phase, ("any", "forward", "backward", "allreduce", "optimizer"))
+        _choice(f"{key}.action", event.action, ("remove", "join", "raise"))
+        _choice(f"{key}.phase", event.phase, ("any", "forward", "backward", "allreduce", "optimizer", "reconfigure"))
         if (event.step is None) == (event.time_s is None):
             raise ConfigError(f"{key} needs exactly one of step=<int> or time_s=<seconds>")
         if event.nodes is None and event.count is None:

@@ -84,6 +84,7 @@ class RunRecorder:
         self.started = time.monotonic()
         self.metrics = CsvTable(self.run_dir / metrics_name, STEP_COLUMNS)
         self.events = CsvTable(self.run_dir / events_name, EVENT_COLUMNS)
+        self._wandb_mode = str(wandb.mode) if wandb is not None else "disabled"
         self._wandb_run = self._start_wandb(wandb, config) if wandb is not None else None
         self._bar = tqdm(total=total_steps, desc=strategy, unit="step", dynamic_ncols=True, disable=not progress_bar)
 
@@ -104,6 +105,7 @@ class RunRecorder:
             config=dict(config),
             dir=str(self.run_dir),
             mode=mode,
+            settings=wandb.Settings(silent=True),
             name=f"{self.strategy}-{model}-{self.run_dir.name}",
             reinit="create_new",
         )
@@ -137,7 +139,9 @@ class RunRecorder:
         if self._wandb_run is not None:
             numeric = {f"event/{kind}/{k}": v for k, v in fields.items() if isinstance(v, (int, float))}
             if numeric:
-                self._wandb_run.log(numeric)
+                # commit=False attaches the event to the current step instead of advancing
+                # wandb's step counter (which would make the next step's row look out of order).
+                self._wandb_run.log(numeric, commit=False)
         self._bar.write(f"[{row['time_s']:8.2f}s] {kind}: " + ", ".join(f"{k}={v}" for k, v in fields.items() if k != "time_s"))
 
     def finish(self, **summary: Any) -> dict[str, Any]:
@@ -155,8 +159,11 @@ class RunRecorder:
 
                 self._wandb_run.log({"events": wandb.Table(dataframe=_events_frame(self.events))})
             finally:
+                run_path = Path(self._wandb_run.dir).parent
                 self._wandb_run.finish()
             self._wandb_run = None
+            hint = f"; upload it with: wandb sync {run_path}" if self._wandb_mode == "offline" else ""
+            print(f"wandb: run saved in {run_path}{hint}", flush=True)
         return summary
 
 

@@ -2,4 +2,53 @@
 
 Pure Python (numpy at most): this package never imports torch.distributed, so the planner runs
 the same in workers, the controller, the simulator and the CLI.
+
+- ``cost``: the cost model (Eq. 1-4, exact 1F1B makespan, memory, gradient sync);
+- ``templates``: n0 and the exact template DP for every node count;
+- ``instantiate``: exact batch distribution and the choice of pipelines over live nodes;
+- ``reconfigure``: new pipelines and layer copies after failures or joins; the f check;
+- ``synthetic``: seeded synthetic profiles for tests, benchmarks and the CLI.
 """
+
+from oobleck.planning.cost import exact_1f1b_makespan, pipeline_iteration_time, pipeline_time, stage_memory_bytes
+from oobleck.planning.instantiate import build_plan, distribute_microbatches, instantiate
+from oobleck.planning.plan import (
+    ExecutionPlan,
+    LayerTransfer,
+    PipelineInstance,
+    PipelineTemplate,
+    ReconfigurationPlan,
+    StageSpec,
+    WorkerAssignment,
+)
+from oobleck.planning.profile import AllReduceSample, ClusterSpec, LayerProfile, ModelProfile
+from oobleck.planning.reconfigure import check_fault_tolerance, reconfigure
+from oobleck.planning.synthetic import synthetic_profile
+from oobleck.planning.templates import TemplateSet, generate_templates, min_nodes
+
+__all__ = [
+    "AllReduceSample",
+    "ClusterSpec",
+    "ExecutionPlan",
+    "LayerProfile",
+    "LayerTransfer",
+    "ModelProfile",
+    "PipelineInstance",
+    "PipelineTemplate",
+    "ReconfigurationPlan",
+    "StageSpec",
+    "TemplateSet",
+    "WorkerAssignment",
+    "build_plan",
+    "check_fault_tolerance",
+    "distribute_microbatches",
+    "exact_1f1b_makespan",
+    "generate_templates",
+    "instantiate",
+    "min_nodes",
+    "pipeline_iteration_time",
+    "pipeline_time",
+    "reconfigure",
+    "stage_memory_bytes",
+    "synthetic_profile",
+]

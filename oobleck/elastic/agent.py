@@ -1,0 +1,117 @@
+"""The node agent: starts and watches the node's worker processes and reports to the controller.
+
+``python -m oobleck.elastic.agent --controller HOST:PORT --node-id K`` (what ``srun`` runs on each
+node; ``cluster.kind=local`` starts one per simulated node). It imports no torch: it connects to the
+controller, receives the store address and the number of workers, starts them, reports each
+worker's exit the moment it happens (one waiting thread per worker) and heartbeats. The agent is
+the leader of its own process group, so killing a node is one ``killpg``. If the controller goes
+away, or asks it to shut down, it stops its workers and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional
+
+from oobleck.elastic.protocol import Channel
+
+CONNECT_TIMEOUT_S = 30.0
+STOP_GRACE_S = 3.0
+
+
+def connect(host: str, port: int, timeout_s: float) -> socket.socket:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return socket.create_connection((host, port), timeout=5.0)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+class Agent:
+    def __init__(self, channel: Channel, node: int) -> None:
+        self.channel = channel
+        self.node = node
+        self.workers: list[subprocess.Popen] = []
+        self.stopping = threading.Event()
+
+    def start_workers(self, store: str, gpus: int, run_id: str) -> None:
+        for local_rank in range(gpus):
+            command = [
+                sys.executable, "-m", "oobleck.runtime.worker",
+                "--store", store, "--node-id", str(self.node), "--local-rank", str(local_rank), "--run-id", run_id,
+            ]
+            process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+            self.workers.append(process)
+            threading.Thread(target=self._watch, args=(local_rank, process), daemon=True).start()
+
+    def _watch(self, local_rank: int, process: subprocess.Popen) -> None:
+        code = process.wait()
+        self.channel.send({"type": "exit", "node": self.node, "local_rank": local_rank, "code": code})
+
+    def heartbeat(self, interval_s: float) -> None:
+        while not self.stopping.wait(interval_s):
+            if not self.channel.send({"type": "hb", "node": self.node, "time": time.time()}):
+                return
+
+    def stop_workers(self) -> None:
+        for process in self.workers:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for process in self.workers:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="oobleck.elastic.agent", description=__doc__.splitlines()[0])
+    parser.add_argument("--controller", required=True, help="HOST:PORT of the controller's agent port")
+    parser.add_argument("--node-id", type=int, required=True)
+    parser.add_argument("--run-id", default="", help="a tag of the run (lets tools find its processes)")
+    args = parser.parse_args(argv)
+    if os.getpgrp() != os.getpid():
+        os.setpgid(0, 0)  # under srun: become the node's process group so a node kill is one killpg
+    host, _, port = args.controller.rpartition(":")
+    try:
+        sock = connect(host, int(port), CONNECT_TIMEOUT_S)
+    except OSError as error:
+        print(f"oobleck.elastic.agent: error: cannot reach the controller at {args.controller}: {error}", file=sys.stderr)
+        return 2
+    sock.settimeout(None)
+    channel = Channel(sock)
+    agent = Agent(channel, args.node_id)
+    channel.send({"type": "hello", "node": args.node_id, "pid": os.getpid(), "host": socket.gethostname()})
+    code = 0
+    while True:
+        message = channel.recv()
+        if message is None:  # the controller is gone: never leave orphaned workers behind
+            code = 1
+            break
+        if message["type"] == "start":
+            agent.start_workers(message["store"], int(message["gpus"]), message.get("run_id", args.run_id))
+            threading.Thread(target=agent.heartbeat, args=(float(message["heartbeat_s"]),), daemon=True).start()
+        elif message["type"] == "shutdown":
+            break
+        elif message["type"] == "kill":  # fault injection where the controller cannot killpg us
+            os.killpg(os.getpgrp(), getattr(signal, message.get("signal", "SIGKILL")))
+    agent.stopping.set()
+    agent.stop_workers()
+    channel.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

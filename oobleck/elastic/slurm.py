@@ -1,0 +1,138 @@
+"""Starting node agents on a Slurm allocation (``cluster.kind=slurm``).
+
+The controller runs inside the batch script (on the allocation's first node); each agent is its
+own job step, ``srun --nodes=1 --ntasks=1 --relative=<slot> --overlap``, so the agent for node id
+``k`` runs on one node of the allocation and a node can be killed on its own: ``scancel
+--signal=KILL <job>.<step>`` kills every process of that step (agent and workers) as a node crash
+would; ``--signal=STOP`` freezes it. A join starts an agent on an allocation slot that no live
+agent uses (a killed node's slot, or spare nodes requested beyond ``cluster.nodes``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Optional
+
+from oobleck.errors import RunError
+
+STEP_LOOKUP_TIMEOUT_S = 30.0
+SLURM_COMMAND_TIMEOUT_S = 30.0
+
+
+def _run(command: list[str]) -> str:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=SLURM_COMMAND_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        raise RunError(f"{' '.join(command)} did not answer within {SLURM_COMMAND_TIMEOUT_S:.0f} s") from None
+    if done.returncode != 0:
+        raise RunError(f"{' '.join(command)} failed: {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout
+
+
+class SlurmLauncher:
+    """Starts ``python -m oobleck.elastic.agent`` as one Slurm job step per node; kills and reaps them."""
+
+    def __init__(self, controller: str, run_id: str, *, environ: Optional[dict[str, str]] = None) -> None:
+        env = dict(os.environ if environ is None else environ)
+        if "SLURM_JOB_ID" not in env:
+            raise RunError(
+                "cluster.kind=slurm must run inside a Slurm allocation (SLURM_JOB_ID is not set); "
+                "submit it with sbatch slurm/run.sbatch, or use cluster.kind=local"
+            )
+        if shutil.which("srun") is None or shutil.which("scancel") is None:
+            raise RunError("cluster.kind=slurm needs srun and scancel on PATH")
+        self.controller = controller
+        self.run_id = run_id
+        self.job_id = env["SLURM_JOB_ID"]
+        self.slots = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
+        self.processes: dict[int, subprocess.Popen] = {}
+        self.slot_of: dict[int, int] = {}
+        self.steps: dict[int, str] = {}
+
+    def _free_slot(self, node: int) -> int:
+        used = {self.slot_of[n] for n, p in self.processes.items() if p.poll() is None}
+        free = [slot for slot in range(self.slots) if slot not in used]
+        if not free:
+            raise RunError(
+                f"no free node in Slurm job {self.job_id} for node id {node}: all {self.slots} allocated nodes "
+                "run agents; request spare nodes for joins (sbatch -N <cluster.nodes + joins>)"
+            )
+        # Node id k prefers slot k, so a fresh run puts node k on the allocation's k-th node.
+        return node if node in free else free[0]
+
+    def _step_name(self, node: int) -> str:
+        return f"oobleck-{self.run_id}-node{node}"
+
+    def start(self, node: int) -> None:
+        slot = self._free_slot(node)
+        command = [
+            "srun", f"--jobid={self.job_id}", "--nodes=1", "--ntasks=1", f"--relative={slot}", "--overlap",
+            "--kill-on-bad-exit=0", f"--job-name={self._step_name(node)}", "--quiet",
+            sys.executable, "-m", "oobleck.elastic.agent",
+            "--controller", self.controller, "--node-id", str(node), "--run-id", self.run_id,
+        ]  # fmt: skip
+        self.processes[node] = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+        self.slot_of[node] = slot
+
+    def _step_id(self, node: int) -> str:
+        """The ``<job>.<step>`` of node's agent (looked up once, bounded)."""
+        if node in self.steps:
+            return self.steps[node]
+        name = self._step_name(node)
+        deadline = time.monotonic() + STEP_LOOKUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            for line in _run(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i %j"]).splitlines():
+                step, _, step_name = line.strip().partition(" ")
+                if step_name == name:
+                    self.steps[node] = step
+                    return step
+            time.sleep(0.2)
+        raise RunError(f"the Slurm step of node {node} ({name}) did not appear in squeue within {STEP_LOOKUP_TIMEOUT_S:.0f} s")
+
+    def can_kill(self, node: int) -> bool:
+        return node in self.processes
+
+    def kill(self, node: int, sig: int = signal.SIGKILL) -> None:
+        process = self.processes.get(node)
+        if process is None:
+            return
+        self.signal(node, sig)
+        if sig == signal.SIGKILL:
+            try:
+                process.wait(timeout=SLURM_COMMAND_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5.0)
+
+    def shutdown(self, grace_s: float) -> None:
+        """Wait up to ``grace_s`` for agents to exit, then kill the steps that are left."""
+        deadline = time.monotonic() + grace_s
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for node, process in self.processes.items():
+            if process.poll() is None:
+                try:
+                    self.signal(node, signal.SIGKILL)
+                except RunError:
+                    pass
+                try:
+                    process.wait(timeout=10.0)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(timeout=5.0)
+
+    # Defined last: as a class attribute, the name would shadow the signal module in the
+    # default arguments above.
+    def signal(self, node: int, sig: int) -> None:
+        """Deliver ``sig`` to every process of node's step (SIGSTOP freezes the node)."""
+        if node not in self.processes or self.processes[node].poll() is not None:
+            return
+        _run(["scancel", f"--signal={signal.Signals(sig).name.removeprefix('SIG')}", self._step_id(node)])

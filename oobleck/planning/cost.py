@@ -1,0 +1,193 @@
+"""The planner's cost model: stage times, pipeline iteration time, memory and gradient sync.
+
+Assumptions (each is used by template generation, instantiation and reconfiguration alike):
+
+- A stage holds layers ``[start, end)`` on ``g`` devices of one node. Each device holds the whole
+  stage and takes ``1/g`` of every microbatch, so its compute per microbatch is ``(F + B) / g``.
+- A stage's per-microbatch time ``w_i`` adds the transfer of its output boundary tensor to the next
+  stage and of the gradient of that tensor back: ``2 * output_bytes / bandwidth``, where the
+  bandwidth is the in-node one when the next stage sits on the same node and the cross-node one
+  otherwise. The whole tensor crosses the link (conservative: shards are not assumed to overlap).
+- A pipeline of S stages running m microbatches with 1F1B takes the paper's Eq. 1-4 (Oobleck,
+  SOSP'23) with k* the rightmost slowest stage (counted from 0):
+  ``T = sum_i w_i + (m - S + k* - 1) * w_k* + sum_{i >= k*} w_i`` (equal stages: ``(m + S - 1) w``).
+- Eq. 1-4 holds for m >= S. With fewer microbatches it undercounts, so ``pipeline_time`` uses the
+  exact longest path of the 1F1B schedule there, capped at Eq. 1-4's value at m = S so that the
+  prediction never decreases with m (the batch distribution relies on that).
+- Memory of one device of stage i of S: 16 bytes per parameter (fp32 Adam: parameters, gradients
+  and two moments) plus the activations of the ``S - i`` microbatches 1F1B keeps in flight there,
+  divided by g (each device keeps only its share of every microbatch).
+- Gradient synchronisation once per iteration: a ring all-reduce of ``bytes`` over k participants
+  costs ``2 (k - 1) / k * bytes / bandwidth``; inside a stage over its g devices (in-node), and of
+  every layer across the k pipelines (cross-node). The two run one after the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
+
+from oobleck.planning.profile import ModelProfile
+
+# fp32 parameters, fp32 gradients and Adam's two fp32 moments: 4 * 4 bytes per parameter.
+OPTIMIZER_BYTES_PER_PARAM = 16
+# Adam state is 4 bytes per parameter copy in LayerProfile.param_bytes (fp32), hence the factor.
+STATE_BYTES_PER_PARAM_BYTE = OPTIMIZER_BYTES_PER_PARAM // 4
+# Backward of a transformer layer costs about twice its forward (Narayanan et al., SC'21).
+DEFAULT_FORWARD_FRACTION = 1.0 / 3.0
+
+
+def bottleneck_index(stage_seconds: Sequence[float]) -> int:
+    """k*: the rightmost stage with the largest time."""
+    best = 0
+    for index, value in enumerate(stage_seconds):
+        if value >= stage_seconds[best]:
+            best = index
+    return best
+
+
+def pipeline_iteration_time(stage_seconds: Sequence[float], microbatches: int) -> float:
+    """Eq. 1-4 of the paper: ``T1 + T2 + T3`` with k* the rightmost slowest stage."""
+    stages = len(stage_seconds)
+    if stages == 0:
+        raise ValueError("a pipeline needs at least one stage")
+    k = bottleneck_index(stage_seconds)
+    slowest = stage_seconds[k]
+    t1 = float(sum(stage_seconds))
+    t2 = (microbatches - stages + k - 1) * slowest
+    t3 = float(sum(stage_seconds[k:]))
+    return t1 + t2 + t3
+
+
+def exact_1f1b_makespan(
+    stage_seconds: Sequence[float], microbatches: int, forward_fraction: float = DEFAULT_FORWARD_FRACTION
+) -> float:
+    """Longest path through the 2*m*S operations of a 1F1B schedule (forward = fraction of w).
+
+    Stage i runs ``min(S - i - 1, m)`` warm-up forwards, then alternates one forward and one
+    backward, then drains the remaining backwards. F(i, j) waits for F(i-1, j); B(i, j) waits for
+    B(i+1, j) and, through the stage's own order, for F(i, j).
+    """
+    stages = len(stage_seconds)
+    m = microbatches
+    if m <= 0:
+        return 0.0
+    fwd = [w * forward_fraction for w in stage_seconds]
+    bwd = [w - f for w, f in zip(stage_seconds, fwd)]
+    orders = []
+    for i in range(stages):
+        warmup = min(stages - i - 1, m)
+        order = [("F", j) for j in range(warmup)]
+        next_f = warmup
+        for j in range(m):
+            if next_f < m:
+                order.append(("F", next_f))
+                next_f += 1
+            order.append(("B", j))
+        orders.append(order)
+    f_end = [[-1.0] * m for _ in range(stages)]
+    b_end = [[-1.0] * m for _ in range(stages)]
+    position = [0] * stages
+    clock = [0.0] * stages
+    remaining = 2 * m * stages
+    while remaining:
+        progressed = False
+        for i in range(stages):
+            order = orders[i]
+            while position[i] < len(order):
+                kind, j = order[position[i]]
+                if kind == "F":
+                    ready = 0.0 if i == 0 else f_end[i - 1][j]
+                    if ready < 0:
+                        break
+                    end = max(clock[i], ready) + fwd[i]
+                    f_end[i][j] = end
+                else:
+                    ready = f_end[i][j] if i == stages - 1 else b_end[i + 1][j]
+                    if ready < 0:
+                        break
+                    end = max(clock[i], ready) + bwd[i]
+                    b_end[i][j] = end
+                clock[i] = end
+                position[i] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # cannot happen for a well-formed 1F1B order; guard against a silent loop
+            raise RuntimeError("1F1B schedule deadlocked")
+    return max(clock)
+
+
+@lru_cache(maxsize=4096)
+def _exact_cached(stage_seconds: tuple[float, ...], microbatches: int) -> float:
+    return exact_1f1b_makespan(stage_seconds, microbatches)
+
+
+def pipeline_time(stage_seconds: Sequence[float], microbatches: int) -> float:
+    """The planner's prediction: Eq. 1-4 for m >= S, the exact makespan capped by Eq. 1-4(S) below.
+
+    Nondecreasing in m, and 0 for m = 0 (a pipeline with no work).
+    """
+    stages = len(stage_seconds)
+    if microbatches <= 0:
+        return 0.0
+    if microbatches >= stages:
+        return pipeline_iteration_time(stage_seconds, microbatches)
+    cap = pipeline_iteration_time(stage_seconds, stages)
+    return min(_exact_cached(tuple(float(w) for w in stage_seconds), microbatches), cap)
+
+
+def ring_allreduce_seconds(nbytes: float, participants: int, bandwidth: float) -> float:
+    """Ring all-reduce: each participant sends and receives 2 (k-1)/k of the buffer."""
+    if participants <= 1 or nbytes <= 0:
+        return 0.0
+    return 2.0 * (participants - 1) / participants * nbytes / bandwidth
+
+
+def stage_param_bytes(profile: ModelProfile, start: int, end: int) -> int:
+    return sum(layer.param_bytes for layer in profile.layers[start:end])
+
+
+def stage_memory_bytes(profile: ModelProfile, start: int, end: int, gpus: int, stage_index: int, num_stages: int) -> float:
+    """Peak bytes on one device of stage ``stage_index`` (of ``num_stages``) holding ``[start, end)``."""
+    layers = profile.layers[start:end]
+    state = STATE_BYTES_PER_PARAM_BYTE * sum(layer.param_bytes for layer in layers)
+    in_flight = num_stages - stage_index
+    activations = sum(layer.activation_bytes for layer in layers) * in_flight / gpus
+    return float(state + activations)
+
+
+class ProfileArrays:
+    """Prefix sums of a profile, so any stage's cost and memory is O(1) (and vectorisable)."""
+
+    def __init__(self, profile: ModelProfile):
+        layers = profile.layers
+        self.num_layers = len(layers)
+        self.compute = np.concatenate(([0.0], np.cumsum([l.forward_s + l.backward_s for l in layers])))
+        self.params = np.concatenate(([0], np.cumsum([l.param_bytes for l in layers]))).astype(np.float64)
+        self.activations = np.concatenate(([0], np.cumsum([l.activation_bytes for l in layers]))).astype(np.float64)
+        self.output_bytes = np.array([l.output_bytes for l in layers], dtype=np.float64)
+
+    def compute_s(self, start: int, end: int) -> float:
+        return float(self.compute[end] - self.compute[start])
+
+    def state_bytes(self, start: int, end: int) -> float:
+        return STATE_BYTES_PER_PARAM_BYTE * float(self.params[end] - self.params[start])
+
+    def activation_bytes(self, start: int, end: int) -> float:
+        return float(self.activations[end] - self.activations[start])
+
+
+def link_seconds(output_bytes: float, link: int, intra_bandwidth: float, inter_bandwidth: float) -> float:
+    """Boundary transfer of one microbatch (activation forward + its gradient backward).
+
+    ``link``: 0 = last stage (no boundary), 1 = next stage on the same node, 2 = on another node.
+    """
+    if link == 0:
+        return 0.0
+    bandwidth = intra_bandwidth if link == 1 else inter_bandwidth
+    return 2.0 * output_bytes / bandwidth
+
+
+LINK_NONE, LINK_INTRA, LINK_INTER = 0, 1, 2

@@ -1,0 +1,327 @@
+"""Generation-scoped communication: process groups, abortable waits and the abort watcher.
+
+A generation's process groups all live under ``PrefixStore("g<g>", store)``. Every wait is on an
+event that either the operation (through its future) or the abort watcher sets, so a worker
+blocked on a peer that died (or on a peer that has itself moved on) wakes up as soon as the
+controller aborts the generation, without polling. Aborted groups are never destroyed in-line:
+gloo's destructor waits for pending operations until the group timeout (measured, see
+/work/shared/notes), so they are parked and released by one reaper thread after that timeout.
+
+Point-to-point channels are two-rank groups used with ``broadcast`` (root = sender): gloo's
+``send``/``recv`` works have no future (``Work::getFuture not implemented``) and would have to be
+busy-polled, and ``wait(timeout)`` on them closes the pair when it expires. One channel per
+(sender, receiver, direction) keeps each channel's messages in microbatch order on both sides.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from oobleck.errors import RunError
+from oobleck.runtime import keys
+
+
+class Aborted(Exception):
+    """The controller aborted the current generation (a membership change, or a stop)."""
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """A process group of a generation: a unique name and the sorted global ranks in it."""
+
+    name: str
+    ranks: tuple[int, ...]
+
+
+def make_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
+    """A client connection to the controller's TCPStore."""
+    return dist.TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+
+
+class AbortWatch:
+    """Waits (on its own store connection, in one thread at a time) for ``abort/<g>``.
+
+    When the key appears it sets ``aborted`` and every pending wait event, so blocked waits in
+    the main thread return at once.
+    """
+
+    def __init__(self, host: str, port: int, timeout_s: float) -> None:
+        self._store = make_store(host, port, timeout_s)
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+        self._pending: set[threading.Event] = set()
+        self.generation = -1
+        self.aborted = threading.Event()
+
+    def watch(self, generation: int) -> None:
+        if self._thread is not None:
+            # The previous generation was aborted (that is how we got here), so its thread is
+            # returning; join it so one connection is never used by two threads.
+            self._thread.join(timeout=30.0)
+        with self._lock:
+            self.generation = generation
+            self.aborted = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(generation, self.aborted), daemon=True, name=f"abort-watch-g{generation}")
+        self._thread.start()
+
+    def _run(self, generation: int, flag: threading.Event) -> None:
+        key = keys.abort(generation)
+        while True:
+            try:
+                self._store.wait([key], timedelta(seconds=30))
+                break
+            except Exception:  # a timeout of this bounded wait: keep watching
+                continue
+        with self._lock:
+            flag.set()
+            for event in list(self._pending):
+                event.set()
+
+    def register(self, event: threading.Event) -> None:
+        with self._lock:
+            self._pending.add(event)
+            if self.aborted.is_set():
+                event.set()
+
+    def unregister(self, event: threading.Event) -> None:
+        with self._lock:
+            self._pending.discard(event)
+
+
+class Reaper:
+    """Drops abandoned process groups once none of their operations is pending any more (peers
+    that died or released their side make them fail fast), or at the latest after the group
+    timeout, when gloo has failed them itself."""
+
+    def __init__(self, delay_s: float, poll_s: float = 0.2) -> None:
+        self.delay_s = delay_s
+        self.poll_s = poll_s
+        self._parked: list[tuple[float, list[Any], list[Any]]] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="group-reaper")
+        self._thread.start()
+
+    def park(self, items: list[Any], pending: list[Any] = ()) -> None:  # type: ignore[assignment]
+        with self._lock:
+            self._parked.append((time.monotonic() + self.delay_s, items, list(pending)))
+
+    def parked(self) -> int:
+        with self._lock:
+            return sum(len(items) for _, items, _ in self._parked)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.poll_s)
+            now = time.monotonic()
+            with self._lock:
+                ready = [p for p in self._parked if p[0] <= now or all(_completed(w) for w in p[2])]
+                self._parked = [p for p in self._parked if p not in ready]
+            del ready  # may block in gloo's destructor; this thread exists for that
+
+
+def _completed(work: Any) -> bool:
+    try:
+        return bool(work.is_completed())
+    except Exception:
+        return True
+
+
+class Waiter:
+    """Abortable waits on collective works and plain futures for one generation."""
+
+    def __init__(self, watch: AbortWatch, timeout_s: float, peer_grace_s: float) -> None:
+        self.watch = watch
+        self.timeout_s = timeout_s
+        self.peer_grace_s = peer_grace_s
+
+    def _wait_event(self, event: threading.Event, what: str) -> None:
+        self.watch.register(event)
+        try:
+            if not event.wait(self.timeout_s) and not self.watch.aborted.is_set():
+                raise RunError(f"{what} did not complete within cluster.collective_timeout_s={self.timeout_s}")
+        finally:
+            self.watch.unregister(event)
+        if not _done(event):
+            raise Aborted()
+
+    def work(self, work: Any, what: str) -> None:
+        """Wait for a collective ``work``; a failed op waits for the controller's abort."""
+        future = work.get_future()
+        event = _DoneEvent()
+        future.add_done_callback(lambda _f: event.done())
+        self._wait_event(event, what)
+        try:
+            future.value()
+        except Exception as error:
+            self.after_peer_error(what, error)
+
+    def future(self, future: concurrent.futures.Future, what: str) -> Any:
+        event = _DoneEvent()
+        future.add_done_callback(lambda _f: event.done())
+        self._wait_event(event, what)
+        try:
+            return future.result()
+        except Aborted:
+            raise
+        except RunError:
+            raise
+        except Exception as error:
+            self.after_peer_error(what, error)
+
+    def after_peer_error(self, what: str, error: BaseException) -> None:
+        """A peer vanished under us: its agent reports it, so the abort must follow shortly."""
+        if self.watch.aborted.wait(self.peer_grace_s):
+            raise Aborted() from error
+        raise RunError(f"{what} failed and the controller did not reconfigure within {self.peer_grace_s} s: {error}") from error
+
+
+class _DoneEvent(threading.Event):
+    """An event that remembers whether the operation (not an abort) set it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.completed = False
+
+    def done(self) -> None:
+        self.completed = True
+        self.set()
+
+
+def _done(event: threading.Event) -> bool:
+    return bool(getattr(event, "completed", False))
+
+
+class Communicator:
+    """The process groups of one generation, as seen by one rank."""
+
+    def __init__(
+        self,
+        generation: int,
+        rank: int,
+        specs: list[GroupSpec],
+        *,
+        host: str,
+        port: int,
+        device: str,
+        device_obj: Any,
+        timeout_s: float,
+        waiter: Waiter,
+    ) -> None:
+        self.generation = generation
+        self.rank = rank
+        self.waiter = waiter
+        self.device = device
+        self.groups: dict[str, tuple[Any, tuple[int, ...]]] = {}
+        self._specs = [s for s in sorted(specs, key=lambda s: s.name) if rank in s.ranks]
+        self._host, self._port = host, port
+        self._device_obj = device_obj
+        self._timeout_s = timeout_s
+        self._store: Any = None
+        self.inflight: list[Any] = []  # issued works, pruned as they complete
+
+    def build(self) -> None:
+        """Create every group this rank belongs to (in a global name order, so no two ranks wait
+        on each other in opposite orders), in a helper thread so an abort can interrupt it."""
+        future = run_in_thread(self._build_all, f"groups-g{self.generation}")
+        self.waiter.future(future, f"creating the process groups of generation {self.generation}")
+
+    def _build_all(self) -> None:
+        # A private store connection: if this thread is abandoned mid-rendezvous it may block on
+        # it until the timeout, and must not hold the connection the main thread uses.
+        store = make_store(self._host, self._port, self._timeout_s)
+        self._store = store
+        base = dist.PrefixStore(keys.prefix(self.generation), store)
+        built: dict[str, tuple[Any, tuple[int, ...]]] = {}
+        for spec in self._specs:
+            if self.waiter.watch.aborted.is_set():
+                raise Aborted()  # what was built is dropped here, in this helper thread
+            group_store = dist.PrefixStore(spec.name, base)
+            group_rank = spec.ranks.index(self.rank)
+            built[spec.name] = (self._new_group(group_store, group_rank, len(spec.ranks)), spec.ranks)
+        if self.waiter.watch.aborted.is_set():
+            raise Aborted()
+        self.groups = built
+
+    def _new_group(self, store: Any, rank: int, size: int) -> Any:
+        if self.device == "cuda":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timedelta(seconds=self._timeout_s)
+            return dist.ProcessGroupNCCL(store, rank, size, options)
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timedelta(seconds=self._timeout_s)
+        options._devices = [self._device_obj]
+        options._threads = 1  # ops of one group run in order; groups are many and small
+        return dist.ProcessGroupGloo(store, rank, size, options)
+
+    def has(self, name: str) -> bool:
+        return name in self.groups
+
+    def group_rank(self, name: str, global_rank: int) -> int:
+        return self.groups[name][1].index(global_rank)
+
+    # Operations: each returns a work; callers wait with ``self.waiter.work``.
+    def _issued(self, work: Any) -> Any:
+        if len(self.inflight) > 64:
+            self.inflight = [w for w in self.inflight if not _completed(w)]
+        self.inflight.append(work)
+        return work
+
+    def allreduce(self, name: str, tensor: torch.Tensor) -> Any:
+        group, _ = self.groups[name]
+        return self._issued(group.allreduce([tensor]))
+
+    def broadcast(self, name: str, tensor: torch.Tensor, root_global_rank: int) -> Any:
+        group, ranks = self.groups[name]
+        options = dist.BroadcastOptions()
+        options.rootRank = ranks.index(root_global_rank)
+        options.rootTensor = 0
+        return self._issued(group.broadcast([tensor], options))
+
+    def allreduce_wait(self, name: str, tensor: torch.Tensor, what: str) -> None:
+        self.waiter.work(self.allreduce(name, tensor), what)
+
+    def pending(self) -> list[Any]:
+        return [w for w in self.inflight if not _completed(w)]
+
+    def release(self) -> list[Any]:
+        """Hand over every group object (and the store connection) for parking."""
+        items: list[Any] = [g for g, _ in self.groups.values()]
+        if self.device == "cuda":
+            for group in items:  # NCCL kernels of an aborted generation must not hold the stream
+                try:
+                    group.abort()
+                except Exception:
+                    pass
+        if self._store is not None:
+            items.append(self._store)
+        self.groups = {}
+        self._store = None
+        self.inflight = []
+        return items
+
+
+def channel_name(src: int, dst: int, kind: str) -> str:
+    """A two-rank P2P channel: ``kind`` is ``act`` (forward) or ``grad`` (backward) or ``xfer``."""
+    return f"p2p/{kind}/{src}-{dst}"
+
+
+def run_in_thread(fn: Callable[[], Any], name: str) -> concurrent.futures.Future:
+    """Run a blocking call in a fresh daemon thread (one that an abort may abandon)."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def target() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as error:  # handed to the waiting thread
+            future.set_exception(error)
+
+    threading.Thread(target=target, daemon=True, name=name).start()
+    return future

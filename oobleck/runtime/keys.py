@@ -1,0 +1,99 @@
+"""The TCPStore key space shared by the controller and the workers (no torch import here).
+
+Everything the control plane and the workers say to each other goes through these keys, so the
+protocol can be read in one place:
+
+- ``config`` (JSON of the resolved run config), ``gen`` (the newest generation number),
+  ``plan/<g>`` (JSON: the plan of generation g, its reconfiguration and the step to resume at);
+- ``abort/<g>``: generation g is over (a newer one exists, or the run stops: then ``stop`` holds why);
+- ``g<g>/decision/<s>``: the commit decision of step s in generation g, "commit" or "abort",
+  taken atomically with ``compare_set`` by whichever comes first: the last rank to finish its
+  gradient all-reduce, or the controller aborting the generation;
+- ``g<g>/established``: "yes" once every rank of g built its groups and received its layers,
+  "no" when the controller aborted g first (same compare_set race, so both sides agree which
+  plan owns the layers);
+- per-rank reports: losses, timings, checksums; per-worker registration and errors.
+"""
+
+from __future__ import annotations
+
+CONFIG = "config"
+GEN = "gen"
+STOP = "stop"
+COMMIT = "commit"
+ABORT = "abort"
+YES = "yes"
+NO = "no"
+
+
+def plan(generation: int) -> str:
+    return f"plan/{generation}"
+
+
+def abort(generation: int) -> str:
+    return f"abort/{generation}"
+
+
+def prefix(generation: int) -> str:
+    """PrefixStore prefix of every process group of a generation."""
+    return f"g{generation}"
+
+
+def decision(generation: int, step: int) -> str:
+    return f"g{generation}/decision/{step}"
+
+
+def commit_count(generation: int, step: int) -> str:
+    return f"g{generation}/commits/{step}"
+
+
+def loss(generation: int, step: int, rank: int) -> str:
+    return f"g{generation}/loss/{step}/{rank}"
+
+
+def ready_count(generation: int) -> str:
+    return f"g{generation}/ready"
+
+
+def established(generation: int) -> str:
+    return f"g{generation}/established"
+
+
+def timing(generation: int, rank: int) -> str:
+    return f"g{generation}/timing/{rank}"
+
+
+def checksums(generation: int, rank: int) -> str:
+    return f"g{generation}/checksums/{rank}"
+
+
+def worker_registered(node: int, local_rank: int) -> str:
+    return f"worker/{node}/{local_rank}"
+
+
+def worker_error(node: int, local_rank: int) -> str:
+    return f"error/{node}/{local_rank}"
+
+
+def strike(node: int) -> str:
+    """An armed fault for a node: JSON {step, phase, action}; the node's local rank 0 fires it."""
+    return f"strike/{node}"
+
+
+def strike_time(node: int) -> str:
+    return f"strike_time/{node}"
+
+
+def probe(generation: int, rank: int) -> str:
+    """A worker's resource counts (threads, fds, RSS, live groups) after establishing a generation."""
+    return f"g{generation}/probe/{rank}"
+
+
+def final_params(layer: int) -> str:
+    """A layer's parameters after the last step (``runtime.save_final_params``), from one holder."""
+    return f"final/{layer}"
+
+
+def phase_times(node: int, local_rank: int) -> str:
+    """A worker's seconds spent per step phase over the whole run (published when it finishes)."""
+    return f"phases/{node}/{local_rank}"

@@ -1,0 +1,55 @@
+"""Single-process training of the same model on the same global batches: the truth to compare with.
+
+Same layers (``build_reference_model``, tied weights as one parameter), same sampler, loss scaled by
+1/global batch, ``clip_grad_norm_`` and one ``torch.optim.AdamW`` with the same hyper-parameters and
+learning-rate schedule as the runtime. Used by the exactness tests and the benchmarks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from oobleck.data import GlobalBatchSampler, build_dataset, collate
+from oobleck.models import build_reference_model, loss_fn
+from oobleck.runtime.state import learning_rate
+
+
+@dataclass
+class ReferenceResult:
+    losses: list[float]  # mean loss of each step (what metrics.csv reports)
+    layers: dict[int, dict[str, torch.Tensor]]  # final state_dict of each layer
+
+
+def train_reference(cfg: Any, steps: int | None = None) -> ReferenceResult:
+    job, model_cfg = cfg.job, cfg.model
+    steps = int(job.steps) if steps is None else steps
+    if int(cfg.cluster.torch_threads) > 0:
+        torch.set_num_threads(int(cfg.cluster.torch_threads))  # as the workers do
+    torch.manual_seed(int(job.seed))
+    model = build_reference_model(model_cfg, int(job.seed))
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=float(job.lr), betas=(float(job.beta1), float(job.beta2)), weight_decay=float(job.weight_decay)
+    )
+    dataset = build_dataset(job, model_cfg)
+    batch, micro = int(job.global_batch_size), int(job.microbatch_size)
+    sampler = GlobalBatchSampler(len(dataset), batch, int(job.seed))
+    losses = []
+    for step in range(steps):
+        total = 0.0
+        for mb in range(batch // micro):
+            inputs, targets = collate(dataset, sampler.microbatch_indices(step, mb, micro))
+            loss = loss_fn(model(inputs), targets)
+            (loss / batch).backward()
+            total += float(loss.detach())
+        if float(job.grad_clip) > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), float(job.grad_clip))
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(job, step)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(total / batch)
+    layers = {i: {k: v.detach().clone() for k, v in layer.state_dict().items()} for i, layer in enumerate(model)}
+    return ReferenceResult(losses=losses, layers=layers)

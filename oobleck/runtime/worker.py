@@ -1,0 +1,400 @@
+"""The worker process: one per device, started by its node's agent, never restarted.
+
+``python -m oobleck.runtime.worker --store HOST:PORT --node-id K --local-rank R`` connects to the
+controller's TCPStore, reads the run config, registers, and then lives through generations:
+
+1. read the newest plan that includes this worker (``plan/<g>``);
+2. *establish* the generation: build its process groups, receive the parameters and AdamW state
+   of newly assigned layers (chunked, checksummed) and send those others need, pass the
+   ``established`` barrier, drop layers no longer held, report timings and checksums;
+3. train from the plan's resume step: 1F1B, gradient all-reduce, global-norm clipping, the
+   commit decision, the optimizer step. An abort of the generation (a membership change) at any
+   wait jumps back to 1 with the state of the last committed step intact.
+
+A worker that raises writes its traceback to ``error/<node>/<local rank>`` and exits 1; the
+controller stops the run and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+from typing import Any, Optional
+
+import torch
+
+from oobleck.config import from_container
+from oobleck.data import GlobalBatchSampler, build_dataset
+from oobleck.errors import RunError
+from oobleck.models import tied_parameters
+from oobleck.planning.plan import ExecutionPlan, ReconfigurationPlan
+from oobleck.runtime import keys
+from oobleck.runtime.comm import Aborted, AbortWatch, Communicator, Reaper, Waiter, channel_name, make_store
+from oobleck.runtime.executor import StepContext, clip_and_step, global_grad_norm, run_schedule, sync_gradients
+from oobleck.runtime.state import (
+    LayerState,
+    chunk_bounds,
+    crc32,
+    flat_state,
+    install_flat_state,
+    layer_checksum,
+    learning_rate,
+    new_layer_state,
+)
+from oobleck.runtime.topology import Topology, build_topology, group_specs, rank_of
+
+
+class InjectedFault(Exception):
+    """Raised on purpose by a ``raise`` fault event (tests the error path)."""
+
+
+def resource_probe(extra: dict[str, Any]) -> dict[str, Any]:
+    """Threads, open file descriptors and resident memory of this process (from /proc)."""
+    status = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            status[name] = value.strip()
+    return {
+        "threads": int(status.get("Threads", "0")),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "rss_kb": int(status.get("VmRSS", "0 kB").split()[0]),
+        **extra,
+    }
+
+
+class Worker:
+    def __init__(self, host: str, port: int, node: int, local_rank: int) -> None:
+        self.host, self.port = host, port
+        self.node, self.local_rank = node, local_rank
+        self.worker = (node, local_rank)
+        self.store = make_store(host, port, 60.0)
+        self.cfg = from_container(json.loads(self.store.get(keys.CONFIG)))
+        cluster, job = self.cfg.cluster, self.cfg.job
+        if cluster.torch_threads > 0:
+            torch.set_num_threads(int(cluster.torch_threads))
+        self.device = "cpu"
+        self.gloo_device = None
+        if cluster.device == "cuda":
+            # In-process recovery: a communicator error must not kill the process; aborted
+            # generations' communicators are aborted explicitly (Communicator.release).
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+            torch.cuda.set_device(local_rank)
+            self.device = f"cuda:{local_rank}"
+        else:
+            hostname = cluster.master_addr if cluster.kind == "local" else ""
+            self.gloo_device = (
+                torch.distributed.ProcessGroupGloo.create_device(hostname=hostname)
+                if hostname
+                else torch.distributed.ProcessGroupGloo.create_default_device()
+            )
+        self.timeout_s = float(cluster.collective_timeout_s)
+        self.wait_s = float(cluster.startup_timeout_s)
+        self.watch = AbortWatch(host, port, self.timeout_s)
+        self.reaper = Reaper(self.timeout_s + float(self.cfg.runtime.reap_margin_s))
+        self.waiter = Waiter(self.watch, self.timeout_s, float(cluster.heartbeat_timeout_s) + 5.0)
+        self.dataset = build_dataset(job, self.cfg.model)
+        self.sampler = GlobalBatchSampler(len(self.dataset), int(job.global_batch_size), int(job.seed))
+        tied = tied_parameters(self.cfg.model)
+        self.tied_layers: tuple[int, ...] = tied[0].layers if tied else ()
+        self.tied_names: dict[int, str] = dict(zip(tied[0].layers, tied[0].names)) if tied else {}
+        self.layers: dict[int, LayerState] = {}
+        # Pay the optimizer's one-time import cost (seconds) at start-up, not inside the first step.
+        torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
+        self.strike: Optional[dict[str, Any]] = None
+        self.phase_seconds: dict[str, float] = {}  # where this worker's step time went
+        self.bucket_bytes = int(float(self.cfg.runtime.bucket_mb) * (1 << 20))
+
+    # ------------------------------------------------------------------ generations
+    def _wait_key(self, key: str, timeout_s: float, what: str) -> None:
+        try:
+            self.store.wait([key], timedelta(seconds=timeout_s))
+        except Exception as error:
+            raise RunError(f"timed out after {timeout_s} s waiting for {what} (store key {key!r})") from error
+
+    def _stopped(self) -> bool:
+        return self.store.check([keys.STOP])
+
+    def next_generation(self, after: Optional[int]) -> Optional[int]:
+        """The newest generation after ``after`` (None: at start-up); None when the run stops."""
+        if after is None:
+            self._wait_key(keys.GEN, self.wait_s, "the first plan")
+        else:
+            # A worker may sit out generations (a plan that does not use it): wait as long as the
+            # run lives, in bounded slices so a vanished controller still ends the wait.
+            while True:
+                try:
+                    self.store.wait([keys.abort(after)], timedelta(seconds=self.wait_s))
+                    break
+                except Exception:
+                    if self._stopped():
+                        return None
+            if self._stopped():
+                return None
+            self._wait_key(keys.plan(after + 1), self.wait_s, f"the plan of generation {after + 1}")
+        if self._stopped():
+            return None
+        generation = int(self.store.get(keys.GEN))
+        return generation
+
+    def run(self) -> None:
+        generation = self.next_generation(None)
+        while generation is not None:
+            document = json.loads(self.store.get(keys.plan(generation)))
+            plan = ExecutionPlan.from_dict(document["plan"])
+            topology = build_topology(plan, self.worker, self.tied_layers)
+            if topology is None:  # not used by this generation: wait for the next one
+                generation = self.next_generation(generation)
+                continue
+            self.watch.watch(generation)
+            comm = Communicator(
+                generation,
+                topology.rank,
+                group_specs(topology, _reconfiguration(document)),
+                host=self.host,
+                port=self.port,
+                device=self.cfg.cluster.device,
+                device_obj=self.gloo_device,
+                timeout_s=self.timeout_s,
+                waiter=self.waiter,
+            )
+            try:
+                self.establish(generation, document, topology, comm)
+                finished = self.train(generation, document, topology, comm)
+            except Aborted:
+                finished = False
+            pending = comm.pending()
+            self.reaper.park(comm.release(), pending)
+            if finished:
+                return
+            generation = self.next_generation(generation)
+
+    # ------------------------------------------------------------------ establish
+    def establish(self, generation: int, document: dict[str, Any], topology: Topology, comm: Communicator) -> None:
+        if document.get("reconfiguration") is None:
+            # A fresh start: every worker builds its layers from the seed before anything can
+            # fail, so a later reconfiguration based on this plan always finds its sources.
+            for index in topology.assignment.layers:
+                if index not in self.layers:
+                    self.layers[index] = new_layer_state(self.cfg.model, self.cfg.job, index, int(self.cfg.job.seed), self.device, 0)
+        started = time.monotonic()
+        comm.build()
+        groups_s = time.monotonic() - started
+        self._fire_strike("reconfigure", None, generation)
+        committed = int(document["resume_step"])
+        moved = time.monotonic()
+        bytes_in, bytes_out = self.transfer_state(topology, comm, _reconfiguration(document), committed, generation)
+        missing = [i for i in topology.assignment.layers if i not in self.layers]
+        if missing:
+            raise RunError(f"generation {generation}: worker {self.worker} was assigned layers {missing} but no transfer provided them")
+        transfer_s = time.monotonic() - moved
+        count = self.store.add(keys.ready_count(generation), 1)
+        if count == len(topology.world):
+            self.store.compare_set(keys.established(generation), "", keys.YES)
+        self._wait_key(keys.established(generation), self.timeout_s, f"generation {generation} to be established")
+        if self.store.get(keys.established(generation)).decode() != keys.YES:
+            raise Aborted()
+        for index in [i for i in self.layers if i not in topology.assignment.layers]:
+            del self.layers[index]
+        checksums = {str(i): layer_checksum(layer) for i, layer in self.layers.items()}
+        self.store.set(keys.checksums(generation, topology.rank), json.dumps(checksums))
+        self.store.set(
+            keys.timing(generation, topology.rank),
+            json.dumps({"groups_s": groups_s, "state_copy_s": transfer_s, "bytes_in": bytes_in, "bytes_out": bytes_out}),
+        )
+        self.store.set(
+            keys.probe(generation, topology.rank),
+            json.dumps(resource_probe({"pid": os.getpid(), "worker": list(self.worker), "groups": len(comm.groups), "parked": self.reaper.parked(), "layers": len(self.layers)})),
+        )
+
+    def transfer_state(
+        self,
+        topology: Topology,
+        comm: Communicator,
+        reconfiguration: Optional[ReconfigurationPlan],
+        committed: int,
+        generation: int,
+    ) -> tuple[int, int]:
+        """Send and receive the chunks of layer state the reconfiguration plan lists, checksummed."""
+        if reconfiguration is None:
+            return 0, 0
+        ranks = rank_of(topology.plan)
+        me = topology.rank
+        incoming: dict[int, list[tuple[int, int, torch.Tensor, torch.Tensor]]] = {}
+        pending: list[tuple[Any, str]] = []
+        sources: dict[int, torch.Tensor] = {}
+        bytes_in = bytes_out = 0
+        for transfer in reconfiguration.transfers:
+            src, dst = ranks[tuple(transfer.source)], ranks[tuple(transfer.target)]  # type: ignore[index]
+            if me not in (src, dst) or src == dst:
+                continue
+            name = channel_name(src, dst, "xfer")
+            if me == src:
+                if transfer.layer not in self.layers:
+                    raise RunError(f"generation {generation}: worker {self.worker} must send layer {transfer.layer} but does not hold it")
+                if transfer.layer not in sources:
+                    sources[transfer.layer] = flat_state(self.layers[transfer.layer])
+                flat = sources[transfer.layer]
+                a, b = chunk_bounds(flat.shape[1], transfer.chunk, transfer.chunks)
+                piece = flat[:, a:b].contiguous()
+                checksum = torch.tensor([crc32(piece)], dtype=torch.int64, device=self.device)
+                pending.append((comm.broadcast(name, piece, src), f"sending layer {transfer.layer}"))
+                pending.append((comm.broadcast(name, checksum, src), f"sending layer {transfer.layer}'s checksum"))
+                bytes_out += piece.numel() * piece.element_size()
+            else:
+                if transfer.layer not in self.layers:
+                    self.layers[transfer.layer] = new_layer_state(
+                        self.cfg.model, self.cfg.job, transfer.layer, int(self.cfg.job.seed), self.device, committed
+                    )
+                numel = self.layers[transfer.layer].numel
+                a, b = chunk_bounds(numel, transfer.chunk, transfer.chunks)
+                buf = torch.empty(3, b - a, device=self.device)
+                checksum = torch.zeros(1, dtype=torch.int64, device=self.device)
+                pending.append((comm.broadcast(name, buf, src), f"receiving layer {transfer.layer}"))
+                pending.append((comm.broadcast(name, checksum, src), f"receiving layer {transfer.layer}'s checksum"))
+                incoming.setdefault(transfer.layer, []).append((a, b, buf, checksum))
+                bytes_in += buf.numel() * buf.element_size()
+        for work, what in pending:
+            comm.waiter.work(work, what)
+        for layer_index, pieces in incoming.items():
+            layer = self.layers[layer_index]
+            flat = torch.empty(3, layer.numel, device=self.device)
+            covered = 0
+            for a, b, buf, checksum in pieces:
+                if crc32(buf) != int(checksum.item()):
+                    raise RunError(f"generation {generation}: layer {layer_index} chunk [{a}, {b}) arrived corrupted (checksum mismatch)")
+                flat[:, a:b] = buf
+                covered += b - a
+            if covered != layer.numel:
+                raise RunError(f"generation {generation}: layer {layer_index} received {covered} of {layer.numel} elements")
+            install_flat_state(layer, flat, committed)
+        return bytes_in, bytes_out
+
+    # ------------------------------------------------------------------ training
+    def _read_strike(self) -> None:
+        if self.local_rank != 0:
+            return
+        key = keys.strike(self.node)
+        if self.store.check([key]):
+            self.strike = json.loads(self.store.get(key))
+
+    def _fire_strike(self, phase: str, step: Optional[int], generation: int) -> None:
+        strike = self.strike
+        if strike is None or strike["phase"] != phase:
+            return
+        if phase == "reconfigure":
+            if generation < int(strike.get("generation", 1)):
+                return
+        elif step is None or step < int(strike["step"]):  # armed late: strike at the next chance
+            return
+        self.strike = None
+        self.store.set(keys.strike_time(self.node), repr(time.time()))
+        if strike["action"] == "raise":
+            raise InjectedFault(f"injected failure on node {self.node} at step {step}, phase {phase}")
+        # A node failure: the whole process group of the node (agent and workers) goes at once.
+        os.killpg(os.getpgrp(), signal.SIGSTOP if strike["action"] == "freeze" else signal.SIGKILL)
+
+    def train(self, generation: int, document: dict[str, Any], topology: Topology, comm: Communicator) -> bool:
+        job = self.cfg.job
+        ctx = StepContext(
+            topology=topology,
+            comm=comm,
+            layers=self.layers,
+            dataset=self.dataset,
+            sampler=self.sampler,
+            seq_len=int(self.cfg.model.seq_len),
+            n_embd=int(self.cfg.model.n_embd),
+            global_batch_size=int(job.global_batch_size),
+            tied_names=self.tied_names,
+            device=self.device,
+            bucket_bytes=self.bucket_bytes,
+        )
+        step = int(document["resume_step"])
+        world = len(topology.world)
+        times = self.phase_seconds
+        while step < int(job.steps):
+            self._read_strike()
+            current = step
+            ctx.hook = lambda phase: self._fire_strike(phase, current, generation)
+            for layer in self.layers.values():
+                layer.zero_grad()
+            t0 = time.perf_counter()
+            loss = run_schedule(ctx, step)
+            t1 = time.perf_counter()
+            ctx.phase("allreduce")
+            sync_gradients(ctx)
+            t2 = time.perf_counter()
+            norm = global_grad_norm(ctx)
+            if topology.is_last:
+                self.store.set(keys.loss(generation, step, topology.rank), repr(loss))
+            if self.store.add(keys.commit_count(generation, step), 1) == world:
+                self.store.compare_set(keys.decision(generation, step), "", keys.COMMIT)
+            self._wait_key(keys.decision(generation, step), self.timeout_s, f"the commit decision of step {step}")
+            if self.store.get(keys.decision(generation, step)).decode() != keys.COMMIT:
+                raise Aborted()
+            t3 = time.perf_counter()
+            ctx.phase("optimizer")
+            clip_and_step(ctx, norm, float(job.grad_clip), learning_rate(job, step))
+            t4 = time.perf_counter()
+            for name, seconds in (("pipeline_1f1b", t1 - t0), ("grad_allreduce", t2 - t1), ("norm_and_commit", t3 - t2), ("optimizer", t4 - t3)):
+                times[name] = times.get(name, 0.0) + seconds
+            step += 1
+        if self.cfg.runtime.save_final_params:
+            self.publish_final_params(topology)
+        self.store.set(keys.phase_times(self.node, self.local_rank), json.dumps(times))
+        return True
+
+    def publish_final_params(self, topology: Topology) -> None:
+        import io
+
+        for index in topology.assignment.layers:
+            if topology.norm_owner.get(index) == topology.rank:
+                buffer = io.BytesIO()
+                torch.save({k: v.detach().cpu() for k, v in self.layers[index].module.state_dict().items()}, buffer)
+                self.store.set(keys.final_params(index), buffer.getvalue())
+
+
+def _reconfiguration(document: dict[str, Any]) -> Optional[ReconfigurationPlan]:
+    data = document.get("reconfiguration")
+    return ReconfigurationPlan.from_dict(data) if data else None
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="oobleck.runtime.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--store", required=True, help="HOST:PORT of the controller's TCPStore")
+    parser.add_argument("--node-id", type=int, required=True)
+    parser.add_argument("--local-rank", type=int, required=True)
+    parser.add_argument("--run-id", default="", help="a tag of the run (lets tools find its processes)")
+    args = parser.parse_args(argv)
+    host, _, port = args.store.rpartition(":")
+    store = None
+    try:
+        worker = Worker(host, int(port), args.node_id, args.local_rank)
+        store = worker.store
+        store.set(keys.worker_registered(args.node_id, args.local_rank), json.dumps({"pid": os.getpid()}))
+        worker.run()
+        return 0
+    except BaseException:
+        text = traceback.format_exc()
+        try:
+            if store is None:
+                store = make_store(host, int(port), 10.0)
+            store.set(keys.worker_error(args.node_id, args.local_rank), text)
+        except Exception:
+            pass
+        print(text, file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: abandoned process groups may still hold gloo threads.
+    os._exit(code)

@@ -1,0 +1,187 @@
+"""Simulation experiments: strategies x models x traces from one config, as tidy pandas tables.
+
+``run_experiment(cfg)`` builds one ``StrategyContext`` per model (profile, cluster, job; the
+planner's templates are generated once per model and shared by all traces and strategies), runs
+``oobleck.sim.engine.simulate`` for every combination and returns three DataFrames:
+
+- ``metrics``: one row per period of constant state (throughput over time), ``sim_metrics.csv``;
+- ``events``: one row per failure, join, reconfiguration, failover, restart, checkpoint, OOM, stop;
+- ``summary``: one row per (model, trace, strategy) with throughput and the effective-time breakdown.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from oobleck.errors import ConfigError, PlanningError
+from oobleck.faults.trace import Trace, load_trace
+from oobleck.planning.profile import GB, ClusterSpec, ModelProfile
+from oobleck.sim.engine import simulate
+from oobleck.sim.params import CONF_DIR, strategy_params
+from oobleck.strategy import StrategyContext, make_strategy
+
+MODEL_DIR = CONF_DIR / "model"
+
+
+def model_config(name: str) -> DictConfig:
+    """``conf/model/<name>.yaml`` typed by the schema."""
+    from oobleck.config import ModelConfig
+
+    path = MODEL_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in MODEL_DIR.glob("*.yaml")))
+        raise ConfigError(f"sim.models has {name!r}, which is not in conf/model/; use one of: {known}")
+    return OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(path))  # type: ignore[return-value]
+
+
+def model_profile(cfg: Any, name: str) -> ModelProfile:
+    """The profile the simulator uses for model ``name`` (``sim.profile_source``)."""
+    from oobleck.profiling import analytic_profile, get_profile
+
+    model = model_config(name) if name != cfg.model.name else cfg.model
+    if cfg.sim.profile_source == "analytic":
+        return analytic_profile(model, cfg.cluster.gpu, int(cfg.job.microbatch_size))
+    local = copy.deepcopy(cfg)
+    with open_dict(local):
+        local.model = model
+        local.profile.source = cfg.sim.profile_source
+    return get_profile(local)
+
+
+def build_context(cfg: Any, profile: ModelProfile, nodes: int, *, named_gpu: bool | None = None) -> StrategyContext:
+    """The strategies' context for ``nodes`` nodes of ``cfg.cluster``.
+
+    With analytic profiles the devices are the named GPU (``cluster.gpu``), so its memory
+    (``cluster.gpu.memory_gb``) is the per-device budget; otherwise ``cluster.device_memory_gb``.
+    ``named_gpu`` forces one or the other (validation uses the real run's own budget).
+    """
+    cluster = ClusterSpec.from_config(cfg.cluster)
+    memory = cluster.device_memory_bytes
+    if named_gpu if named_gpu is not None else cfg.sim.profile_source == "analytic":
+        memory = float(cfg.cluster.gpu.memory_gb) * GB
+    cluster = ClusterSpec(
+        nodes=nodes,
+        gpus_per_node=cluster.gpus_per_node,
+        device_memory_bytes=memory,
+        intra_node_bandwidth=cluster.intra_node_bandwidth,
+        inter_node_bandwidth=cluster.inter_node_bandwidth,
+    )
+    return StrategyContext(
+        profile=profile,
+        cluster=cluster,
+        global_batch_size=int(cfg.job.global_batch_size),
+        microbatch_size=int(cfg.job.microbatch_size),
+        fault_tolerance=int(cfg.job.fault_tolerance),
+        reference_microbatches_per_stage=int(cfg.planner.reference_microbatches_per_stage),
+        max_gpus_per_stage=cfg.planner.max_gpus_per_stage,
+    )
+
+
+def params_for(cfg: Any, strategy: str) -> dict[str, Any]:
+    overrides = cfg.sim.params.get(strategy) if cfg.sim.params else None
+    if overrides is not None and not isinstance(overrides, (dict, DictConfig)):
+        raise ConfigError(f"sim.params.{strategy}={overrides!r} must be a mapping of constants")
+    plain = OmegaConf.to_container(overrides, resolve=True) if isinstance(overrides, DictConfig) else overrides
+    # The composed strategy group (strategy=<name> plus its overrides) wins over the YAML on disk.
+    section = OmegaConf.to_container(cfg.strategy, resolve=True) if cfg.strategy.name == strategy else None
+    return strategy_params(strategy, plain, section=section)
+
+
+@dataclass
+class ExperimentResult:
+    metrics: pd.DataFrame
+    events: pd.DataFrame
+    summary: pd.DataFrame
+    seconds: float  # wall time of the whole experiment
+
+
+def run_experiment(
+    cfg: Any, *, progress: Callable[[str], None] | None = None, profiles: dict[str, ModelProfile] | None = None
+) -> ExperimentResult:
+    """Simulate every (model, trace, strategy) of ``cfg.sim``; ``profiles`` overrides per model."""
+    started = time.perf_counter()
+    traces: list[Trace] = [load_trace(name) for name in cfg.sim.traces]
+    nodes = int(cfg.sim.nodes) if cfg.sim.nodes else max(t.max_nodes() for t in traces)
+    duration = float(cfg.sim.duration_h) * 3600.0 if cfg.sim.duration_h else None
+    metrics: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    summaries: list[dict[str, Any]] = []
+    for model in cfg.sim.models:
+        profile = (profiles or {}).get(model) or model_profile(cfg, model)
+        base = build_context(cfg, profile, nodes)
+        contexts = {name: base.with_params(params_for(cfg, name)) for name in cfg.sim.strategies}
+        for trace in traces:
+            for name in cfg.sim.strategies:
+                if progress:
+                    progress(f"{model} {trace.name} {name}")
+                clock = time.perf_counter()
+                strategy = make_strategy(name, contexts[name])
+                labels = {"model": model, "trace": trace.name, "strategy": name}
+                try:
+                    result = simulate(strategy, trace, duration_s=duration, labels=labels)
+                except PlanningError as error:
+                    raise PlanningError(f"simulating {name} on {model} over {trace.name}: {error}") from None
+                result.summary["sim_wall_s"] = time.perf_counter() - clock
+                metrics.extend(result.segments)
+                events.extend(result.events)
+                summaries.append(result.summary)
+    summary = pd.DataFrame(summaries)
+    if not summary.empty:
+        summary = add_speedups(summary)
+    return ExperimentResult(pd.DataFrame(metrics), pd.DataFrame(events), summary, time.perf_counter() - started)
+
+
+def add_speedups(summary: pd.DataFrame) -> pd.DataFrame:
+    """Columns ``speedup_vs_<baseline>``: Oobleck's throughput over each baseline's, per model and trace."""
+    out = summary.copy()
+    keyed = summary.set_index(["model", "trace", "strategy"])["throughput"]
+    for baseline in ("varuna", "bamboo"):
+        column = f"speedup_vs_{baseline}"
+        values = []
+        for _, row in summary.iterrows():
+            try:
+                ours = keyed[(row["model"], row["trace"], row["strategy"])]
+                theirs = keyed[(row["model"], row["trace"], baseline)]
+            except KeyError:
+                values.append(float("nan"))
+                continue
+            values.append(ours / theirs if theirs > 0 else float("inf"))
+        out[column] = values
+    return out
+
+
+def write_outputs(result: ExperimentResult, run_dir: Path, extra: dict[str, Any] | None = None) -> dict[str, Path]:
+    """``sim_metrics.csv``, ``sim_events.csv``, ``sim_summary.csv`` and ``summary.json`` in ``run_dir``."""
+    import json
+    import math
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "metrics": run_dir / "sim_metrics.csv",
+        "events": run_dir / "sim_events.csv",
+        "summary_csv": run_dir / "sim_summary.csv",
+        "summary": run_dir / "summary.json",
+    }
+    result.metrics.to_csv(paths["metrics"], index=False)
+    result.events.to_csv(paths["events"], index=False)
+    result.summary.to_csv(paths["summary_csv"], index=False)
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if hasattr(value, "item"):
+            return clean(value.item())
+        return value
+
+    runs = [{k: clean(v) for k, v in row.items()} for row in result.summary.to_dict(orient="records")]
+    payload = {**(extra or {}), "wall_time_s": result.seconds, "runs": runs}
+    paths["summary"].write_text(json.dumps(payload, indent=1))
+    return paths

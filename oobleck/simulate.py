@@ -1,0 +1,103 @@
+"""``python -m oobleck.simulate``: trace-driven simulation of resilience strategies (Hydra app).
+
+Runs every (model, trace, strategy) of the ``sim:`` section (``experiment=paper_failure_frequency``
+or ``experiment=paper_spot`` set it up like the paper), then writes to the Hydra run dir:
+``sim_metrics.csv`` (throughput over time), ``sim_events.csv``, ``sim_summary.csv``,
+``summary.json`` and, unless ``sim.figures=false``, the seaborn figures of ``analysis.figures``.
+Examples::
+
+    python -m oobleck.simulate experiment=paper_failure_frequency
+    python -m oobleck.simulate sim.models=[gpt3_2_7b] sim.traces=[spot/ec2_p3_scaled] sim.strategies=[oobleck,varuna]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+import oobleck.config  # noqa: F401  (registers the schema)
+from oobleck.config import to_container, validate
+from oobleck.errors import report_errors
+
+PROGRAM = "oobleck.simulate"
+
+
+def summary_table(summary) -> str:
+    """A compact text table: throughput per (model, trace) and strategy, plus Oobleck's speedups."""
+    if summary.empty:
+        return "(no runs)"
+    table = summary.pivot_table(index=["model", "trace"], columns="strategy", values="throughput", sort=False)
+    if "oobleck" in table and "varuna" in table:
+        table["oobleck/varuna"] = table["oobleck"] / table["varuna"]
+    if "oobleck" in table and "bamboo" in table:
+        table["oobleck/bamboo"] = table["oobleck"] / table["bamboo"]
+    return table.to_string(float_format=lambda v: f"{v:.3g}")
+
+
+def log_wandb(cfg: DictConfig, result, figures: list[Path], run_dir: Path, config: dict) -> None:
+    """One wandb run per simulation experiment: the summary and event tables and the figures."""
+    import wandb  # imported lazily: slow, and only needed when logging is on
+
+    settings = cfg.logger.wandb
+    run = wandb.init(
+        project=settings.project,
+        entity=settings.entity,
+        group=settings.group or cfg.experiment,
+        tags=["simulation", *cfg.sim.strategies, *list(settings.tags or [])],
+        config=config,
+        dir=str(run_dir),
+        mode=str(settings.mode),
+        name=f"sim-{cfg.experiment}-{run_dir.name}",
+        reinit="create_new",
+    )
+    try:
+        run.log(
+            {
+                "summary": wandb.Table(dataframe=result.summary.astype(str)),
+                **{f"figures/{p.stem}": wandb.Image(str(p)) for p in figures},
+            }
+        )
+    finally:
+        run.finish()
+
+
+def run(cfg: DictConfig, run_dir: Path) -> dict:
+    from tqdm import tqdm
+
+    from oobleck.sim.experiment import run_experiment, write_outputs
+
+    validate(cfg)
+    total = len(cfg.sim.models) * len(cfg.sim.traces) * len(cfg.sim.strategies)
+    with tqdm(total=total, desc="simulate", unit="run", disable=not cfg.logger.progress_bar) as bar:
+
+        def progress(label: str) -> None:
+            bar.set_postfix_str(label)
+            bar.update(1)
+
+        result = run_experiment(cfg, progress=progress)
+    config = to_container(cfg)
+    paths = write_outputs(result, run_dir, extra={"experiment": cfg.experiment, "sim": config["sim"]})
+    figures = []
+    if cfg.sim.figures:
+        from analysis.figures import write_figures
+
+        figures = write_figures(result.metrics, result.summary, run_dir, bin_s=float(cfg.sim.timeline_bin_s))
+    if cfg.logger.wandb.mode != "disabled":
+        log_wandb(cfg, result, figures, run_dir, config)
+    print(summary_table(result.summary), flush=True)
+    print(f"{PROGRAM}: {total} simulations in {result.seconds:.1f} s; outputs in {run_dir}", flush=True)
+    return {k: str(v) for k, v in paths.items()}
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    with report_errors(PROGRAM):
+        run(cfg, Path(HydraConfig.get().runtime.output_dir))
+
+
+if __name__ == "__main__":
+    main()

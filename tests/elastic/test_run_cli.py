@@ -1,0 +1,98 @@
+"""``python -m oobleck.run`` end to end in a subprocess: the default main job and its errors.
+
+Every run is tagged with OOBLECK_RUN_ID so the test can scan /proc for any agent or worker it
+left behind (there must be none, whatever happened).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+
+import pandas as pd
+import pytest
+
+from oobleck.elastic.local import run_processes
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_cli(tmp_path, *overrides, timeout=300):
+    run_id = uuid.uuid4().hex[:12]
+    env = dict(os.environ, OOBLECK_RUN_ID=run_id, WANDB_SILENT="true")
+    command = [sys.executable, "-m", "oobleck.run", f"hydra.run.dir={tmp_path}", "logger.progress_bar=false", *overrides]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    return result, run_processes(run_id)
+
+
+def test_default_main_job_recovers_and_continues(tmp_path):
+    """No arguments (but the run dir): 4 local nodes, gpt3_tiny, one node killed at step 10."""
+    result, strays = run_cli(tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert strays == []
+    for name in ("plan.json", "metrics.csv", "events.csv", "summary.json", ".hydra/config.yaml"):
+        assert (tmp_path / name).is_file(), name
+    assert list((tmp_path / "wandb").glob("offline-run-*")), "wandb logs offline by default"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 30 and summary["consecutive_steps"] and summary["recoveries"] == 1
+    assert summary["resumed_at_steps"] == [10]
+    metrics = pd.read_csv(tmp_path / "metrics.csv")
+    assert list(metrics["step"]) == list(range(30))
+    assert metrics.loc[metrics["step"] == 10, "attempts"].item() == 2
+    assert metrics["generation"].iloc[-1] == 1
+    events = pd.read_csv(tmp_path / "events.csv")
+    recovery = events[events["kind"] == "reconfiguration"].iloc[0]
+    for column in ("detect_s", "plan_s", "groups_s", "state_copy_s", "first_step_s", "total_s", "bytes_moved"):
+        assert recovery[column] >= 0
+    assert "recovery_median_total_s" in result.stdout  # the summary table
+
+
+def test_cuda_without_cuda_fails_before_launch(tmp_path):
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result, strays = run_cli(tmp_path, "cluster.device=cuda", "failures=none")
+    assert result.returncode == 2
+    assert "cluster.device=cuda but CUDA is not available" in result.stderr
+    assert "Traceback" not in result.stderr and strays == []
+
+
+def test_busy_port_is_a_clear_error(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        result, strays = run_cli(tmp_path, f"cluster.master_port={port}", "failures=none")
+    assert result.returncode == 2
+    assert f"cluster.master_port={port}" not in result.stderr or "in use" in result.stderr
+    assert "in use" in result.stderr and "Traceback" not in result.stderr.split("error:")[0]
+    assert strays == []
+
+
+def test_worker_exception_stops_with_its_traceback(tmp_path):
+    result, strays = run_cli(
+        tmp_path,
+        "cluster.nodes=2",
+        "job.steps=6",
+        "failures.events=[{action:raise,step:2,nodes:[1],phase:backward}]",
+    )
+    assert result.returncode == 2
+    assert "worker (node 1, local rank 0) raised an exception" in result.stderr
+    assert "InjectedFault: injected failure on node 1 at step 2, phase backward" in result.stderr
+    assert strays == []
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 2 and "stopped" in summary
+
+
+def test_baseline_strategies_are_refused_in_real_runs(tmp_path):
+    """Varuna and Bamboo exist in the simulator only: a real run must not mislabel Oobleck as them."""
+    result, strays = run_cli(tmp_path, "strategy=varuna")
+    assert result.returncode == 2
+    assert "strategy=varuna runs in the simulator only" in result.stderr
+    assert "Traceback" not in result.stderr and strays == []

@@ -1,0 +1,215 @@
+"""In-place recovery from real SIGKILLs loses nothing (issue 5).
+
+One shared run on 7 local nodes (f=1, gpt3_tiny; the planner picks a 5-stage and a 2-stage
+pipeline) takes node failures at every point of a step (forward, backward, gradient all-reduce,
+optimizer step) and a second failure during a reconfiguration, shrinking to two single-node
+pipelines; its per-step losses and final parameters must equal single-process training on the
+same batches (tolerance justified in tests/runtime/test_exactness.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from oobleck.elastic import controller as controller_module
+from oobleck.elastic.job import launch
+from oobleck.elastic.local import run_processes
+from oobleck.errors import RunError
+from oobleck.runtime.reference import train_reference
+from oobleck.runtime.testing import hand_plan, template, tiny_config
+
+LOSS_RTOL = 1e-5
+PARAM_ATOL = 1e-5
+
+PHASE_EVENTS = [
+    {"action": "remove", "step": 2, "nodes": [1], "phase": "forward"},
+    {"action": "remove", "step": 2, "nodes": [4], "phase": "reconfigure"},  # dies while gen 1 forms
+    {"action": "remove", "step": 5, "nodes": [3], "phase": "backward"},
+    {"action": "remove", "step": 7, "nodes": [5], "phase": "allreduce"},
+    {"action": "remove", "step": 9, "nodes": [0], "phase": "optimizer"},
+]
+
+
+def phase_config():
+    return tiny_config(**{
+        "cluster.nodes": 7,
+        "job.fault_tolerance": 1,
+        "job.steps": 12,
+        "failures.kind": "explicit",
+        "failures.events": PHASE_EVENTS,
+    })
+
+
+@pytest.fixture(scope="module")
+def phase_run(tmp_path_factory):
+    cfg = phase_config()
+    run_dir = tmp_path_factory.mktemp("phases")
+    outcome, summary = launch(cfg, run_dir)
+    return cfg, outcome, summary, run_dir
+
+
+def test_failures_at_every_phase_lose_nothing(phase_run):
+    cfg, outcome, summary, run_dir = phase_run
+    reference = train_reference(cfg)
+    steps = [row["step"] for row in outcome.steps]
+    assert steps == list(range(cfg.job.steps)), "committed steps must be consecutive, none skipped or repeated"
+    assert [row["loss"] for row in outcome.steps] == pytest.approx(reference.losses, rel=LOSS_RTOL)
+    final = torch.load(run_dir / "final_params.pt", weights_only=True)
+    for layer, state in reference.layers.items():
+        for name, value in state.items():
+            assert torch.allclose(final[str(layer)][name], value, rtol=0, atol=PARAM_ATOL), (layer, name)
+
+
+def test_every_failure_became_a_recovery(phase_run):
+    cfg, outcome, summary, run_dir = phase_run
+    removed = sorted(n for r in outcome.recoveries for n in r["removed"])
+    assert removed == [0, 1, 3, 4, 5]
+    assert sum(r["bytes_moved"] for r in outcome.recoveries) > 0, "shrinking pipelines moved layers"
+    assert all(r["replicas_identical"] for r in outcome.recoveries)
+    retried = [row for row in outcome.steps if row["attempts"] > 1]
+    assert retried, "a step interrupted by a failure is redone and its attempts recorded"
+    events = (run_dir / "events.csv").read_text()
+    assert "reconfiguration_superseded" in events  # node 4 died during the first reconfiguration
+    assert summary["recoveries"] == len(outcome.recoveries)
+
+
+def test_replicas_bit_identical_after_each_generation(phase_run):
+    _, outcome, _, _ = phase_run
+    assert outcome.checksums, "every established generation publishes per-layer checksums"
+    assert all(crcs for crcs in outcome.checksums.values())  # empty would mean a mismatch
+
+
+def test_survivors_were_never_restarted(phase_run):
+    _, outcome, _, _ = phase_run
+    pids: dict[tuple[int, int], set[int]] = {}
+    for ranks in outcome.probes.values():
+        for probe in ranks.values():
+            pids.setdefault(tuple(probe["worker"]), set()).add(probe["pid"])
+    assert pids[(2, 0)] and pids[(6, 0)] and all(len(p) == 1 for p in pids.values())
+
+
+def test_lost_layers_stop_cleanly(tmp_path):
+    """Two 2-node pipelines; both first stages die at once: layers 0..2 have no live replica. The
+    run stops in < 10 s with a message naming the lost layers, and leaves no process behind."""
+    cfg = tiny_config(**{
+        "cluster.nodes": 4,
+        "job.fault_tolerance": 1,
+        "job.steps": 8,
+        "failures.kind": "explicit",
+        "failures.events": [{"action": "remove", "step": 3, "nodes": [0, 2]}],
+    })
+    two_stages = template([(0, 3, 0, 0, 1), (3, 6, 1, 0, 1)])
+    plan = hand_plan([(two_stages, (0, 1), 4), (two_stages, (2, 3), 4)], batch=16, micro=2, layers=6, f=1, gpus=1)
+    seen: dict[str, float] = {}
+    ids: list[str] = []
+    original = controller_module.Controller.__init__
+
+    def init(self, *args, **kwargs):
+        kwargs["on_event"] = lambda kind, fields: seen.setdefault(kind, time.monotonic())
+        original(self, *args, **kwargs)
+        ids.append(self.run_id)
+
+    controller_module.Controller.__init__ = init
+    try:
+        with pytest.raises(RunError) as caught:
+            launch(cfg, tmp_path / "run", initial_plan=plan)
+    finally:
+        controller_module.Controller.__init__ = original
+    stopped = time.monotonic()
+    message = str(caught.value)
+    assert "layers [0, 1, 2] have no live replica" in message and "[0, 2]" in message, message
+    assert stopped - seen["fault_injected"] < 10.0
+    assert run_processes(ids[0]) == []
+    summary = (tmp_path / "run" / "summary.json").read_text()
+    assert '"steps": 3' in summary  # steps 0..2 committed before the loss
+
+
+def test_frozen_node_is_caught_by_heartbeat_timeout(tmp_path):
+    """SIGSTOP (not a kill): nothing exits, so only the missing heartbeats reveal it."""
+    cfg = tiny_config(**{
+        "cluster.nodes": 3,
+        "job.fault_tolerance": 1,
+        "job.steps": 6,
+        "cluster.heartbeat_timeout_s": 2.0,
+        "failures.kind": "explicit",
+        "failures.events": [{"action": "remove", "step": 2, "nodes": [2], "freeze": True}],
+    })
+    outcome, _ = launch(cfg, tmp_path / "run")
+    assert [row["step"] for row in outcome.steps] == list(range(6))
+    (recovery,) = outcome.recoveries
+    assert recovery["removed"] == [2]
+    # detected by the timeout (counted from the last heartbeat, at most one interval before the
+    # freeze), not by an exit, which takes milliseconds
+    assert recovery["detect_s"] >= cfg.cluster.heartbeat_timeout_s - cfg.cluster.heartbeat_interval_s
+    events = (tmp_path / "run" / "events.csv").read_text()
+    assert "no heartbeat" in events
+
+
+def test_failures_at_random_times_lose_nothing(tmp_path):
+    """Poisson failures (random victims at random moments, wherever the step happens to be) on 6
+    nodes with f=2: three 2-node pipelines, so a shrunk pipeline fetches its missing layers in
+    chunks from the two surviving replicas."""
+    cfg = tiny_config(**{
+        "cluster.nodes": 6,
+        "job.fault_tolerance": 2,
+        "job.steps": 50,
+        "failures.kind": "poisson",
+        "failures.mtbf_s": 0.7,
+        "failures.max_events": 2,
+        "failures.seed": 7,
+    })
+    outcome, _ = launch(cfg, tmp_path / "run")
+    assert len([r for r in outcome.recoveries if r["removed"]]) == 2
+    assert all(r["bytes_moved"] > 0 and r["replicas_identical"] for r in outcome.recoveries)
+    reference = train_reference(cfg)
+    assert [row["step"] for row in outcome.steps] == list(range(cfg.job.steps))
+    assert [row["loss"] for row in outcome.steps] == pytest.approx(reference.losses, rel=LOSS_RTOL)
+    final = torch.load(tmp_path / "run" / "final_params.pt", weights_only=True)
+    for layer, state in reference.layers.items():
+        for name, value in state.items():
+            assert torch.allclose(final[str(layer)][name], value, rtol=0, atol=PARAM_ATOL), (layer, name)
+
+
+def test_single_worker_death_is_noticed_by_its_agent(tmp_path):
+    """Only one worker process dies (its agent lives): the agent reports the exit at once and the
+    controller retires the whole node, then training continues in place."""
+    import os
+    import signal
+    import threading
+
+    from oobleck.elastic.local import run_processes
+
+    cfg = tiny_config(**{"cluster.nodes": 3, "job.fault_tolerance": 1, "job.steps": 40, "failures.kind": "none"})
+    holder: list = []
+    original = controller_module.Controller.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        holder.append(self)
+
+    def strike() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if holder and len(holder[0].outcome.steps) >= 3:
+                for pid in run_processes(holder[0].run_id):
+                    cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+                    if b"oobleck.runtime.worker" in cmdline and cmdline[cmdline.index(b"--node-id") + 1] == b"1":
+                        os.kill(pid, signal.SIGKILL)
+                        return
+            time.sleep(0.01)
+
+    controller_module.Controller.__init__ = init
+    killer = threading.Thread(target=strike, daemon=True)
+    killer.start()
+    try:
+        outcome, _ = launch(cfg, tmp_path / "run")
+    finally:
+        controller_module.Controller.__init__ = original
+    killer.join(timeout=5)
+    assert [r["removed"] for r in outcome.recoveries] == [[1]]
+    assert [row["step"] for row in outcome.steps] == list(range(40))
+    events = (tmp_path / "run" / "events.csv").read_text()
+    assert "worker 0 exited with code -9" in events

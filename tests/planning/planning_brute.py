@@ -1,0 +1,88 @@
+"""Brute-force references for the planner's exactness tests (small inputs only)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from oobleck.planning.cost import pipeline_iteration_time, pipeline_time
+from oobleck.planning.plan import StageSpec
+from oobleck.planning.templates import stage_memories_of, stage_seconds_of
+
+
+def compositions(total: int, max_part: int):
+    """Ordered ways to write ``total`` as positive parts <= max_part."""
+    if total == 0:
+        yield ()
+        return
+    for first in range(1, min(total, max_part) + 1):
+        for rest in compositions(total - first, max_part):
+            yield (first,) + rest
+
+
+def all_layouts(num_layers: int, nodes: int, gpus: int, max_gpus: int):
+    """Every template layout: per node a GPU composition, then every split of the layers."""
+    node_shapes = list(compositions(gpus, max_gpus))
+    for shapes in itertools.product(node_shapes, repeat=nodes):
+        widths = [(node, g) for node, shape in enumerate(shapes) for g in shape]
+        S = len(widths)
+        if S > num_layers:
+            continue
+        for cuts in itertools.combinations(range(1, num_layers), S - 1):
+            bounds = (0,) + cuts + (num_layers,)
+            stages, offsets = [], {}
+            for i, (node, g) in enumerate(widths):
+                off = offsets.get(node, 0)
+                stages.append(StageSpec(start=bounds[i], end=bounds[i + 1], node=node, gpu_offset=off, gpus=g))
+                offsets[node] = off + g
+            yield stages
+
+
+def brute_force_template(profile, cluster, nodes, r, max_gpus=None):
+    best = math.inf
+    for stages in all_layouts(profile.num_layers, nodes, cluster.gpus_per_node, max_gpus or cluster.gpus_per_node):
+        if any(m > cluster.device_memory_bytes for m in stage_memories_of(profile, stages)):
+            continue
+        seconds = stage_seconds_of(profile, cluster, stages)
+        best = min(best, pipeline_iteration_time(seconds, r * len(stages)))
+    return best
+
+
+def brute_force_distribution(stage_seconds_list, total):
+    best, best_split = math.inf, None
+    P = len(stage_seconds_list)
+    for split in itertools.product(range(1, total + 1), repeat=P):
+        if sum(split) != total:
+            continue
+        value = max(pipeline_time(w, m) for w, m in zip(stage_seconds_list, split))
+        if value < best:
+            best, best_split = value, split
+    return best, best_split
+
+
+def multisets(sizes, total, min_parts):
+    """Every multiset (non-increasing tuple) of ``sizes`` summing to ``total`` with >= min_parts parts."""
+
+    def rec(remaining, largest):
+        if remaining == 0:
+            yield ()
+            return
+        for s in sorted(sizes, reverse=True):
+            if s <= largest and s <= remaining:
+                for rest in rec(remaining - s, s):
+                    yield (s,) + rest
+
+    return [m for m in rec(total, max(sizes)) if len(m) >= min_parts]
+
+
+def brute_force_instantiation(templates, nodes, global_batch, microbatch, f):
+    from oobleck.planning.instantiate import build_plan
+
+    best = math.inf
+    M = global_batch // microbatch
+    for combo in multisets(templates.sizes, len(nodes), f + 1):
+        if len(combo) > M:
+            continue
+        plan = build_plan(templates, list(combo), sorted(nodes), global_batch, microbatch, f)
+        best = min(best, plan.predicted_iteration_s)
+    return best

@@ -1,0 +1,101 @@
+"""``python -m oobleck.plan`` in a subprocess: tables, plan.json, and one-line errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from oobleck.planning.plan import ExecutionPlan
+from oobleck.planning.synthetic import synthetic_profile
+from oobleck.planning.templates import TemplateSet
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 240  # a hang guard for the subprocess; no test relies on it
+
+
+def run_plan(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "oobleck.plan", f"hydra.run.dir={tmp_path / 'run'}", *overrides],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=env,
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tmp_path_factory) -> Path:
+    # gpt3_tiny as the layered model sees it: 6 layers, profiled at job.microbatch_size=2.
+    profile = synthetic_profile(
+        6, seed=0, model="gpt3_tiny", microbatch_size=2, param_bytes=200_000, activation_bytes=100_000, output_bytes=10_000
+    )
+    return profile.save(tmp_path_factory.mktemp("profile") / "tiny.json")
+
+
+def _one_line_error(result: subprocess.CompletedProcess, text: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [f"oobleck.plan: error: {text}"] or (len(lines) == 1 and text in lines[0]), result.stderr
+
+
+def test_plan_from_profile_file(tmp_path, tiny_profile):
+    result = run_plan(tmp_path, "profile.source=file", f"profile.path={tiny_profile}", "cluster.nodes=5")
+    assert result.returncode == 0, result.stderr
+    assert "Templates" in result.stdout and "Plan" in result.stdout and "samples/s" in result.stdout
+    document = json.loads((tmp_path / "run" / "plan.json").read_text())
+    templates = TemplateSet.from_dict(document["templates"])
+    plan = ExecutionPlan.from_dict(document["plan"])
+    assert plan.nodes == (0, 1, 2, 3, 4) and len(plan.pipelines) >= 2
+    assert sum(p.microbatches for p in plan.pipelines) == 16
+    assert all(len(p.nodes) in templates.sizes for p in plan.pipelines)
+    assert document["config"]["cluster"]["nodes"] == 5
+
+
+def test_analytic_gpt3_6_7b_on_30_nodes(tmp_path):
+    result = run_plan(
+        tmp_path,
+        "model=gpt3_6_7b",
+        "cluster.nodes=30",
+        "job.fault_tolerance=3",
+        "profile.source=analytic",
+        "cluster.gpus_per_node=4",
+        "cluster.device_memory_gb=40",
+        "job.microbatch_size=1",
+        "job.global_batch_size=512",
+    )
+    assert result.returncode == 0, result.stderr
+    plan = ExecutionPlan.from_dict(json.loads((tmp_path / "run" / "plan.json").read_text())["plan"])
+    assert len(plan.pipelines) >= 4 and plan.nodes == tuple(range(30))
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["job.fault_tolerance=3", "cluster.device_memory_gb=0.0035"], "f=3 needs 4 pipelines of at least n0=2 nodes = 8 nodes; cluster.nodes=4"),
+        (["job.global_batch_size=33"], "is not divisible by job.microbatch_size=2"),
+        (["job.global_batch_size=4", "job.fault_tolerance=2"], "fewer than the f+1=3 pipelines"),
+    ],
+    ids=["f-too-large", "batch-not-divisible", "too-few-microbatches"],
+)
+def test_bad_input_is_one_line(tmp_path, tiny_profile, overrides, message):
+    result = run_plan(tmp_path, "profile.source=file", f"profile.path={tiny_profile}", *overrides)
+    _one_line_error(result, message)
+
+
+def test_bad_profile_is_one_line(tmp_path):
+    good = synthetic_profile(6, seed=0, model="gpt3_tiny", microbatch_size=2)
+    data = good.to_dict()
+    data["layers"][2]["forward_s"] = -1.0
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    result = run_plan(tmp_path, "profile.source=file", f"profile.path={path}")
+    _one_line_error(result, "forward_s=-1.0 must be a positive number of seconds")
+

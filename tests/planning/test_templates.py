@@ -1,0 +1,106 @@
+"""Template generation: exact against brute force over every layout, valid layouts, n0 and errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from conftest import cluster
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from planning_brute import brute_force_template
+
+from oobleck.errors import PlanningError, ProfileError
+from oobleck.planning.profile import LayerProfile, ModelProfile
+from oobleck.planning.synthetic import synthetic_profile
+from oobleck.planning.templates import TemplateSet, generate_templates, min_nodes
+
+
+def _assert_valid_layout(template, num_layers, gpus):
+    stages = template.stages
+    assert stages[0].start == 0 and stages[-1].end == num_layers
+    for left, right in zip(stages, stages[1:]):
+        assert left.end == right.start and left.end > left.start
+        assert right.node in (left.node, left.node + 1)
+    used = {}
+    for stage in stages:
+        assert stage.gpu_offset == used.get(stage.node, 0)  # GPUs of a node are dealt out in order
+        used[stage.node] = stage.gpu_offset + stage.gpus
+    assert sorted(used) == list(range(template.num_nodes))
+    assert all(total == gpus for total in used.values())  # no idle GPU, no stage spanning nodes
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    layers=st.integers(min_value=1, max_value=6),
+    gpus=st.integers(min_value=1, max_value=3),
+    nodes=st.integers(min_value=1, max_value=3),
+    seed=st.integers(min_value=0, max_value=10_000),
+    memory=st.sampled_from([1e13, 0.5e9, 1e9, 1.6e9]),
+    r=st.sampled_from([1, 2, 4]),
+    output_bytes=st.sampled_from([0, 4_000_000, 400_000_000]),
+    max_gpus=st.sampled_from([None, 1, 2]),
+)
+def test_templates_match_brute_force(layers, gpus, nodes, seed, memory, r, output_bytes, max_gpus):
+    profile = synthetic_profile(layers, seed=seed, jitter=0.6, output_bytes=output_bytes)
+    spec = cluster(nodes, gpus, memory)
+    try:
+        found = generate_templates(profile, spec, 0, reference_microbatches_per_stage=r, max_gpus_per_stage=max_gpus)
+        got = {n: t.reference_iteration_s for n, t in found.templates.items()}
+    except PlanningError:
+        found, got = None, {}
+    for n in range(1, nodes + 1):
+        expected = brute_force_template(profile, spec, n, r, max_gpus)
+        value = got.get(n, math.inf)
+        assert value == expected or value == pytest.approx(expected, rel=1e-9), (n, value, expected)
+        if found is not None and n in found.templates:
+            template = found.templates[n]
+            _assert_valid_layout(template, layers, gpus)
+            assert all(m <= memory for m in template.stage_memory_bytes)
+            assert all(s.gpus <= (max_gpus or gpus) for s in template.stages)
+
+
+def test_equal_layers_split_evenly():
+    profile = synthetic_profile(12, seed=0, jitter=0.0, output_bytes=0)
+    # Uniform middle layers; the lighter embedding and head sit at the ends.
+    found = generate_templates(profile, cluster(3), 0)
+    assert [s.end - s.start for s in found[3].stages] in ([4, 4, 4], [5, 3, 4], [4, 3, 5], [5, 4, 3], [3, 4, 5])
+    assert found.sizes == (1, 2, 3)
+
+
+def test_n0_is_fewest_nodes_that_fit():
+    profile = synthetic_profile(6, seed=0, jitter=0.0, param_bytes=100_000_000, activation_bytes=0)
+    # 16 bytes/param: a block needs 0.4 GB; 1.3 GB holds three blocks, so six need two nodes.
+    spec = cluster(6, memory=1.3e9)
+    assert min_nodes(profile, spec) == 2
+    found = generate_templates(profile, spec, 1)
+    assert found.min_nodes == 2 and found.max_nodes == 4 and found.sizes == (2, 3, 4)
+
+
+def test_f_too_large_names_the_numbers():
+    profile = synthetic_profile(6, seed=0, jitter=0.0, param_bytes=100_000_000, activation_bytes=0)
+    with pytest.raises(PlanningError) as error:
+        generate_templates(profile, cluster(6, memory=1.3e9), 3)
+    assert str(error.value) == "f=3 needs 4 pipelines of at least n0=2 nodes = 8 nodes; cluster.nodes=6"
+
+
+def test_model_that_never_fits():
+    profile = synthetic_profile(3, seed=0, param_bytes=400_000_000)
+    with pytest.raises(PlanningError, match="cluster.device_memory_gb"):
+        generate_templates(profile, cluster(4, memory=1e9), 0)
+
+
+def test_template_set_round_trips(profile8):
+    found = generate_templates(profile8, cluster(4, gpus=2), 1)
+    again = TemplateSet.from_dict(found.to_dict())
+    assert again == found
+
+
+def test_bad_profiles_are_rejected():
+    good = dict(name="l", forward_s=0.1, backward_s=0.2, param_bytes=4, activation_bytes=0, output_bytes=0)
+    with pytest.raises(ProfileError, match="no layers"):
+        ModelProfile(model="m", microbatch_size=1, device="cpu", layers=())
+    with pytest.raises(ProfileError, match="forward_s=-0.1"):
+        ModelProfile(model="m", microbatch_size=1, device="cpu", layers=(LayerProfile(**{**good, "forward_s": -0.1}),))
+    with pytest.raises(ProfileError, match="backward_s=0"):
+        ModelProfile(model="m", microbatch_size=1, device="cpu", layers=(LayerProfile(**{**good, "backward_s": 0}),))

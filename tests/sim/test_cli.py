@@ -1,0 +1,66 @@
+"""``python -m oobleck.simulate`` end to end in a subprocess: outputs, figures and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _simulate(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    return subprocess.run(
+        [sys.executable, "-m", "oobleck.simulate", f"hydra.run.dir={tmp_path / 'run'}", "logger.progress_bar=false", *overrides],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_cli_simulates_every_strategy_on_a_short_trace(tmp_path: Path):
+    trace = tmp_path / "short.csv"
+    lines = [f"0,add,n{i}" for i in range(8)] + ["1800000,remove,n2", "2400000,remove,n5", "3000000,add,n9"]
+    trace.write_text("\n".join(lines) + "\n")
+    done = _simulate(
+        tmp_path,
+        "experiment=paper_spot",
+        "sim.models=[gpt2_small]",
+        f"sim.traces=[{trace}]",
+        "sim.duration_h=1.5",
+        "sim.timeline_bin_s=600",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "run"
+    summary = pd.read_csv(run / "sim_summary.csv")
+    assert sorted(summary["strategy"]) == ["bamboo", "oobleck", "varuna"]
+    assert (summary["duration_s"] == 5400).all() and (summary["throughput"] > 0).all()
+    events = pd.read_csv(run / "sim_events.csv")
+    assert (events.groupby("strategy")["kind"].apply(lambda k: (k == "failure").sum()) == 2).all()
+    assert {"reconfiguration"} <= set(events[events["strategy"] == "oobleck"]["kind"])
+    metrics = pd.read_csv(run / "sim_metrics.csv")
+    assert {"t_start_s", "t_end_s", "phase", "samples_per_s", "nodes_alive"} <= set(metrics.columns)
+    payload = json.loads((run / "summary.json").read_text())
+    assert payload["experiment"] == "paper_spot" and len(payload["runs"]) == 3
+    for figure in ("throughput_over_time.png", "effective_time_breakdown.png"):
+        assert (run / figure).stat().st_size > 10_000
+    assert "oobleck/varuna" in done.stdout
+
+
+def test_cli_bad_trace_is_one_clear_line(tmp_path: Path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("0,add,a\n10,remove,b\n")
+    done = _simulate(tmp_path, "sim.models=[gpt2_small]", f"sim.traces=[{bad}]", "sim.figures=false")
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.strip().splitlines() if line]
+    assert lines[-1].startswith("oobleck.simulate: error:") and f"{bad}:2:" in lines[-1]
+    assert "Traceback" not in done.stderr
+    done = _simulate(tmp_path, "sim.models=[gpt9]", "sim.figures=false")
+    assert done.returncode == 2 and "sim.models has 'gpt9'" in done.stderr

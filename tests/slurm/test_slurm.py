@@ -1,0 +1,70 @@
+"""A real Slurm job: ``sbatch -N 4 slurm/run.sbatch`` trains with one agent step per Slurm node,
+a node is killed mid-run with ``scancel --signal=KILL`` on its step, and training recovers in place.
+
+Needs a running Slurm cluster; ``.ci/run`` starts a local 4-node one (``.ci/slurm-up``) and
+records its SLURM_CONF in ``.ci/slurm.env``. Without one the test skips and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+JOB_TIMEOUT_S = 420
+
+
+def slurm_environment() -> dict[str, str]:
+    env = dict(os.environ)
+    recorded = REPO / ".ci" / "slurm.env"
+    if "SLURM_CONF" not in env and recorded.is_file():
+        key, _, value = recorded.read_text().strip().partition("=")
+        env[key] = value
+    try:
+        subprocess.run(["sinfo", "-h"], env=env, capture_output=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError) as error:
+        pytest.skip(f"no Slurm cluster answers here ({error}); start one with .ci/slurm-up")
+    return env
+
+
+def wait_for_job(job_id: str, env: dict[str, str]) -> None:
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while time.monotonic() < deadline:
+        queued = subprocess.run(["squeue", "-h", "-j", job_id], env=env, capture_output=True, text=True, timeout=30)
+        if job_id not in queued.stdout:
+            return
+        time.sleep(1.0)
+    subprocess.run(["scancel", job_id], env=env, timeout=30)
+    pytest.fail(f"Slurm job {job_id} did not finish within {JOB_TIMEOUT_S} s")
+
+
+@pytest.mark.slurm
+def test_training_recovers_from_a_killed_slurm_node(tmp_path):
+    env = slurm_environment()
+    run_dir = tmp_path / "run"
+    log = tmp_path / "job.out"
+    command = [
+        "sbatch", "--parsable", "-N", "4", f"--output={log}", f"--chdir={REPO}",
+        "slurm/run.sbatch",
+        "job.steps=8", "job.fault_tolerance=1", "cluster.device=cpu", "cluster.device_memory_gb=4", "cluster.master_port=0", "cluster.master_addr=127.0.0.1",
+        "logger.wandb.mode=disabled", "logger.progress_bar=false",
+        "failures=explicit", "failures.events=[{action:remove,step:4,nodes:[3]}]",
+        f"hydra.run.dir={run_dir}",
+    ]  # fmt: skip
+    submitted = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30, check=True)
+    job_id = submitted.stdout.strip().split(";")[0]
+    wait_for_job(job_id, env)
+    output = log.read_text() if log.exists() else "(no job output)"
+    assert (run_dir / "summary.json").is_file(), output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    metrics = pd.read_csv(run_dir / "metrics.csv")
+    events = pd.read_csv(run_dir / "events.csv")
+    assert list(metrics["step"]) == list(range(8)), output
+    assert "reconfiguration" in set(events["kind"]), output
+    assert summary.get("stopped") in (None, "", False), output
