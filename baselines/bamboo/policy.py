@@ -34,12 +34,11 @@ from oobleck.planning.plan import PipelineTemplate
 from oobleck.sim.costs import (
     homogeneous_iteration_s,
     layer_params,
-    model_state_bytes,
-    per_model_or_formula,
     transfer_s,
 )
-from oobleck.sim.params import BambooParams, parse_params
-from oobleck.strategy import Layout, Reaction, Strategy, StrategyContext
+from oobleck.sim.params import BambooParams
+from oobleck.sim.policies import SimulatedStrategy
+from oobleck.strategy import Layout, Reaction, StrategyContext
 
 FAILED = -1  # a stage slot whose node failed; its predecessor runs it
 
@@ -51,33 +50,14 @@ class BambooState:
     spares: tuple[int, ...]
 
 
-class BambooStrategy(Strategy):
+class BambooStrategy(SimulatedStrategy):
     name = "bamboo"
+
+    params: BambooParams
 
     def __init__(self, context: StrategyContext) -> None:
         super().__init__(context)
-        self.params: BambooParams = parse_params("bamboo", context.params)
         self.depth: int | None = None  # fixed at the first start
-
-    # ----- costs -------------------------------------------------------------------------------
-    @property
-    def checkpoint_interval(self) -> int:
-        return self.params.checkpoint_interval
-
-    def _state_bytes(self) -> float:
-        return model_state_bytes(self.context.profile, self.params.state_bytes_per_param)
-
-    def checkpoint_s(self, layout: Layout | None = None) -> float:
-        p = self.params
-        return per_model_or_formula(
-            p.checkpoint_s_by_model, self.context.profile.model, p.checkpoint_fixed_s, self._state_bytes(), p.storage_bandwidth_gbps
-        )
-
-    def restart_s(self) -> float:
-        p = self.params
-        return per_model_or_formula(
-            p.restart_s_by_model, self.context.profile.model, p.restart_fixed_s, self._state_bytes(), p.restart_bandwidth_gbps
-        )
 
     def _template(self, depth: int) -> PipelineTemplate:
         return self.context.templates(0).templates[depth]

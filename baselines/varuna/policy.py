@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from oobleck.errors import PlanningError
-from oobleck.sim.costs import homogeneous_iteration_s, model_state_bytes, per_model_or_formula
-from oobleck.sim.params import VarunaParams, parse_params
-from oobleck.strategy import Layout, Reaction, Strategy, StrategyContext
+from oobleck.sim.costs import homogeneous_iteration_s
+from oobleck.sim.params import VarunaParams
+from oobleck.sim.policies import SimulatedStrategy
+from oobleck.strategy import Layout, Reaction, StrategyContext
 
 
 def best_homogeneous(context: StrategyContext, nodes: Sequence[int]) -> Layout | None:
@@ -47,31 +48,10 @@ def best_homogeneous(context: StrategyContext, nodes: Sequence[int]) -> Layout |
     )
 
 
-class VarunaStrategy(Strategy):
+class VarunaStrategy(SimulatedStrategy):
     name = "varuna"
 
-    def __init__(self, context: StrategyContext) -> None:
-        super().__init__(context)
-        self.params: VarunaParams = parse_params("varuna", context.params)
-
-    @property
-    def checkpoint_interval(self) -> int:
-        return self.params.checkpoint_interval
-
-    def _state_bytes(self) -> float:
-        return model_state_bytes(self.context.profile, self.params.state_bytes_per_param)
-
-    def checkpoint_s(self, layout: Layout | None = None) -> float:
-        p = self.params
-        return per_model_or_formula(
-            p.checkpoint_s_by_model, self.context.profile.model, p.checkpoint_fixed_s, self._state_bytes(), p.storage_bandwidth_gbps
-        )
-
-    def restart_s(self) -> float:
-        p = self.params
-        return per_model_or_formula(
-            p.restart_s_by_model, self.context.profile.model, p.restart_fixed_s, self._state_bytes(), p.restart_bandwidth_gbps
-        )
+    params: VarunaParams
 
     def start(self, nodes: Sequence[int], *, restart: bool = False) -> Reaction:
         try:

@@ -550,7 +550,7 @@ class Controller:
             state = self.nodes[node]
             state.kill_time = time.time()
             if self.launcher is not None and self.launcher.can_kill(node):
-                self.launcher.signal(node, sig)
+                self.launcher.send_signal(node, sig)
             elif state.channel is not None:
                 state.channel.send({"type": "kill", "signal": "SIGSTOP" if sig == signal.SIGSTOP else "SIGKILL"})
             state.frozen = sig == signal.SIGSTOP

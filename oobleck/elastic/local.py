@@ -7,63 +7,26 @@ Each agent is the leader of a new session, so a node is one process group: killi
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from oobleck.elastic.launcher import Launcher
 
-class LocalLauncher:
-    """Starts ``python -m oobleck.elastic.agent`` for a node id; kills and reaps nodes."""
+
+class LocalLauncher(Launcher):
+    """Starts ``python -m oobleck.elastic.agent`` for a node id, each in its own session."""
 
     def __init__(self, controller: str, run_id: str) -> None:
+        super().__init__()
         self.controller = controller
         self.run_id = run_id
-        self.processes: dict[int, subprocess.Popen] = {}
 
     def start(self, node: int) -> None:
         command = [sys.executable, "-m", "oobleck.elastic.agent", "--controller", self.controller, "--node-id", str(node), "--run-id", self.run_id]
         self.processes[node] = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
 
-    def can_kill(self, node: int) -> bool:
-        return node in self.processes
-
-    def kill(self, node: int, sig: int = signal.SIGKILL) -> None:
-        process = self.processes.get(node)
-        if process is None:
-            return
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            pass
-        if sig == signal.SIGKILL:
-            try:
-                process.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                pass
-
-    def shutdown(self, grace_s: float) -> None:
-        """Wait up to ``grace_s`` for agents to exit, then kill what is left (whole groups)."""
-        deadline = time.monotonic() + grace_s
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for node, process in self.processes.items():
-            try:
-                os.killpg(process.pid, signal.SIGKILL)  # workers too, even if the agent exited
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                process.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                pass
-
-    # Defined last: as a class attribute, the name would shadow the signal module in the
-    # default arguments above.
-    def signal(self, node: int, sig: int) -> None:
+    def send_signal(self, node: int, sig: int) -> None:
         """Deliver ``sig`` to the node's whole process group, without waiting."""
         process = self.processes.get(node)
         if process is None:

@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Optional
 
+from oobleck.elastic.launcher import Launcher
 from oobleck.errors import RunError
 
 STEP_LOOKUP_TIMEOUT_S = 30.0
@@ -34,7 +35,7 @@ def _run(command: list[str]) -> str:
     return done.stdout
 
 
-class SlurmLauncher:
+class SlurmLauncher(Launcher):
     """Starts ``python -m oobleck.elastic.agent`` as one Slurm job step per node; kills and reaps them."""
 
     def __init__(self, controller: str, run_id: str, *, environ: Optional[dict[str, str]] = None) -> None:
@@ -46,11 +47,11 @@ class SlurmLauncher:
             )
         if shutil.which("srun") is None or shutil.which("scancel") is None:
             raise RunError("cluster.kind=slurm needs srun and scancel on PATH")
+        super().__init__()
         self.controller = controller
         self.run_id = run_id
         self.job_id = env["SLURM_JOB_ID"]
         self.slots = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
-        self.processes: dict[int, subprocess.Popen] = {}
         self.slot_of: dict[int, int] = {}
         self.steps: dict[int, str] = {}
 
@@ -94,44 +95,7 @@ class SlurmLauncher:
             time.sleep(0.2)
         raise RunError(f"the Slurm step of node {node} ({name}) did not appear in squeue within {STEP_LOOKUP_TIMEOUT_S:.0f} s")
 
-    def can_kill(self, node: int) -> bool:
-        return node in self.processes
-
-    def kill(self, node: int, sig: int = signal.SIGKILL) -> None:
-        process = self.processes.get(node)
-        if process is None:
-            return
-        self.signal(node, sig)
-        if sig == signal.SIGKILL:
-            try:
-                process.wait(timeout=SLURM_COMMAND_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5.0)
-
-    def shutdown(self, grace_s: float) -> None:
-        """Wait up to ``grace_s`` for agents to exit, then kill the steps that are left."""
-        deadline = time.monotonic() + grace_s
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for node, process in self.processes.items():
-            if process.poll() is None:
-                try:
-                    self.signal(node, signal.SIGKILL)
-                except RunError:
-                    pass
-                try:
-                    process.wait(timeout=10.0)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(timeout=5.0)
-
-    # Defined last: as a class attribute, the name would shadow the signal module in the
-    # default arguments above.
-    def signal(self, node: int, sig: int) -> None:
+    def send_signal(self, node: int, sig: int) -> None:
         """Deliver ``sig`` to every process of node's step (SIGSTOP freezes the node)."""
         if node not in self.processes or self.processes[node].poll() is not None:
             return

@@ -52,6 +52,17 @@ class PipelineTemplate:
     def num_stages(self) -> int:
         return len(self.stages)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PipelineTemplate:
+        return cls(
+            num_nodes=data["num_nodes"],
+            stages=tuple(StageSpec(**stage) for stage in data["stages"]),
+            stage_seconds=tuple(data["stage_seconds"]),
+            stage_memory_bytes=tuple(data["stage_memory_bytes"]),
+            reference_microbatches=data["reference_microbatches"],
+            reference_iteration_s=data["reference_iteration_s"],
+        )
+
     @property
     def num_layers(self) -> int:
         return self.stages[-1].end
@@ -155,19 +166,10 @@ class ExecutionPlan:
     def from_dict(cls, data: dict[str, Any]) -> ExecutionPlan:
         pipelines = []
         for p in data["pipelines"]:
-            t = p["template"]
-            template = PipelineTemplate(
-                num_nodes=t["num_nodes"],
-                stages=tuple(StageSpec(**s) for s in t["stages"]),
-                stage_seconds=tuple(t["stage_seconds"]),
-                stage_memory_bytes=tuple(t["stage_memory_bytes"]),
-                reference_microbatches=t["reference_microbatches"],
-                reference_iteration_s=t["reference_iteration_s"],
-            )
             pipelines.append(
                 PipelineInstance(
                     index=p["index"],
-                    template=template,
+                    template=PipelineTemplate.from_dict(p["template"]),
                     nodes=tuple(p["nodes"]),
                     microbatches=p["microbatches"],
                     first_microbatch=p["first_microbatch"],

@@ -396,7 +396,7 @@ def _solve_for_threshold(
 
     compress = [table.compress(j) for j in range(table.num_layers + 2)]
     neg_cost, cost, cap = table.neg_cost, table.cost, table.cap
-    bisect_left = bisect.bisect_left
+    bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
 
     def bound(a: int, nl: int, h: int, p: int) -> float:
         """Least cost of covering [0, a), INF if impossible. Once the marker is placed every
@@ -414,6 +414,12 @@ def _solve_for_threshold(
         # except the marker itself, which costs rW = 2W + (r-1)W - W.
         return 2 * (c / G + nl * cross) + stages * r1W - W
 
+    # The bound's per-start parts, hoisted out of the inner loop (same float expressions as
+    # ``bound``, so the search and its results are unchanged).
+    compute_per_gpu = [c / G for c in compute]
+    least_stages = [math.ceil(c / per_stage_compute - 1e-9) for c in compute]
+    slack = 1 + 1e-9
+
     def solve(a: int, j: int, nl: int, h: int, p: int, budget: float) -> float:
         if a == 0:
             return 0.0 if (nl == 0 and h == G and p == 1) else INF
@@ -425,6 +431,7 @@ def _solve_for_threshold(
             return hit[0]
         result, choice = INF, None
         same_node = j > 0 and h < G
+        j1 = j + 1
         # Widest stages and longest layer ranges first: good layouts early tighten the budget.
         for g in range(G, 0, -1):
             if same_node:
@@ -435,12 +442,21 @@ def _solve_for_threshold(
                 link, nl2, h2 = (LINK_NONE if j == 0 else LINK_INTER), nl - 1, g
             else:
                 break
-            lo = bisect_left(cap[g][a], j + 1)  # memory: the first start that fits
+            lo = bisect_left(cap[g][a], j1)  # memory: the first start that fits
             within = bisect_left(neg_cost[g][link][a], -W)  # the first start with w <= W
             if within > lo:
                 lo = within
+            # ``bound`` is INF once [0, start) holds more compute than the GPUs left can take
+            # at w <= W; compute grows with start, so those starts form a suffix: skip it.
+            hi = bisect_right(compute, (per_stage_compute * (nl2 + 1) - W * h2) * slack)
+            if hi > a:
+                hi = a
+            if lo >= hi:
+                continue
             costs = cost[g][link][a]
-            for start in range(lo, a):
+            min_stages = nl2 + (1 if h2 < G else 0)
+            links_left = nl2 * cross
+            for start in range(lo, hi):
                 w = costs[start]
                 if p == 1:
                     here, p2 = w + rW, 1
@@ -451,9 +467,16 @@ def _solve_for_threshold(
                 else:
                     continue
                 limit = (result if result < budget else budget) - here
-                if bound(start, nl2, h2, p2) >= limit:
+                stages = least_stages[start]
+                if stages < min_stages:
+                    stages = min_stages
+                if p2:
+                    lower = compute_per_gpu[start] + links_left + stages * rW
+                else:
+                    lower = 2 * (compute_per_gpu[start] + links_left) + stages * r1W - W
+                if lower >= limit:
                     continue
-                rest = solve(start, j + 1, nl2, h2, p2, limit)
+                rest = solve(start, j1, nl2, h2, p2, limit)
                 if rest >= limit:
                     continue  # cannot beat what we have (rest may be only a lower bound)
                 value = here + rest

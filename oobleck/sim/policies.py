@@ -11,6 +11,7 @@ replica, too few nodes), Oobleck falls back to a restart from its last checkpoin
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from oobleck.errors import PlanningError
 from oobleck.planning.plan import ExecutionPlan
@@ -30,12 +31,13 @@ def plan_layout(plan: ExecutionPlan) -> Layout:
     )
 
 
-class OobleckStrategy(Strategy):
-    name = "oobleck"
+class SimulatedStrategy(Strategy):
+    """A strategy whose costs come from its ``conf/strategy/<name>.yaml`` constants (``CommonParams``):
+    periodic checkpoints and restarts, from per-model measurements or the state-size formula."""
 
     def __init__(self, context: StrategyContext) -> None:
         super().__init__(context)
-        self.params: OobleckParams = parse_params("oobleck", context.params)
+        self.params: Any = parse_params(self.name, context.params)
 
     @property
     def checkpoint_interval(self) -> int:
@@ -44,7 +46,7 @@ class OobleckStrategy(Strategy):
     def _state_bytes(self) -> float:
         return model_state_bytes(self.context.profile, self.params.state_bytes_per_param)
 
-    def checkpoint_s(self, layout: Layout) -> float:
+    def checkpoint_s(self, layout: Layout | None = None) -> float:
         p = self.params
         return per_model_or_formula(
             p.checkpoint_s_by_model, self.context.profile.model, p.checkpoint_fixed_s, self._state_bytes(), p.storage_bandwidth_gbps
@@ -55,6 +57,11 @@ class OobleckStrategy(Strategy):
         return per_model_or_formula(
             p.restart_s_by_model, self.context.profile.model, p.restart_fixed_s, self._state_bytes(), p.restart_bandwidth_gbps
         )
+
+
+class OobleckStrategy(SimulatedStrategy):
+    name = "oobleck"
+    params: OobleckParams
 
     def _instantiate(self, nodes: Sequence[int]) -> ExecutionPlan:
         from oobleck.planning.instantiate import instantiate
