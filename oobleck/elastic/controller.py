@@ -92,6 +92,8 @@ class Outcome:
     generations: int = 0
     stopped: Optional[str] = None
     phase_seconds: dict[str, dict[str, float]] = field(default_factory=dict)  # "node:rank" -> phase -> s
+    joins_not_absorbed: list[int] = field(default_factory=list)  # joining nodes still booting at the end
+    events_not_applied: int = 0  # scheduled events never due before the last step
 
 
 class Controller:
@@ -304,6 +306,20 @@ class Controller:
             if self.pending_removed or (self.pending_joined and not self._booting()):
                 self._reconfigure()
         self.finished = True
+        self._report_unfinished_schedule()
+
+    def _report_unfinished_schedule(self) -> None:
+        """Say so when the run ended before joining nodes were up or scheduled events were due."""
+        waiting = sorted(n for n, s in self.nodes.items() if not s.member and not s.failed)
+        if waiting:
+            self.outcome.joins_not_absorbed = waiting
+            self._event(
+                "join_not_absorbed", nodes=waiting, step=self.next_step,
+                reason="the run ended before these nodes were up (a worker takes seconds to start); join earlier or run more steps",
+            )  # fmt: skip
+        if self.injector.remaining:
+            self.outcome.events_not_applied = self.injector.remaining
+            self._event("schedule_not_finished", remaining_events=self.injector.remaining, step=self.next_step)
 
     # ------------------------------------------------------------------ messages
     def _drain(self, timeout: float) -> None:
@@ -536,6 +552,7 @@ class Controller:
             for node in ids:
                 self.next_node_id = max(self.next_node_id, node + 1)
                 self._start_node(node)
+            self._event("join_started", nodes=ids, step=self.next_step, generation=self.generation, origin=event.origin)
             return
         if action.kind == "arm":
             for node in action.nodes:
@@ -681,6 +698,10 @@ def summarize(outcome: Outcome, cfg: Any) -> dict[str, Any]:
             summary[f"recovery_median_{key}"] = round(statistics.median(r[key] for r in recoveries), 4)
         summary["recovery_bytes_moved"] = sum(r["bytes_moved"] for r in recoveries)
         summary["resumed_at_steps"] = [r["resume_step"] for r in recoveries]
+    if outcome.joins_not_absorbed:
+        summary["joins_not_absorbed"] = outcome.joins_not_absorbed
+    if outcome.events_not_applied:
+        summary["events_not_applied"] = outcome.events_not_applied
     if outcome.stopped:
         summary["stopped"] = outcome.stopped.splitlines()[0]
     return summary

@@ -419,6 +419,17 @@ def _solve_for_threshold(
     compute_per_gpu = [c / G for c in compute]
     least_stages = [math.ceil(c / per_stage_compute - 1e-9) for c in compute]
     slack = 1 + 1e-9
+    # ``bound`` is INF once [0, start) holds more compute than the GPUs left (nl nodes and the
+    # current one's G - h) can take at w <= W; compute grows with start, so those starts form a
+    # suffix, cut at ``fits_below[nl][h]``.
+    most_nodes = max(budgets, default=0)
+    fits_below = [
+        [bisect_right(compute, (per_stage_compute * (nl + 1) - W * h) * slack) for h in range(G + 1)]
+        for nl in range(most_nodes + 1)
+    ]
+    # Memory: a stage of g GPUs ending at a fits from its first start up when the widest range
+    # (start 0) already keeps enough microbatches in flight; bisect only when it does not.
+    widest_cap = [[row[0] if row else INF for row in cap[g]] if g else [] for g in range(G + 1)]
 
     def solve(a: int, j: int, nl: int, h: int, p: int, budget: float) -> float:
         if a == 0:
@@ -442,13 +453,12 @@ def _solve_for_threshold(
                 link, nl2, h2 = (LINK_NONE if j == 0 else LINK_INTER), nl - 1, g
             else:
                 break
-            lo = bisect_left(cap[g][a], j1)  # memory: the first start that fits
-            within = bisect_left(neg_cost[g][link][a], -W)  # the first start with w <= W
+            # memory: the first start that fits; then the first start with w <= W
+            lo = 0 if j1 <= widest_cap[g][a] else bisect_left(cap[g][a], j1)
+            within = bisect_left(neg_cost[g][link][a], -W)
             if within > lo:
                 lo = within
-            # ``bound`` is INF once [0, start) holds more compute than the GPUs left can take
-            # at w <= W; compute grows with start, so those starts form a suffix: skip it.
-            hi = bisect_right(compute, (per_stage_compute * (nl2 + 1) - W * h2) * slack)
+            hi = fits_below[nl2][h2]
             if hi > a:
                 hi = a
             if lo >= hi:
@@ -476,7 +486,12 @@ def _solve_for_threshold(
                     lower = 2 * (compute_per_gpu[start] + links_left) + stages * r1W - W
                 if lower >= limit:
                     continue
-                rest = solve(start, j1, nl2, h2, p2, limit)
+                # The memo lookup of ``solve``, inlined: most sub-searches are answered here.
+                hit = memo.get((start, compress[j1], nl2, h2, p2)) if start else None
+                if hit is not None and (hit[1] or hit[0] >= limit):
+                    rest = hit[0]
+                else:
+                    rest = solve(start, j1, nl2, h2, p2, limit)
                 if rest >= limit:
                     continue  # cannot beat what we have (rest may be only a lower bound)
                 value = here + rest

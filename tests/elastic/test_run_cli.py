@@ -96,3 +96,17 @@ def test_baseline_strategies_are_refused_in_real_runs(tmp_path):
     assert result.returncode == 2
     assert "strategy=varuna runs in the simulator only" in result.stderr
     assert "Traceback" not in result.stderr and strays == []
+
+
+def test_join_the_run_outlives_is_reported_not_hidden(tmp_path):
+    """A join that starts two steps before the end cannot boot in time (a worker takes seconds to
+    import torch): the run says so in events.csv and summary.json instead of silently dropping it."""
+    result, strays = run_cli(
+        tmp_path, "job.steps=6", "failures=explicit", "failures.events=[{action:join,step:4,count:1}]", "logger.wandb.mode=disabled"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert strays == []
+    events = pd.read_csv(tmp_path / "events.csv")
+    assert {"join_started", "join_not_absorbed"} <= set(events["kind"])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["joins_not_absorbed"] == [4] and summary["steps"] == 6
