@@ -30,8 +30,12 @@ with one full-node stage per node (a cheap min-max partition) as an upper bound 
 for strictly better layouts; a sub-search that cannot beat its budget (by the bound in
 ``_solve_for_threshold``) stops and is memoised as a lower bound; a W is skipped when no stage of
 time W can be the bottleneck of a better layout (``_promising_markers``). The exactness tests
-compare against brute force over every layout. Cost still grows quickly when many nodes share
-few layers with G > 1 (many near-equal sub-node splits to rule out); see benchmarks/bench_planner.py.
+compare against brute force over every layout. The inner loop of ``_solve_for_threshold`` is
+kept lean without changing the search: per threshold W, the first start with w <= W for every
+(g, link, end) comes from one numpy count, the bound's per-start terms and its compute cut-off
+are tabulated, and memo hits are answered before a recursive call. Cost still grows quickly when
+many nodes share few layers with G > 1 (many near-equal sub-node splits to rule out); see
+benchmarks/bench_planner.py.
 """
 
 from __future__ import annotations
@@ -153,6 +157,10 @@ class _StageTable:
         self.cap: list[list[list[float]]] = [[] for _ in range(max_gpus + 1)]
         memory = cluster.device_memory_bytes
         values, starts, stage_ends, widths = [], [], [], []
+        # cost_stack[g, link, start, end]: the same w for vectorised threshold counts; -inf where
+        # start >= end (no stage), so it never counts as slower than a threshold.
+        self.cost_stack = np.full((max_gpus + 1, 3, L + 1, L + 1), -INF)
+        below = np.tril(np.ones((L + 1, L + 1), dtype=bool))
         binding = 0
         for g in range(1, max_gpus + 1):
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -171,6 +179,7 @@ class _StageTable:
                     [link_seconds(out[end], link, cluster.intra_node_bandwidth, cluster.inter_node_bandwidth) for end in ends]
                 )
                 table = compute / g + comm[None, :]
+                self.cost_stack[g, link] = np.where(below, -INF, table)
                 per_end = [table[: end, end].tolist() for end in ends]
                 self.cost[g].append(per_end)
                 self.neg_cost[g].append([[-v for v in row] for row in per_end])
@@ -201,6 +210,11 @@ class _StageTable:
             if boundaries.size
             else 0.0
         )
+
+    def first_starts_within(self, limit: float) -> list[list[list[int]]]:
+        """``[g][link][end]``: ``first_start_within`` for every stage end at once (costs grow as
+        start shrinks, so the first start with w <= limit is the count of starts with w > limit)."""
+        return (self.cost_stack > limit).sum(axis=2).tolist()
 
     def compress(self, placed: int) -> int:
         """Memo key for ``placed`` stages: counts past the binding limit behave alike (0 stays 0)."""
@@ -395,27 +409,17 @@ def _solve_for_threshold(
     cross = table.min_cross_link
 
     compress = [table.compress(j) for j in range(table.num_layers + 2)]
-    neg_cost, cost, cap = table.neg_cost, table.cost, table.cap
+    cost, cap = table.cost, table.cap
     bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
 
-    def bound(a: int, nl: int, h: int, p: int) -> float:
-        """Least cost of covering [0, a), INF if impossible. Once the marker is placed every
-        stage costs w + rW; before it, see below. sum w >= compute / G plus one cross-node boundary
-        per node still to open; there are at least as many stages as nodes left to fill and as
-        compute / (W G); and a stage of g GPUs does at most W g of compute, so the GPUs left
-        bound the compute that still fits."""
-        c = compute[a]
-        if c > (per_stage_compute * (nl + 1) - W * h) * (1 + 1e-9):  # slack for float rounding
-            return INF
-        stages = max(nl + (1 if h < G else 0), math.ceil(c / per_stage_compute - 1e-9))
-        if p:
-            return c / G + nl * cross + stages * rW
-        # Before the marker: every stage costs >= 2w + (r-1)W (w + rW >= that when w <= W),
-        # except the marker itself, which costs rW = 2W + (r-1)W - W.
-        return 2 * (c / G + nl * cross) + stages * r1W - W
-
-    # The bound's per-start parts, hoisted out of the inner loop (same float expressions as
-    # ``bound``, so the search and its results are unchanged).
+    # Lower bound on the cost of covering [0, start) (inlined in ``solve``; INF if impossible).
+    # Once the marker is placed every stage costs w + rW; before it, every stage costs
+    # >= 2w + (r-1)W (w + rW >= that when w <= W), except the marker itself, which costs
+    # rW = 2W + (r-1)W - W. sum w >= compute / G plus one cross-node boundary per node still to
+    # open; there are at least as many stages as nodes left to fill and as compute / (W G); and
+    # a stage of g GPUs does at most W g of compute, so the GPUs left bound the compute that
+    # still fits (with a relative slack of 1e-9 for float rounding).
+    # The bound's per-start parts, hoisted out of the inner loop.
     compute_per_gpu = [c / G for c in compute]
     least_stages = [math.ceil(c / per_stage_compute - 1e-9) for c in compute]
     slack = 1 + 1e-9
@@ -429,6 +433,7 @@ def _solve_for_threshold(
     ]
     # Memory: a stage of g GPUs ending at a fits from its first start up when the widest range
     # (start 0) already keeps enough microbatches in flight; bisect only when it does not.
+    within_table = table.first_starts_within(W)
     widest_cap = [[row[0] if row else INF for row in cap[g]] if g else [] for g in range(G + 1)]
 
     def solve(a: int, j: int, nl: int, h: int, p: int, budget: float) -> float:
@@ -444,10 +449,8 @@ def _solve_for_threshold(
         same_node = j > 0 and h < G
         j1 = j + 1
         # Widest stages and longest layer ranges first: good layouts early tighten the budget.
-        for g in range(G, 0, -1):
+        for g in range(G - h if same_node else G, 0, -1):
             if same_node:
-                if h + g > G:
-                    continue
                 link, nl2, h2 = LINK_INTRA, nl, h + g
             elif nl > 0:
                 link, nl2, h2 = (LINK_NONE if j == 0 else LINK_INTER), nl - 1, g
@@ -455,7 +458,7 @@ def _solve_for_threshold(
                 break
             # memory: the first start that fits; then the first start with w <= W
             lo = 0 if j1 <= widest_cap[g][a] else bisect_left(cap[g][a], j1)
-            within = bisect_left(neg_cost[g][link][a], -W)
+            within = within_table[g][link][a]
             if within > lo:
                 lo = within
             hi = fits_below[nl2][h2]

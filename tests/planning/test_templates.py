@@ -104,3 +104,32 @@ def test_bad_profiles_are_rejected():
         ModelProfile(model="m", microbatch_size=1, device="cpu", layers=(LayerProfile(**{**good, "forward_s": -0.1}),))
     with pytest.raises(ProfileError, match="backward_s=0"):
         ModelProfile(model="m", microbatch_size=1, device="cpu", layers=(LayerProfile(**{**good, "backward_s": 0}),))
+
+
+# Best reference times of medium cases, computed by the unoptimised search (the version before the
+# inner-loop hoisting in _solve_for_threshold): too large for brute force, so they pin the faster
+# search to the slower one. The second case is memory-bound with 8 devices per node (sub-node
+# stages at 1 node, a 1-GPU stage at 2 nodes).
+MEDIUM_CASES = [
+    (
+        {"layers": 30, "nodes": 10, "gpus": 4, "memory": 40e9, "seed": 5},
+        {1: 0.898906894910394, 2: 1.0268140023479966, 3: 1.0928826815324808, 4: 1.1129395818646117,
+         5: 1.1485363572871607, 6: 1.1587219641653348, 7: 1.198102281908679, 8: 1.217210302462386,
+         9: 1.2655718969796665},
+    ),
+    (
+        {"layers": 40, "nodes": 8, "gpus": 8, "memory": 4e9, "seed": 11},
+        {1: 1.962366626024544, 2: 0.947309125184477, 3: 0.6632289928426784, 4: 0.6878027515777024,
+         5: 0.703600864738341, 6: 0.7274908453534203, 7: 0.7196327290390616},
+    ),
+]
+
+
+@pytest.mark.parametrize("case,expected", MEDIUM_CASES)
+def test_medium_cases_match_reference_search(case, expected):
+    profile = synthetic_profile(case["layers"], seed=case["seed"])
+    spec = cluster(case["nodes"], case["gpus"], case["memory"], intra=150e9, inter=12.5e9)
+    found = generate_templates(profile, spec, 1)
+    assert {n: t.reference_iteration_s for n, t in found.templates.items()} == pytest.approx(expected, rel=1e-12)
+    for template in found.templates.values():
+        _assert_valid_layout(template, case["layers"], case["gpus"])
