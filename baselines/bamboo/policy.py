@@ -191,17 +191,7 @@ class BambooStrategy(SimulatedStrategy):
                 continue  # a standby left
             p, s = where
             if depth == 1 or FAILED in (pipelines[p][(s - 1) % depth], pipelines[p][(s + 1) % depth]):
-                restart = self.start(alive, restart=True)
-                return Reaction(
-                    restart.action,
-                    restart.layout,
-                    downtime_s=restart.downtime_s,
-                    rollback=True,
-                    breakdown=restart.breakdown,
-                    reason=f"adjacent stages of pipeline {p} lost: global restart"
-                    if restart.layout
-                    else restart.reason,
-                )
+                return self.global_restart(alive, f"adjacent stages of pipeline {p} lost: global restart")
             pipelines[p][s] = FAILED
             failovers += 1
         spares.extend(sorted(joined))

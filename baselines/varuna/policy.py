@@ -68,15 +68,7 @@ class VarunaStrategy(SimulatedStrategy):
     def react(self, layout: Layout, alive: Sequence[int], removed: Sequence[int], joined: Sequence[int]) -> Reaction:
         working = set(layout.nodes)
         if any(node in working for node in removed):
-            restart = self.start(alive, restart=True)
-            return Reaction(
-                restart.action,
-                restart.layout,
-                downtime_s=restart.downtime_s,
-                rollback=True,
-                breakdown=restart.breakdown,
-                reason="a working node was lost: roll back to the last checkpoint" if restart.layout else restart.reason,
-            )
+            return self.global_restart(alive, "a working node was lost: roll back to the last checkpoint")
         if joined and self.params.morph_on_join:
             candidate = best_homogeneous(self.context, alive)
             if candidate is not None and candidate.iteration_s < layout.iteration_s:

@@ -110,16 +110,7 @@ class TemplateSet:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TemplateSet:
-        templates = {}
-        for key, t in data["templates"].items():
-            templates[int(key)] = PipelineTemplate(
-                num_nodes=t["num_nodes"],
-                stages=tuple(StageSpec(**s) for s in t["stages"]),
-                stage_seconds=tuple(t["stage_seconds"]),
-                stage_memory_bytes=tuple(t["stage_memory_bytes"]),
-                reference_microbatches=t["reference_microbatches"],
-                reference_iteration_s=t["reference_iteration_s"],
-            )
+        templates = {int(key): PipelineTemplate.from_dict(t) for key, t in data["templates"].items()}
         return cls(
             min_nodes=data["min_nodes"],
             max_nodes=data["max_nodes"],

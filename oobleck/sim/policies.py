@@ -58,6 +58,18 @@ class SimulatedStrategy(Strategy):
             p.restart_s_by_model, self.context.profile.model, p.restart_fixed_s, self._state_bytes(), p.restart_bandwidth_gbps
         )
 
+    def global_restart(self, alive: Sequence[int], reason: str) -> Reaction:
+        """Roll back to the last checkpoint and restart on ``alive`` (``reason`` says why)."""
+        restart = self.start(alive, restart=True)
+        return Reaction(
+            restart.action,
+            restart.layout,
+            downtime_s=restart.downtime_s,
+            rollback=True,
+            breakdown=restart.breakdown,
+            reason=reason if restart.layout else restart.reason,
+        )
+
 
 class OobleckStrategy(SimulatedStrategy):
     name = "oobleck"
