@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -68,3 +69,22 @@ def test_training_recovers_from_a_killed_slurm_node(tmp_path):
     assert list(metrics["step"]) == list(range(8)), output
     assert "reconfiguration" in set(events["kind"]), output
     assert summary.get("stopped") in (None, "", False), output
+
+
+@pytest.mark.slurm
+def test_simulation_sweep_through_the_submitit_launcher(tmp_path):
+    """``-m hydra/launcher=submitit_slurm``: each sweep point is its own Slurm job."""
+    env = slurm_environment()
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
+    sweep = tmp_path / "sweep"
+    command = [
+        sys.executable, "-m", "oobleck.simulate", "-m", "hydra/launcher=submitit_slurm",
+        "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}",
+        "sim.models=[gpt3_medium]", "sim.strategies=[oobleck,varuna]", "sim.traces=[synthetic/6h],[synthetic/10m]",
+        "sim.figures=false", "logger.wandb.mode=disabled",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for point, trace in ((0, "synthetic/6h"), (1, "synthetic/10m")):
+        table = pd.read_csv(sweep / str(point) / "sim_summary.csv")
+        assert set(table["strategy"]) == {"oobleck", "varuna"} and set(table["trace"]) == {trace}
