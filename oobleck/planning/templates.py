@@ -23,19 +23,22 @@ found (both follow from Eq. 1-4 with S >= n: T = sum w + ((r-1)S - 1) W + k W + 
 The DP runs right to left over layers; its state is (layers left, stages placed, nodes still to
 open, GPUs used on the current node, marker placed). Stages placed is needed because memory
 depends on it (stage i of S keeps S - i microbatches in flight); it is compressed to the
-largest in-flight count at which any stage's memory limit binds.
+largest in-flight count at which the memory limit of any stage the DP may place binds. For one
+W only stages with w <= W are placed, and those are short, so at most thresholds the count
+drops out of the state altogether (``_StageTable.compressions_within``).
 
 Speed without giving up exactness (branch and bound): both searches start from the best layout
 with one full-node stage per node (a cheap min-max partition) as an upper bound and look only
-for strictly better layouts; a sub-search that cannot beat its budget (by the bound in
-``_solve_for_threshold``) stops and is memoised as a lower bound; a W is skipped when no stage of
-time W can be the bottleneck of a better layout (``_promising_markers``). The exactness tests
-compare against brute force over every layout. The inner loop of ``_solve_for_threshold`` is
-kept lean without changing the search: per threshold W, the first start with w <= W for every
-(g, link, end) comes from one numpy count, the bound's per-start terms and its compute cut-off
-are tabulated, and memo hits are answered before a recursive call. Cost still grows quickly when
-many nodes share few layers with G > 1 (many near-equal sub-node splits to rule out); see
-benchmarks/bench_planner.py.
+for strictly better layouts; a sub-search that cannot beat its budget stops and is memoised as
+a lower bound. Most thresholds never reach the DP: a W is skipped when no stage of time W can be
+the bottleneck of a better layout, first by a compute bound (``_promising_markers``), then by a
+node-level relaxation that places the marker's node between the nodes to its left and right and
+counts how many nodes each side needs at the capacity W allows (``_marker_bounds``; exact for
+layouts with one stage per node and equal boundary tensors, so it rarely lets a hopeless W
+through). Inside the DP, a state that has not placed the marker yet is bounded through the
+markers still ahead of it, and dies once it has passed them all. The exactness tests compare
+against brute force over every layout, and medium cases against slower searches of earlier
+versions; benchmarks/bench_planner.py measures the speed.
 """
 
 from __future__ import annotations
@@ -144,15 +147,16 @@ class _StageTable:
         acts = arrays.activations[None, :] - arrays.activations[:, None]
         out = np.concatenate(([0.0], arrays.output_bytes))  # output bytes of the layer before `end`
         self.cost: list[list[list[list[float]]]] = [[] for _ in range(max_gpus + 1)]
-        self.neg_cost: list[list[list[list[float]]]] = [[] for _ in range(max_gpus + 1)]
         self.cap: list[list[list[float]]] = [[] for _ in range(max_gpus + 1)]
         memory = cluster.device_memory_bytes
-        values, starts, stage_ends, widths = [], [], [], []
+        values, starts, stage_ends, widths, links = [], [], [], [], []
         # cost_stack[g, link, start, end]: the same w for vectorised threshold counts; -inf where
         # start >= end (no stage), so it never counts as slower than a threshold.
         self.cost_stack = np.full((max_gpus + 1, 3, L + 1, L + 1), -INF)
         below = np.tril(np.ones((L + 1, L + 1), dtype=bool))
-        binding = 0
+        upper = np.triu_indices(L + 1, 1)  # every stage [start, end)
+        binding_costs: list[np.ndarray] = [np.zeros(0)]
+        binding_caps: list[np.ndarray] = [np.zeros(0)]
         for g in range(1, max_gpus + 1):
             with np.errstate(divide="ignore", invalid="ignore"):
                 cap = np.where(acts > 0, np.floor((memory - state) * g / np.where(acts > 0, acts, 1.0)), INF)
@@ -161,10 +165,12 @@ class _StageTable:
             if g > stage_gpu_limit:  # planner.max_gpus_per_stage: such a stage never fits
                 cap = np.zeros_like(cap)
             self.cap[g] = [cap[: end, end].tolist() for end in ends]
-            finite = cap[np.triu_indices(L + 1, 1)]
-            finite = finite[(finite < L) & (finite >= 1)]
-            if finite.size:
-                binding = max(binding, int(finite.max()))
+            finite = cap[upper]
+            binds = (finite < L) & (finite >= 1)
+            if binds.any():
+                # Keyed by the stage's fastest time (no outgoing link): no search below it places it.
+                binding_costs.append((compute / g)[upper][binds])
+                binding_caps.append(finite[binds])
             for link in (LINK_NONE, LINK_INTRA, LINK_INTER):
                 comm = np.array(
                     [link_seconds(out[end], link, cluster.intra_node_bandwidth, cluster.inter_node_bandwidth) for end in ends]
@@ -173,17 +179,20 @@ class _StageTable:
                 self.cost_stack[g, link] = np.where(below, -INF, table)
                 per_end = [table[: end, end].tolist() for end in ends]
                 self.cost[g].append(per_end)
-                self.neg_cost[g].append([[-v for v in row] for row in per_end])
                 # Only real stages are bottleneck candidates: the last stage has no link, others have one.
-                upper = np.triu_indices(L + 1, 1)
                 real = (upper[1] == L) if link == LINK_NONE else (upper[1] < L)
                 keep = (cap[upper] >= 1) & real
                 values.append(table[upper][keep])
                 starts.append(upper[0][keep])
                 stage_ends.append(upper[1][keep])
                 widths.append(np.full(int(keep.sum()), g))
-        # In-flight counts >= this behave alike for memory (no stage's limit binds beyond it).
-        self.binding_in_flight = binding
+                links.append(np.full(int(keep.sum()), link))
+        # Stages whose memory limit binds (1 <= limit < L in-flight microbatches), sorted by
+        # their fastest time, with a running maximum of their limits: ``compressions_within``.
+        costs, caps = np.concatenate(binding_costs), np.concatenate(binding_caps)
+        order = np.argsort(costs, kind="stable")
+        self._binding_costs = costs[order]
+        self._binding_running_max = np.maximum.accumulate(caps[order]) if caps.size else caps
         # Every real stage sorted by time: the bottleneck candidates W, and for each W the stages
         # ("markers") whose time is exactly W.
         all_costs = np.concatenate(values)
@@ -192,8 +201,10 @@ class _StageTable:
         self.marker_starts = np.concatenate(starts)[order]
         self.marker_ends = np.concatenate(stage_ends)[order]
         self.marker_gpus = np.concatenate(widths)[order]
+        self.marker_links = np.concatenate(links)[order]
         self.candidates = np.unique(self.marker_costs)
         self.total_compute = float(arrays.compute[-1])
+        self.compute_prefix: list[float] = arrays.compute.tolist()  # compute of layers [0, i)
         # Every node boundary costs at least this much (the cheapest boundary tensor, cross-node).
         boundaries = arrays.output_bytes[:-1]
         self.min_cross_link = (
@@ -203,21 +214,17 @@ class _StageTable:
         )
 
     def first_starts_within(self, limit: float) -> list[list[list[int]]]:
-        """``[g][link][end]``: ``first_start_within`` for every stage end at once (costs grow as
-        start shrinks, so the first start with w <= limit is the count of starts with w > limit)."""
+        """``[g][link][end]``: the smallest start with w(start, end) <= limit, for every stage end
+        at once (costs grow as start shrinks: it is the count of starts with w > limit)."""
         return (self.cost_stack > limit).sum(axis=2).tolist()
 
-    def compress(self, placed: int) -> int:
-        """Memo key for ``placed`` stages: counts past the binding limit behave alike (0 stays 0)."""
-        return min(placed, max(self.binding_in_flight, 1))
+    def compressions_within(self, limit: float) -> list[int]:
+        """``compress`` for DPs that only place stages with w <= limit: only those stages' memory
+        limits can bind, so far fewer in-flight counts need telling apart (often none)."""
+        count = int(np.searchsorted(self._binding_costs, limit, side="right"))
+        binding = int(self._binding_running_max[count - 1]) if count else 0
+        return [min(placed, max(binding, 1)) for placed in range(self.num_layers + 2)]
 
-    def first_start_within(self, g: int, link: int, end: int, limit: float) -> int:
-        """Smallest start with cost(start, end) <= limit (costs grow as start shrinks)."""
-        return bisect.bisect_left(self.neg_cost[g][link][end], -limit)
-
-    def first_start_fitting(self, g: int, end: int, in_flight: int) -> int:
-        """Smallest start whose stage keeps ``in_flight`` microbatches within memory."""
-        return bisect.bisect_left(self.cap[g][end], in_flight)
 
 
 def _stage_links(stages: Sequence[StageSpec]) -> list[int]:
@@ -311,11 +318,14 @@ def _bottleneck_dp(table: _StageTable, gpus: int, max_nodes: int) -> dict[int, f
     is memoised as a lower bound otherwise. The slowest stage of [0, a) is at least its compute
     spread over the GPUs still free (a stage of g GPUs needs w >= compute / g).
     """
-    memo: dict[tuple[int, int, int, int], tuple[float, bool]] = {}
     G = gpus
     compute = table.arrays.compute.tolist()
-    compress = [table.compress(j) for j in range(table.num_layers + 2)]
     cost, cap = table.cost, table.cap
+    # One memo per in-flight compression: a search below budget B only places stages with
+    # w < B, so only their memory limits bind (``compressions_within``).
+    memos: dict[tuple[int, ...], dict[tuple[int, int, int, int], tuple[float, bool]]] = {}
+    memo: dict[tuple[int, int, int, int], tuple[float, bool]] = {}
+    compress: list[int] = []
     bisect_left = bisect.bisect_left
 
     def best(a: int, j: int, nl: int, h: int, budget: float) -> float:
@@ -360,6 +370,8 @@ def _bottleneck_dp(table: _StageTable, gpus: int, max_nodes: int) -> dict[int, f
     result = {}
     for n in range(1, max_nodes + 1):
         bound = max(_layout_seconds(table, seeds[n], G)) if n in seeds else INF
+        compress = table.compressions_within(bound)
+        memo = memos.setdefault(tuple(compress), {})
         # Search strictly below the seed; the seed itself is the answer if nothing beats it.
         found = best(table.num_layers, 0, n, G, bound)
         result[n] = found if found < bound else bound
@@ -399,7 +411,7 @@ def _solve_for_threshold(
     per_stage_compute = W * G
     cross = table.min_cross_link
 
-    compress = [table.compress(j) for j in range(table.num_layers + 2)]
+    compress = table.compressions_within(W)
     cost, cap = table.cost, table.cap
     bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
 
@@ -426,6 +438,25 @@ def _solve_for_threshold(
     # (start 0) already keeps enough microbatches in flight; bisect only when it does not.
     within_table = table.first_starts_within(W)
     widest_cap = [[row[0] if row else INF for row in cap[g]] if g else [] for g in range(G + 1)]
+    # Before the marker is placed, [0, start) must still hold one, ending at or before start:
+    # stages right of it cost 2w + (r-1)W, the marker rW, and the k >= (fewest stages of
+    # compute <= W G covering its left) stages left of it w + rW, so [0, start) costs at least
+    # 2 C(e, start)/G + C(0, s)/G + (k + 1) W + stages (r-1)W over the markers [s, e) (the
+    # marker's compute is dropped, and with it a cross-node link it may end in; the stage
+    # count term moves stages to the cheaper side).
+    # INF where no marker fits: the search stops as soon as it has passed every marker.
+    before_marker = np.full(len(compute), INF)
+    if markers is not None:
+        prefix = np.asarray(compute)
+        for m_start, m_end, _ in markers:
+            k = _fewest_nodes(compute, 0, m_start, per_stage_compute * slack, per_stage_compute * slack)
+            if k is None:
+                continue
+            rest = 2 * (prefix[m_end:] - prefix[m_end]) / G + prefix[m_start] / G + (k + 1) * W
+            before_marker[m_end:] = np.minimum(before_marker[m_end:], rest)
+    else:
+        before_marker[:] = -INF
+    before_marker = before_marker.tolist()
 
     def solve(a: int, j: int, nl: int, h: int, p: int, budget: float) -> float:
         if a == 0:
@@ -460,6 +491,7 @@ def _solve_for_threshold(
             costs = cost[g][link][a]
             min_stages = nl2 + (1 if h2 < G else 0)
             links_left = nl2 * cross
+            links_but_one = links_left - cross if nl2 else 0.0  # one may be the marker's, inside W
             for start in range(lo, hi):
                 w = costs[start]
                 if p == 1:
@@ -478,6 +510,9 @@ def _solve_for_threshold(
                     lower = compute_per_gpu[start] + links_left + stages * rW
                 else:
                     lower = 2 * (compute_per_gpu[start] + links_left) + stages * r1W - W
+                    marked = before_marker[start] + links_but_one + stages * r1W
+                    if marked > lower:
+                        lower = marked
                 if lower >= limit:
                     continue
                 # The memo lookup of ``solve``, inlined: most sub-searches are answered here.
@@ -501,7 +536,7 @@ def _solve_for_threshold(
         a, j, nl, h, p = table.num_layers, 0, n, G, 0
         stages = []
         while a > 0:
-            start, g, p2 = memo[(a, table.compress(j), nl, h, p)][2]
+            start, g, p2 = memo[(a, compress[j], nl, h, p)][2]
             stages.append((start, a, g))
             if j > 0 and h < G:
                 h += g
@@ -637,61 +672,67 @@ def _sweep_thresholds(
             seconds = _layout_seconds(table, layout, gpus)
             best[n] = (pipeline_iteration_time(seconds, r * len(seconds)), layout)
 
-    def least_sum(n: int) -> float:
-        """sum_i w_i >= compute / G plus one cross-node boundary between consecutive nodes."""
-        return total_per_gpu + (n - 1) * cross
+    # The bound max(2 least_sum + ((r-1) n - 1) W, ((r-1) n + 1) W) per node count, with
+    # least_sum = compute / G plus one cheapest cross-node boundary between consecutive nodes.
+    # Both terms are linear in W: a rising term caps the W worth trying for n from above (at the
+    # best T found so far), a falling one (possible for small r) from below. The window of n is
+    # kept as a range of candidate indices and refreshed whenever its best T improves.
+    nodes = sorted(wanted)
+    least_sum = {n: total_per_gpu + (n - 1) * cross for n in nodes}
+    terms = {n: (((r - 1) * n - 1, 2 * least_sum[n]), ((r - 1) * n + 1, 0.0)) for n in nodes}
 
     def lower_bound(n: int, W: float) -> float:
-        return max(2 * least_sum(n) + ((r - 1) * n - 1) * W, ((r - 1) * n + 1) * W)
+        return max(offset + slope * W for slope, offset in terms[n])
 
-    def window(n: int) -> tuple[float, float]:
-        """The W range [lo, hi] whose lower bound is still below the best T found for n.
+    def target(n: int) -> float:
+        return best[n][0] if n in best else INF
 
-        Each term of the bound is linear in W; a rising term caps W from above, a falling one
-        (possible for small r) from below."""
+    def window(n: int) -> tuple[int, int]:
         lo, hi = bottleneck[n], INF
-        if n not in best:
-            return lo, hi
-        target = best[n][0]
-        for slope, offset in (((r - 1) * n - 1, 2 * least_sum(n)), ((r - 1) * n + 1, 0.0)):
-            if slope > 0:
-                hi = min(hi, (target - offset) / slope)
-            elif slope < 0:
-                lo = max(lo, (target - offset) / slope)
-            elif offset >= target:
-                return INF, -INF
-        return lo, hi
+        if n in best:
+            for slope, offset in terms[n]:
+                if slope > 0:
+                    hi = min(hi, (target(n) - offset) / slope)
+                elif slope < 0:
+                    lo = max(lo, (target(n) - offset) / slope)
+                elif offset >= target(n):
+                    return 0, 0
+        # A hair wider than the division says: the exact test is lower_bound() < target().
+        first = int(np.searchsorted(candidates, lo * (1 - 1e-12), side="left"))
+        past = int(np.searchsorted(candidates, hi * (1 + 1e-12), side="right")) if hi < INF else len(candidates)
+        return first, past
 
-    def first_needed(n: int, start: int) -> int | None:
-        lo, hi = window(n)
-        i = max(start, int(np.searchsorted(candidates, lo, side="left")))
-        target = best.get(n, (INF,))[0]
-        while i < len(candidates) and candidates[i] <= hi:
-            if lower_bound(n, candidates[i]) < target:  # (guards float rounding at the ends)
-                return i
-            i += 1
-        return None
-
+    windows = np.array([window(n) for n in nodes], dtype=np.int64).reshape(-1, 2)
     index = 0
-    while True:
+    while len(nodes):
         # The next candidate W that some node count still needs.
-        needed = [i for i in (first_needed(n, index) for n in wanted) if i is not None]
-        if not needed:
+        starts = np.maximum(windows[:, 0], index)
+        still = starts < windows[:, 1]
+        if not still.any():
             break
-        next_index = min(needed)
+        next_index = int(starts[still].min())
         W = float(candidates[next_index])
-        budgets = {}
-        for n in wanted:
-            lo, hi = window(n)
-            if bottleneck[n] <= W and lo <= W <= hi and lower_bound(n, W) < best.get(n, (INF,))[0]:
-                budgets[n] = best.get(n, (INF,))[0]
-        markers = _promising_markers(table, W, r, budgets, total_per_gpu * gpus, gpus)
+        inside = np.flatnonzero((windows[:, 0] <= next_index) & (next_index < windows[:, 1]))
+        budgets = {
+            nodes[i]: target(nodes[i]) for i in inside if lower_bound(nodes[i], W) < target(nodes[i])
+        }
         index = next_index + 1
+        promising = _promising_markers(table, W, r, budgets, total_per_gpu * gpus, gpus)
+        # Keep the markers, and the node counts, that the node-level bound cannot rule out.
+        markers, still_open = set(), set()
+        for marker in promising:
+            bounds = _marker_bounds(table, gpus, W, r, marker, list(budgets))
+            beaten = {n for n, bound in bounds.items() if bound < budgets[n]}
+            if beaten:
+                markers.add(marker[:3])
+                still_open |= beaten
         if not markers:
             continue
+        budgets = {n: budgets[n] for n in sorted(still_open)}
         for n, (value, layout) in _solve_for_threshold(table, gpus, W, r, budgets, markers).items():
             if n not in best or value < best[n][0]:
                 best[n] = (value, layout)
+                windows[nodes.index(n)] = window(n)
     return best
 
 
@@ -722,4 +763,93 @@ def _promising_markers(
     keep = np.zeros(hi - lo, dtype=bool)
     for n, budget in budgets.items():
         keep |= base + (r - 1) * n * W < budget
-    return {(int(a), int(b), int(g)) for a, b, g in zip(starts[keep], ends[keep], widths[keep])}
+    links = table.marker_links[lo:hi]
+    return [(int(a), int(b), int(g), int(link)) for a, b, g, link in zip(starts[keep], ends[keep], widths[keep], links[keep])]
+
+
+def _fewest_nodes(compute: list[float], start: int, end: int, most: float, last_most: float) -> int | None:
+    """Fewest contiguous blocks covering layers [start, end) with at most ``most`` compute each
+    (``last_most`` for the block ending at ``end``), or None if a single layer does not fit.
+    Greedy from the right, longest block first (it stays ahead of any other cover)."""
+    count, x, limit = 0, end, last_most
+    while x > start:
+        y = bisect.bisect_left(compute, compute[x] - limit, start, x + 1)
+        if y >= x:  # (y > x: a negative capacity)
+            return None
+        x, count, limit = y, count + 1, most
+    return count
+
+
+def _marker_bounds(
+    table: _StageTable, gpus: int, W: float, r: int, marker: tuple[int, int, int, int], nodes: Sequence[int]
+) -> dict[int, float]:
+    """A lower bound on T, for each n in ``nodes``, over layouts whose bottleneck is ``marker``.
+
+    Node-level relaxation of Eq. 1-4 (the additive form in the module docstring). The marker's
+    node covers layers [s, e) and sits between ``nl`` nodes to its left and ``nr`` to its right.
+    A left node costs at least ``C/G + cross + rW`` and a right node ``2 (C/G + cross) + (r-1) W``
+    (cross: the cheapest cross-node boundary; the last node has none), whatever its stages,
+    because sum_i C_i/g_i >= C/G. A node whose stages all take <= W holds at most G W of compute,
+    and at most G (W - cross) if it is one stage with an outgoing cross-node link; a node of
+    several stages costs at least (r-1) W more. So ``nl`` and ``nr`` are at least greedy block
+    counts at those capacities (two cases: no node split, or some node split) and at most the
+    layer counts. A marker narrower than a node shares it with stages on the other G - g GPUs:
+    each of their extents [s, e) is tried, those left of the marker costing at least
+    C/(G - g) + rW and those right of it 2 C/(G - g) + (r-1) W. Memory is ignored. For layouts
+    with one stage per node and equal boundary tensors the bound is exact, which is what lets
+    the sweep skip most thresholds without running the DP.
+    """
+    start, end, width, link = marker
+    G, L = gpus, table.num_layers
+    compute = table.compute_prefix
+    cross = table.min_cross_link
+    slack = 1 + 1e-9  # permissive rounding keeps it a lower bound
+    rW, r1W = r * W, (r - 1) * W
+    # The marker node's extents [s, e) and the least cost of its stages.
+    extents: list[tuple[int, int, float]] = []
+    if width == G:
+        if link != LINK_INTRA:  # a whole-node stage is followed by another node's stage
+            extents.append((start, end, rW))
+    else:
+        spare, other = W * (G - width) * slack, G - width
+        lefts = range(bisect.bisect_left(compute, compute[start] - spare, 0, start + 1), start + 1)
+        if link == LINK_INTRA:  # stages follow the marker on its node
+            rights = range(end + 1, bisect.bisect_right(compute, compute[end] + spare, end, L + 1))
+        else:
+            rights = range(end, end + 1)
+        for s in lefts:
+            left_part = compute[start] - compute[s]
+            for e in rights:
+                right_part = compute[e] - compute[end]
+                if left_part + right_part > spare or (s == start and e == end):
+                    continue
+                cost = rW + (left_part / other + rW if s < start else 0.0)
+                cost += 2 * right_part / other + r1W if e > end else 0.0
+                extents.append((s, e, cost))
+    per_left = cross + rW
+    per_right = 2 * cross + r1W
+
+    def side_costs(nl: int, n: int) -> float:
+        nr = n - 1 - nl
+        return nl * per_left + (nr * per_right - 2 * cross if nr else 0.0)
+
+    whole, single = W * G * slack, (W - cross) * G * slack
+    bounds = dict.fromkeys(nodes, INF)
+    for s, e, node_cost in extents:
+        base = compute[s] / G + 2 * (compute[L] - compute[e]) / G + node_cost
+        for most, penalty in ((single, 0.0), (whole, r1W)):
+            fewest_left = _fewest_nodes(compute, 0, s, most, most)
+            fewest_right = _fewest_nodes(compute, e, L, most, whole)
+            if fewest_left is None or fewest_right is None:
+                continue
+            for n in nodes:
+                lo = max(fewest_left, n - 1 - (L - e))
+                hi = min(s, n - 1 - fewest_right)
+                if lo > hi:
+                    continue
+                # Linear in nl except at nr = 0: the minimum is at an end or at nl = n - 2.
+                candidates = (lo, hi, n - 2) if lo <= n - 2 <= hi else (lo, hi)
+                value = base + penalty + min(side_costs(nl, n) for nl in candidates)
+                if value < bounds[n]:
+                    bounds[n] = value
+    return bounds

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -83,10 +84,13 @@ def test_worker_exception_stops_with_its_traceback(tmp_path):
     )
     assert result.returncode == 2
     assert "worker (node 1, local rank 0) raised an exception" in result.stderr
-    assert "InjectedFault: injected failure on node 1 at step 2, phase backward" in result.stderr
+    # The strike is armed through the store a step ahead; armed late (a loaded machine), it fires
+    # at the next step instead (oobleck.faults.injector), and the run stops there.
+    fired = re.search(r"InjectedFault: injected failure on node 1 at step (\d+), phase backward", result.stderr)
+    assert fired, result.stderr[-3000:]
     assert strays == []
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["steps"] == 2 and "stopped" in summary
+    assert 2 <= summary["steps"] == int(fired.group(1)) < 6 and "stopped" in summary
 
 
 def test_baseline_strategies_are_refused_in_real_runs(tmp_path):

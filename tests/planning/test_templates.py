@@ -106,10 +106,14 @@ def test_bad_profiles_are_rejected():
         ModelProfile(model="m", microbatch_size=1, device="cpu", layers=(LayerProfile(**{**good, "backward_s": 0}),))
 
 
-# Best reference times of medium cases, computed by the unoptimised search (the version before the
-# inner-loop hoisting in _solve_for_threshold): too large for brute force, so they pin the faster
-# search to the slower one. The second case is memory-bound with 8 devices per node (sub-node
-# stages at 1 node, a 1-GPU stage at 2 nodes).
+# Best reference times of medium cases, computed by slower searches that were themselves checked
+# against brute force: the first two by the search before the inner-loop hoisting in
+# _solve_for_threshold, the other three by the search before the node-level bound
+# (_marker_bounds) and the per-threshold memory compression. Too large for brute force, they pin
+# the faster search to the slower one. The second case is memory-bound with 8 devices per node
+# (sub-node stages at 1 node, a 1-GPU stage at 2 nodes); the third has boundary tensors so large
+# that crossing a node costs more than a stage computes (a negative single-stage capacity in the
+# bound); the fourth is memory-bound with many nodes; the fifth has 2 to 3 layers per node.
 MEDIUM_CASES = [
     (
         {"layers": 30, "nodes": 10, "gpus": 4, "memory": 40e9, "seed": 5},
@@ -122,14 +126,34 @@ MEDIUM_CASES = [
         {1: 1.962366626024544, 2: 0.947309125184477, 3: 0.6632289928426784, 4: 0.6878027515777024,
          5: 0.703600864738341, 6: 0.7274908453534203, 7: 0.7196327290390616},
     ),
+    (
+        {"layers": 12, "nodes": 6, "gpus": 8, "memory": 2e9, "seed": 1, "output_bytes": 300_000_000, "jitter": 0.6, "r": 2},
+        {1: 0.22086656406437216, 2: 0.23700027193243486, 3: 0.38384081095374484, 4: 0.5255304923320977,
+         5: 0.6791391646715813},
+    ),
+    (
+        {"layers": 24, "nodes": 12, "gpus": 8, "memory": 6e9, "seed": 2, "jitter": 0.6},
+        {1: 0.33555948645782263, 2: 0.3928788058472711, 3: 0.4014524819237765, 4: 0.4303586641273701,
+         5: 0.4590294431497173, 6: 0.46014082812614837, 7: 0.46331748114100246, 8: 0.49246358531533146,
+         9: 0.4723446332997788, 10: 0.5010667949596174, 11: 0.5308599407344821},
+    ),
+    (
+        {"layers": 40, "nodes": 18, "gpus": 8, "memory": 40e9, "seed": 3, "output_bytes": 60_000_000},
+        {1: 0.5863112601270176, 2: 0.7114758128168487, 3: 0.7856575904018508, 4: 0.8586795692015166,
+         5: 0.9151519945473425, 6: 0.9800480790233536, 7: 1.0216528191039678, 8: 1.0861224888958279,
+         9: 1.1333569336734988, 10: 1.1991041920046541, 11: 1.2525656368242508, 12: 1.3176492514593356,
+         13: 1.3713935269941904, 14: 1.4026925243658825, 15: 1.4840584118400528, 16: 1.5192727357460831,
+         17: 1.5940086604454813},
+    ),
 ]
 
 
 @pytest.mark.parametrize("case,expected", MEDIUM_CASES)
 def test_medium_cases_match_reference_search(case, expected):
-    profile = synthetic_profile(case["layers"], seed=case["seed"])
+    shape = {key: case[key] for key in ("output_bytes", "jitter") if key in case}
+    profile = synthetic_profile(case["layers"], seed=case["seed"], **shape)
     spec = cluster(case["nodes"], case["gpus"], case["memory"], intra=150e9, inter=12.5e9)
-    found = generate_templates(profile, spec, 1)
+    found = generate_templates(profile, spec, 1, reference_microbatches_per_stage=case.get("r", 4))
     assert {n: t.reference_iteration_s for n, t in found.templates.items()} == pytest.approx(expected, rel=1e-12)
     for template in found.templates.values():
         _assert_valid_layout(template, case["layers"], case["gpus"])
