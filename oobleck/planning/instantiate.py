@@ -251,31 +251,46 @@ def _counts_reaching(
     return result
 
 
-def _knapsack(values: dict[int, int], allowed: Sequence[int], nodes: int, count: int) -> tuple[int, list[int]] | None:
-    """Max sum of values over ``count`` templates (sizes from ``allowed``) with sizes summing to ``nodes``."""
+class _Knapsack:
+    """Max total capacity of ``count`` templates whose sizes sum to ``nodes``", for many capacity
+    vectors: the gather pattern (which sub-total each size extends) is built once."""
+
     NEG = -(1 << 60)
-    sizes = np.array(allowed)
-    vals = np.array([values[n] for n in allowed], dtype=np.int64)
-    dp = np.full(nodes + 1, NEG, dtype=np.int64)
-    dp[0] = 0
-    picks = []
-    index = np.arange(nodes + 1)[None, :] - sizes[:, None]  # [size, n] -> n - size
-    valid = index >= 0
-    index = np.where(valid, index, 0)
-    for _ in range(count):
-        candidates = np.where(valid, dp[index] + vals[:, None], NEG)
-        candidates = np.where(dp[index] > NEG // 2, candidates, NEG)
-        choice = np.argmax(candidates, axis=0)  # first (smallest index) maximum: deterministic
-        dp = candidates[choice, np.arange(nodes + 1)]
-        picks.append(choice)
-    if dp[nodes] <= NEG // 2:
-        return None
-    multiset, n = [], nodes
-    for choice in reversed(picks):
-        size = int(sizes[choice[n]])
-        multiset.append(size)
-        n -= size
-    return int(dp[nodes]), multiset
+
+    def __init__(self, allowed: Sequence[int], nodes: int, count: int):
+        self.sizes = np.array(allowed)
+        self.nodes, self.count = nodes, count
+        # [size, total] -> total - size, or the padding slot ``nodes + 1`` (always NEG).
+        index = np.arange(nodes + 1)[None, :] - self.sizes[:, None]
+        self.index = np.where(index >= 0, index, nodes + 1)
+
+    def best(self, values: np.ndarray) -> int:
+        """The max total (NEG // 2 or less where no choice covers ``nodes``)."""
+        dp = np.full(self.nodes + 2, self.NEG, dtype=np.int64)
+        dp[0] = 0
+        column = values[:, None]
+        for _ in range(self.count):
+            dp[: self.nodes + 1] = (dp[self.index] + column).max(axis=0)
+            dp[: self.nodes + 1][dp[: self.nodes + 1] <= self.NEG // 2] = self.NEG
+        return int(dp[self.nodes])
+
+    def choice(self, values: np.ndarray) -> list[int]:
+        """The template sizes of a best choice (the first maximum at every step: deterministic)."""
+        dp = np.full(self.nodes + 2, self.NEG, dtype=np.int64)
+        dp[0] = 0
+        column, picks, columns = values[:, None], [], np.arange(self.nodes + 1)
+        for _ in range(self.count):
+            candidates = dp[self.index] + column
+            pick = np.argmax(candidates, axis=0)
+            dp[: self.nodes + 1] = candidates[pick, columns]
+            dp[: self.nodes + 1][dp[: self.nodes + 1] <= self.NEG // 2] = self.NEG
+            picks.append(pick)
+        multiset, n = [], self.nodes
+        for pick in reversed(picks):
+            size = int(self.sizes[pick[n]])
+            multiset.append(size)
+            n -= size
+        return multiset
 
 
 def _solve_count(
@@ -288,39 +303,57 @@ def _solve_count(
     limit: float | None = None,
 ) -> tuple[float, list[int]] | None:
     """Least finishing time t at which ``count`` allowed templates covering ``nodes`` take all
-    microbatches; ``floor`` is a known lower bound of t, and None is returned if t > ``limit``."""
+    microbatches; ``floor`` is a known lower bound of t, and None is returned if t > ``limit``.
+
+    Feasibility at t depends only on every template's capacity at t, a step function that only
+    changes where some ``T(m) + intra`` equals t. So after each test the bracket snaps to those
+    breakpoints: a feasible t falls to the latest time any template needs for its capacity there,
+    an infeasible one rises to the next time any template's capacity grows. The search ends on
+    the exact least t, usually in far fewer steps than plain bisection.
+    """
     if not allowed or (limit is not None and limit <= floor):
         return None
+    knapsack = _Knapsack(allowed, nodes, count)
+    chosen = [curves[n] for n in allowed]
 
-    def feasible(t: float) -> list[int] | None:
-        values = {}
-        for n in allowed:
-            cap = curves[n].capacity(t)
-            values[n] = min(cap, microbatches) if cap >= 1 else -(1 << 40)  # every pipeline needs >= 1
-        if count * max(values.values()) < microbatches:
-            return None  # even the most capable template, k times, cannot take them all
-        result = _knapsack(values, allowed, nodes, count)
-        if result is None or result[0] < microbatches:
-            return None
-        return result[1]
+    def capacities(t: float) -> np.ndarray:
+        # Every pipeline needs >= 1 microbatch: a template that cannot take one by t is out.
+        caps = np.array([c.capacity(t) for c in chosen], dtype=np.int64)
+        return np.where(caps >= 1, np.minimum(caps, microbatches), -(1 << 40))
+
+    def feasible(caps: np.ndarray) -> bool:
+        if count * int(caps.max()) < microbatches:
+            return False  # even the most capable template, k times, cannot take them all
+        return knapsack.best(caps) >= microbatches
+
+    def latest_needed(caps: np.ndarray) -> float:
+        """The earliest time at which every template already has ``caps`` (a breakpoint)."""
+        return max(c.time(int(m)) if m >= 1 else 0.0 for c, m in zip(chosen, caps))
+
+    def next_change(caps: np.ndarray) -> float:
+        """The earliest time at which some template's capacity exceeds ``caps``."""
+        return min(c.time(int(max(m, 0)) + 1) for c, m in zip(chosen, caps))
 
     hi = max(curves[n].time(microbatches) for n in allowed)
     if limit is not None:
         hi = min(hi, limit)
-    top = feasible(hi)
-    if top is None:
+    caps = capacities(hi)
+    if not feasible(caps):
         return None
-    lo = floor * (1 - RELATIVE_TOLERANCE)  # strictly below the optimum
+    hi = latest_needed(caps)
+    lo = floor * (1 - RELATIVE_TOLERANCE)  # the optimum is >= lo
     for _ in range(MAX_BISECTION_STEPS):
         if hi - lo <= RELATIVE_TOLERANCE * hi:
             break
         mid = (lo + hi) / 2
-        found = feasible(mid)
-        if found is None:
-            lo = mid
+        mid_caps = capacities(mid)
+        if feasible(mid_caps):
+            caps, hi = mid_caps, latest_needed(mid_caps)
         else:
-            hi, top = mid, found
-    return hi, top
+            lo = next_change(mid_caps)
+            if lo >= hi:
+                break  # nothing changes between mid and hi: hi is the optimum
+    return hi, knapsack.choice(caps)
 
 
 def instantiate(
