@@ -21,6 +21,7 @@ Only the controller writes outputs (plan.json, metrics.csv, events.csv, summary.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -609,6 +610,11 @@ class Controller:
         except PlanningError as error:
             lost = f"lost nodes {list(removed)}" if removed else "membership change"
             raise RunError(f"cannot continue training in place after step {step - 1} ({lost}): {error}") from None
+        if step == 0:
+            # Nothing has committed: every layer is still its seeded initial state, which each
+            # worker builds itself. Copying it would need its holders in the first plan to have
+            # built it, and a worker slow to start may never have seen that plan.
+            reconfiguration = dataclasses.replace(reconfiguration, transfers=())
         for n, state in self.nodes.items():
             state.member = n in reconfiguration.new.nodes and not state.failed
         plan_s = time.time() - started

@@ -177,9 +177,9 @@ class Worker:
 
     # ------------------------------------------------------------------ establish
     def establish(self, generation: int, document: dict[str, Any], topology: Topology, comm: Communicator) -> None:
-        if document.get("reconfiguration") is None:
-            # A fresh start: every worker builds its layers from the seed before anything can
-            # fail, so a later reconfiguration based on this plan always finds its sources.
+        if document.get("reconfiguration") is None or int(document["resume_step"]) == 0:
+            # Before the first commit every layer is its seeded initial state: each worker builds
+            # its own (the controller plans no copies then; see Controller._reconfigure).
             for index in topology.assignment.layers:
                 if index not in self.layers:
                     self.layers[index] = new_layer_state(self.cfg.model, self.cfg.job, index, int(self.cfg.job.seed), self.device, 0)
