@@ -137,6 +137,8 @@ class _StageTable:
     """
 
     def __init__(self, profile: ModelProfile, cluster: ClusterSpec, stage_gpu_limit: int):
+        # Every node runs at least this many stages (planner.max_gpus_per_stage below G).
+        self.stages_per_node = -(-cluster.gpus_per_node // stage_gpu_limit)
         self.arrays = arrays = ProfileArrays(profile)
         max_gpus = cluster.gpus_per_node
         self.cluster = cluster
@@ -797,9 +799,10 @@ def _marker_bounds(
     counts at those capacities (two cases: no node split, or some node split) and at most the
     layer counts. A marker narrower than a node shares it with stages on the other G - g GPUs:
     each of their extents [s, e) is tried, those left of the marker costing at least
-    C/(G - g) + rW and those right of it 2 C/(G - g) + (r-1) W. Memory is ignored. For layouts
-    with one stage per node and equal boundary tensors the bound is exact, which is what lets
-    the sweep skip most thresholds without running the DP.
+    C/(G - g) + rW and those right of it 2 C/(G - g) + (r-1) W. With planner.max_gpus_per_stage
+    below G every node has at least ceil(G / limit) stages, each charged. Memory is ignored.
+    For layouts with one stage per node and equal boundary tensors the bound is exact, which is
+    what lets the sweep skip most thresholds without running the DP.
     """
     start, end, width, link = marker
     G, L = gpus, table.num_layers
@@ -827,19 +830,26 @@ def _marker_bounds(
                     continue
                 cost = rW + (left_part / other + rW if s < start else 0.0)
                 cost += 2 * right_part / other + r1W if e > end else 0.0
+                # Stages the other GPUs need beyond those counted (max_gpus_per_stage).
+                cost += max(0, table.stages_per_node - 1 - (s < start) - (e > end)) * r1W
                 extents.append((s, e, cost))
-    per_left = cross + rW
-    per_right = 2 * cross + r1W
+    # Per node beside the marker's: its stages (at least ``q``) and its outgoing link.
+    q = table.stages_per_node
+    per_left = cross + q * rW
+    per_right = 2 * cross + q * r1W
 
     def side_costs(nl: int, n: int) -> float:
         nr = n - 1 - nl
         return nl * per_left + (nr * per_right - 2 * cross if nr else 0.0)
 
     whole, single = W * G * slack, (W - cross) * G * slack
+    # No node split (capacity of one stage with its link), or some node split (at least one stage
+    # more); when every node must split, ``q`` already counts its stages.
+    cases = ((single, 0.0), (whole, r1W)) if q == 1 else ((whole, 0.0),)
     bounds = dict.fromkeys(nodes, INF)
     for s, e, node_cost in extents:
         base = compute[s] / G + 2 * (compute[L] - compute[e]) / G + node_cost
-        for most, penalty in ((single, 0.0), (whole, r1W)):
+        for most, penalty in cases:
             fewest_left = _fewest_nodes(compute, 0, s, most, most)
             fewest_right = _fewest_nodes(compute, e, L, most, whole)
             if fewest_left is None or fewest_right is None:
