@@ -606,10 +606,17 @@ class Controller:
         self.pending_removed.clear()
         self.pending_joined.clear()
         try:
-            reconfiguration = self._plan(base, removed, joined)
+            try:
+                reconfiguration = self._plan(base, removed, joined)
+            except PlanningError:
+                if step > 0:
+                    raise
+                # Nothing to keep yet (e.g. every replica of a layer died in step 0): start over.
+                reconfiguration = self._fresh_plan(base, removed, joined, live)
         except PlanningError as error:
             lost = f"lost nodes {list(removed)}" if removed else "membership change"
-            raise RunError(f"cannot continue training in place after step {step - 1} ({lost}): {error}") from None
+            when = f"after step {step - 1}" if step > 0 else "before the first step committed"
+            raise RunError(f"cannot continue training in place {when} ({lost}): {error}") from None
         if step == 0:
             # Nothing has committed: every layer is still its seeded initial state, which each
             # worker builds itself. Copying it would need its holders in the first plan to have
@@ -631,6 +638,18 @@ class Controller:
             resume_step=step,
             bytes_moved=reconfiguration.bytes_moved,
         )
+
+    def _fresh_plan(
+        self, base: ExecutionPlan, removed: tuple[int, ...], joined: tuple[int, ...], live: list[int]
+    ) -> ReconfigurationPlan:
+        """The best plan for ``live`` from scratch, with nothing to copy (before the first commit)."""
+        from oobleck.planning.instantiate import instantiate
+
+        if self.templates is None:
+            raise PlanningError("no pipeline templates to plan with")
+        job = self.cfg.job
+        plan = instantiate(self.templates, live, int(job.global_batch_size), int(job.microbatch_size), int(job.fault_tolerance))
+        return ReconfigurationPlan(old=base, new=plan, removed=removed, joined=joined, transfers=())
 
     def _plan(self, base: ExecutionPlan, removed: tuple[int, ...], joined: tuple[int, ...]) -> ReconfigurationPlan:
         from oobleck.planning.reconfigure import reconfigure

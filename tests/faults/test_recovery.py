@@ -153,6 +153,30 @@ def test_failure_before_the_first_commit_seeds_instead_of_copying(tmp_path):
     assert all(r["replicas_identical"] for r in outcome.recoveries)
 
 
+def test_every_replica_lost_before_the_first_commit_starts_over(tmp_path):
+    """Both first stages die inside step 0: layers 0..2 have no live replica, but nothing has
+    committed, so the run plans afresh on the two survivors instead of stopping (compare
+    test_lost_layers_stop_cleanly, the same loss after step 2)."""
+    cfg = tiny_config(**{
+        "cluster.nodes": 4,
+        "job.fault_tolerance": 1,
+        "job.steps": 4,
+        "failures.kind": "explicit",
+        "failures.events": [{"action": "remove", "step": 0, "nodes": [0, 2], "phase": "forward"}],
+    })
+    two_stages = template([(0, 3, 0, 0, 1), (3, 6, 1, 0, 1)])
+    plan = hand_plan([(two_stages, (0, 1), 4), (two_stages, (2, 3), 4)], batch=16, micro=2, layers=6, f=1, gpus=1)
+    outcome, _ = launch(cfg, tmp_path / "run", initial_plan=plan)
+    assert [(r["resume_step"], r["removed"], r["bytes_moved"]) for r in outcome.recoveries] == [(0, [0, 2], 0)]
+    assert outcome.steps[-1]["nodes"] == 2
+    reference = train_reference(cfg)
+    assert [row["loss"] for row in outcome.steps] == pytest.approx(reference.losses, rel=LOSS_RTOL)
+    final = torch.load(tmp_path / "run" / "final_params.pt", weights_only=True)
+    for layer, state in reference.layers.items():
+        for name, value in state.items():
+            assert torch.allclose(final[str(layer)][name], value, rtol=0, atol=PARAM_ATOL), (layer, name)
+
+
 def test_frozen_node_is_caught_by_heartbeat_timeout(tmp_path):
     """SIGSTOP (not a kill): nothing exits, so only the missing heartbeats reveal it."""
     cfg = tiny_config(**{
