@@ -3,11 +3,14 @@
 ``tiny_config`` is gpt3_tiny with a short job, wandb off and final parameters collected;
 ``template``/``hand_plan`` build an ``ExecutionPlan`` directly (no planner), so a test can run any
 layout: heterogeneous pipelines, sharded stages, a single deep pipeline, pure data parallelism.
+``assert_matches_reference`` is the exactness check every real-run test ends with.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -50,3 +53,28 @@ def hand_plan(pipelines: list[tuple[PipelineTemplate, tuple[int, ...], int]], *,
     if first != batch // micro:
         raise ValueError(f"pipelines take {first} microbatches but the batch has {batch // micro}")
     return ExecutionPlan(tuple(instances), layers, batch, micro, f, gpus, 1.0)
+
+
+def assert_matches_reference(
+    cfg: Any, outcome: Any, run_dir: Path, reference: Any = None, *, loss_rtol: float = 1e-5, param_atol: float = 1e-5
+) -> float:
+    """A real run committed steps 0..steps-1 once each, and its losses and final parameters equal
+    single-process training on the same batches (``train_reference``, computed unless given).
+    The default tolerances are justified in tests/runtime/test_exactness.py. Returns the largest
+    parameter difference."""
+    import torch
+
+    from oobleck.runtime.reference import train_reference
+
+    reference = reference if reference is not None else train_reference(cfg)
+    steps = [row["step"] for row in outcome.steps]
+    assert steps == list(range(int(cfg.job.steps))), f"committed steps {steps}: some were skipped or repeated"
+    for step, (row, expected) in enumerate(zip(outcome.steps, reference.losses)):
+        assert math.isclose(row["loss"], expected, rel_tol=loss_rtol), f"step {step}: loss {row['loss']} vs {expected}"
+    final = torch.load(Path(run_dir) / "final_params.pt", weights_only=True)
+    worst = 0.0
+    for layer, state in reference.layers.items():
+        for name, value in state.items():
+            worst = max(worst, float((final[str(layer)][name] - value).abs().max()))
+    assert worst <= param_atol, f"largest parameter difference {worst} (tolerance {param_atol})"
+    return worst

@@ -13,11 +13,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from oobleck.elastic.job import launch
-from oobleck.runtime.reference import train_reference
-from oobleck.runtime.testing import tiny_config
+from oobleck.runtime.testing import assert_matches_reference, tiny_config
 
 CYCLES = 6
 STEPS = 1000
@@ -91,13 +89,7 @@ def test_removal_then_joins_end_bigger_and_exact(tmp_path):
     assert [r["removed"] for r in outcome.recoveries] == [[1], []]
     assert [r["joined"] for r in outcome.recoveries] == [[], [3, 4]]
     assert outcome.steps[-1]["nodes"] == 4
-    reference = train_reference(cfg)
-    assert [row["step"] for row in outcome.steps] == list(range(cfg.job.steps))
-    assert [row["loss"] for row in outcome.steps] == pytest.approx(reference.losses, rel=1e-4)
-    final = torch.load(tmp_path / "run" / "final_params.pt", weights_only=True)
-    for layer, state in reference.layers.items():
-        for name, value in state.items():
-            assert torch.allclose(final[str(layer)][name], value, rtol=0, atol=1e-4), (layer, name)
+    assert_matches_reference(cfg, outcome, tmp_path / "run", loss_rtol=1e-4, param_atol=1e-4)
 
 
 def test_survivor_resources_flat(churn_run):

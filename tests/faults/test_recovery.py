@@ -12,17 +12,12 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 
 from oobleck.elastic import controller as controller_module
 from oobleck.elastic.job import launch
 from oobleck.elastic.local import run_processes
 from oobleck.errors import RunError
-from oobleck.runtime.reference import train_reference
-from oobleck.runtime.testing import hand_plan, template, tiny_config
-
-LOSS_RTOL = 1e-5
-PARAM_ATOL = 1e-5
+from oobleck.runtime.testing import assert_matches_reference, hand_plan, template, tiny_config
 
 PHASE_EVENTS = [
     {"action": "remove", "step": 2, "nodes": [1], "phase": "forward"},
@@ -53,14 +48,7 @@ def phase_run(tmp_path_factory):
 
 def test_failures_at_every_phase_lose_nothing(phase_run):
     cfg, outcome, summary, run_dir = phase_run
-    reference = train_reference(cfg)
-    steps = [row["step"] for row in outcome.steps]
-    assert steps == list(range(cfg.job.steps)), "committed steps must be consecutive, none skipped or repeated"
-    assert [row["loss"] for row in outcome.steps] == pytest.approx(reference.losses, rel=LOSS_RTOL)
-    final = torch.load(run_dir / "final_params.pt", weights_only=True)
-    for layer, state in reference.layers.items():
-        for name, value in state.items():
-            assert torch.allclose(final[str(layer)][name], value, rtol=0, atol=PARAM_ATOL), (layer, name)
+    assert_matches_reference(cfg, outcome, run_dir)  # steps consecutive, none skipped or repeated
 
 
 def test_every_failure_became_a_recovery(phase_run):
@@ -143,13 +131,7 @@ def test_failure_before_the_first_commit_seeds_instead_of_copying(tmp_path):
     plan = hand_plan([(two_stages, (0, 1), 4), (two_stages, (2, 3), 4)], batch=16, micro=2, layers=6, f=1, gpus=1)
     outcome, _ = launch(cfg, tmp_path / "run", initial_plan=plan)
     assert [(r["resume_step"], r["removed"], r["bytes_moved"]) for r in outcome.recoveries] == [(0, [1], 0)]
-    reference = train_reference(cfg)
-    assert [row["step"] for row in outcome.steps] == list(range(cfg.job.steps))
-    assert [row["loss"] for row in outcome.steps] == pytest.approx(reference.losses, rel=LOSS_RTOL)
-    final = torch.load(tmp_path / "run" / "final_params.pt", weights_only=True)
-    for layer, state in reference.layers.items():
-        for name, value in state.items():
-            assert torch.allclose(final[str(layer)][name], value, rtol=0, atol=PARAM_ATOL), (layer, name)
+    assert_matches_reference(cfg, outcome, tmp_path / "run")
     assert all(r["replicas_identical"] for r in outcome.recoveries)
 
 
@@ -169,12 +151,7 @@ def test_every_replica_lost_before_the_first_commit_starts_over(tmp_path):
     outcome, _ = launch(cfg, tmp_path / "run", initial_plan=plan)
     assert [(r["resume_step"], r["removed"], r["bytes_moved"]) for r in outcome.recoveries] == [(0, [0, 2], 0)]
     assert outcome.steps[-1]["nodes"] == 2
-    reference = train_reference(cfg)
-    assert [row["loss"] for row in outcome.steps] == pytest.approx(reference.losses, rel=LOSS_RTOL)
-    final = torch.load(tmp_path / "run" / "final_params.pt", weights_only=True)
-    for layer, state in reference.layers.items():
-        for name, value in state.items():
-            assert torch.allclose(final[str(layer)][name], value, rtol=0, atol=PARAM_ATOL), (layer, name)
+    assert_matches_reference(cfg, outcome, tmp_path / "run")
 
 
 def test_frozen_node_is_caught_by_heartbeat_timeout(tmp_path):
@@ -217,13 +194,7 @@ def test_failures_at_random_times_lose_nothing(tmp_path):
     # Layers are copied once a step has committed (before that, survivors seed them).
     assert all(r["bytes_moved"] > 0 for r in outcome.recoveries if r["resume_step"] > 0)
     assert any(r["resume_step"] > 0 for r in outcome.recoveries)
-    reference = train_reference(cfg)
-    assert [row["step"] for row in outcome.steps] == list(range(cfg.job.steps))
-    assert [row["loss"] for row in outcome.steps] == pytest.approx(reference.losses, rel=LOSS_RTOL)
-    final = torch.load(tmp_path / "run" / "final_params.pt", weights_only=True)
-    for layer, state in reference.layers.items():
-        for name, value in state.items():
-            assert torch.allclose(final[str(layer)][name], value, rtol=0, atol=PARAM_ATOL), (layer, name)
+    assert_matches_reference(cfg, outcome, tmp_path / "run")
 
 
 def test_single_worker_death_is_noticed_by_its_agent(tmp_path):

@@ -17,29 +17,11 @@ sum moves losses by > 1e-3 and parameters by ~lr = 3e-4 at once).
 from __future__ import annotations
 
 import pytest
-import torch
 
 from oobleck.elastic.job import launch
 from oobleck.runtime.reference import train_reference
 
-from oobleck.runtime.testing import hand_plan, template, tiny_config
-
-LOSS_RTOL = 1e-5
-PARAM_ATOL = 1e-5
-
-
-def assert_matches_reference(cfg, outcome, run_dir, reference):
-    losses = [row["loss"] for row in outcome.steps]
-    assert [row["step"] for row in outcome.steps] == list(range(cfg.job.steps))
-    assert losses == pytest.approx(reference.losses, rel=LOSS_RTOL)
-    final = torch.load(run_dir / "final_params.pt", weights_only=True)
-    worst = 0.0
-    for layer, state in reference.layers.items():
-        for name, value in state.items():
-            worst = max(worst, float((final[str(layer)][name] - value).abs().max()))
-    assert worst < PARAM_ATOL, f"largest parameter difference {worst}"
-    return worst
-
+from oobleck.runtime.testing import assert_matches_reference, hand_plan, template, tiny_config
 
 @pytest.fixture(scope="module")
 def reference():
