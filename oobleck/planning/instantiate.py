@@ -226,65 +226,57 @@ def _best_multiset(
     return best
 
 
+def _capacities(curves: Sequence[_PipelineCurve], t: float, microbatches: int) -> np.ndarray:
+    """Microbatches each template can take by time t (at most all of them). A template that
+    cannot take one is out: every pipeline needs >= 1, so it gets a value no choice survives."""
+    caps = np.array([c.capacity(t) for c in curves], dtype=np.int64)
+    return np.where(caps >= 1, np.minimum(caps, microbatches), -(1 << 40))
+
+
 def _counts_reaching(
     curves: dict[int, _PipelineCurve], allowed: Sequence[int], nodes: int, microbatches: int, max_count: int, t: float
 ) -> list[bool]:
     """For every count c <= max_count: can c allowed templates covering ``nodes`` take all by time t?"""
-    NEG = -(1 << 60)
-    sizes = np.array(allowed)
-    vals = []
-    for n in allowed:
-        cap = curves[n].capacity(t)
-        vals.append(min(cap, microbatches) if cap >= 1 else -(1 << 40))
-    values = np.array(vals, dtype=np.int64)
-    index = np.arange(nodes + 1)[None, :] - sizes[:, None]
-    valid = index >= 0
-    index = np.where(valid, index, 0)
-    dp = np.full(nodes + 1, NEG, dtype=np.int64)
-    dp[0] = 0
-    result = [False]
-    for _ in range(max_count):
-        previous = dp[index]
-        candidates = np.where(valid & (previous > NEG // 2), previous + values[:, None], NEG)
-        dp = candidates.max(axis=0)
-        result.append(bool(dp[nodes] >= microbatches))
-    return result
+    values = _capacities([curves[n] for n in allowed], t, microbatches)
+    return [False] + [total >= microbatches for total in _Knapsack(allowed, nodes).totals(values, max_count)]
 
 
 class _Knapsack:
-    """Max total capacity of ``count`` templates whose sizes sum to ``nodes``", for many capacity
-    vectors: the gather pattern (which sub-total each size extends) is built once."""
+    """Max total capacity of c templates whose sizes sum to ``nodes``", for many capacity vectors
+    and counts: the gather pattern (which sub-total each size extends) is built once."""
 
     NEG = -(1 << 60)
 
-    def __init__(self, allowed: Sequence[int], nodes: int, count: int):
+    def __init__(self, allowed: Sequence[int], nodes: int):
         self.sizes = np.array(allowed)
-        self.nodes, self.count = nodes, count
+        self.nodes = nodes
         # [size, total] -> total - size, or the padding slot ``nodes + 1`` (always NEG).
         index = np.arange(nodes + 1)[None, :] - self.sizes[:, None]
         self.index = np.where(index >= 0, index, nodes + 1)
 
-    def best(self, values: np.ndarray) -> int:
-        """The max total (NEG // 2 or less where no choice covers ``nodes``)."""
+    def totals(self, values: np.ndarray, count: int, picks: list[np.ndarray] | None = None) -> list[int]:
+        """The max total for c = 1..count templates (NEG // 2 or less where none covers
+        ``nodes``); with ``picks``, the size index chosen at every step is appended to it (the
+        first maximum: deterministic)."""
         dp = np.full(self.nodes + 2, self.NEG, dtype=np.int64)
         dp[0] = 0
-        column = values[:, None]
-        for _ in range(self.count):
-            dp[: self.nodes + 1] = (dp[self.index] + column).max(axis=0)
-            dp[: self.nodes + 1][dp[: self.nodes + 1] <= self.NEG // 2] = self.NEG
-        return int(dp[self.nodes])
-
-    def choice(self, values: np.ndarray) -> list[int]:
-        """The template sizes of a best choice (the first maximum at every step: deterministic)."""
-        dp = np.full(self.nodes + 2, self.NEG, dtype=np.int64)
-        dp[0] = 0
-        column, picks, columns = values[:, None], [], np.arange(self.nodes + 1)
-        for _ in range(self.count):
+        column, columns, totals = values[:, None], np.arange(self.nodes + 1), []
+        for _ in range(count):
             candidates = dp[self.index] + column
-            pick = np.argmax(candidates, axis=0)
-            dp[: self.nodes + 1] = candidates[pick, columns]
+            if picks is None:
+                dp[: self.nodes + 1] = candidates.max(axis=0)
+            else:
+                pick = np.argmax(candidates, axis=0)
+                dp[: self.nodes + 1] = candidates[pick, columns]
+                picks.append(pick)
             dp[: self.nodes + 1][dp[: self.nodes + 1] <= self.NEG // 2] = self.NEG
-            picks.append(pick)
+            totals.append(int(dp[self.nodes]))
+        return totals
+
+    def choice(self, values: np.ndarray, count: int) -> list[int]:
+        """The template sizes of a best choice of ``count`` templates."""
+        picks: list[np.ndarray] = []
+        self.totals(values, count, picks)
         multiset, n = [], self.nodes
         for pick in reversed(picks):
             size = int(self.sizes[pick[n]])
@@ -313,18 +305,16 @@ def _solve_count(
     """
     if not allowed or (limit is not None and limit <= floor):
         return None
-    knapsack = _Knapsack(allowed, nodes, count)
+    knapsack = _Knapsack(allowed, nodes)
     chosen = [curves[n] for n in allowed]
 
     def capacities(t: float) -> np.ndarray:
-        # Every pipeline needs >= 1 microbatch: a template that cannot take one by t is out.
-        caps = np.array([c.capacity(t) for c in chosen], dtype=np.int64)
-        return np.where(caps >= 1, np.minimum(caps, microbatches), -(1 << 40))
+        return _capacities(chosen, t, microbatches)
 
     def feasible(caps: np.ndarray) -> bool:
         if count * int(caps.max()) < microbatches:
             return False  # even the most capable template, k times, cannot take them all
-        return knapsack.best(caps) >= microbatches
+        return knapsack.totals(caps, count)[-1] >= microbatches
 
     def latest_needed(caps: np.ndarray) -> float:
         """The earliest time at which every template already has ``caps`` (a breakpoint)."""
@@ -353,7 +343,7 @@ def _solve_count(
             lo = next_change(mid_caps)
             if lo >= hi:
                 break  # nothing changes between mid and hi: hi is the optimum
-    return hi, knapsack.choice(caps)
+    return hi, knapsack.choice(caps, count)
 
 
 def instantiate(
