@@ -323,7 +323,7 @@ def _bottleneck_dp(table: _StageTable, gpus: int, max_nodes: int) -> dict[int, f
     spread over the GPUs still free (a stage of g GPUs needs w >= compute / g).
     """
     G = gpus
-    compute = table.arrays.compute.tolist()
+    compute = table.compute_prefix
     cost, cap = table.cost, table.cap
     # One memo per in-flight compression: a search below budget B only places stages with
     # w < B, so only their memory limits bind (``compressions_within``).
@@ -411,7 +411,7 @@ def _solve_for_threshold(
     memo: dict[tuple[int, int, int, int, int], tuple[float, bool, Any]] = {}
     rW = r * W
     r1W = (r - 1) * W
-    compute = table.arrays.compute.tolist()
+    compute = table.compute_prefix
     per_stage_compute = W * G
     cross = table.min_cross_link
 
@@ -451,7 +451,7 @@ def _solve_for_threshold(
     # INF where no marker fits: the search stops as soon as it has passed every marker.
     before_marker = np.full(len(compute), INF)
     if markers is not None:
-        prefix = np.asarray(compute)
+        prefix = table.arrays.compute
         for m_start, m_end, _ in markers:
             k = _fewest_nodes(compute, 0, m_start, per_stage_compute * slack, per_stage_compute * slack)
             if k is None:
