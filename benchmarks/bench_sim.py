@@ -32,8 +32,7 @@ def main() -> None:
     import oobleck.config  # noqa: F401  (registers the schema)
     from oobleck.faults.trace import load_trace
     from oobleck.sim.engine import simulate
-    from oobleck.sim.experiment import build_context, model_profile, params_for
-    from oobleck.strategy import make_strategy
+    from oobleck.sim.experiment import build_context, model_profile, simulated_strategy
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["experiment=paper_spot"])
@@ -53,7 +52,7 @@ def main() -> None:
         base.templates(0)
         templates_s = time.perf_counter() - clock
         for name in args.strategies:
-            strategy = make_strategy(name, base.with_params(params_for(cfg, name)))
+            strategy = simulated_strategy(cfg, name, base)
             clock = time.perf_counter()
             result = simulate(strategy, trace, labels={"model": model})
             seconds = time.perf_counter() - clock

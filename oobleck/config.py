@@ -13,12 +13,16 @@ Sections mirror the config groups: ``model/``, ``cluster/``, ``profile``, ``job`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from oobleck.errors import ConfigError
+
+# The Hydra config tree (conf/ at the top of the repository).
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 @dataclass
@@ -169,16 +173,6 @@ class RuntimeConfig:
 
 
 @dataclass
-class StrategyConfig:
-    """A resilience strategy: oobleck | varuna | bamboo. Constants carry their source in YAML."""
-
-    name: str = "oobleck"
-    checkpoint_interval: int = 0  # steps between checkpoints; 0 = none
-    checkpoint_dir: str = "checkpoints"
-    params: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
 class SimConfig:
     """Simulator experiments (set by ``experiment/``)."""
 
@@ -187,7 +181,9 @@ class SimConfig:
     strategies: list[str] = field(default_factory=lambda: ["oobleck", "varuna", "bamboo"])
     duration_h: Optional[float] = None  # None: the whole trace
     figures: bool = True
-    # Per-strategy constant overrides: sim.params.<strategy>.<key> (defaults: conf/strategy/<name>.yaml).
+    # Per-strategy overrides of a strategy's config in a simulation: sim.params.<strategy>.<key>
+    # (e.g. sim.params.oobleck.checkpoint_every_steps=100, sim.params.varuna.costs.restart_fixed_s=60);
+    # the strategy's typed config (conf/strategy/<name>.yaml, oobleck.strategy) checks them.
     params: dict[str, Any] = field(default_factory=dict)
     # Where each simulated model's profile comes from: analytic (cluster.gpu's FLOP/byte model, and
     # cluster.gpu.memory_gb per device) or auto | measured | file as in profile.source (real runs).
@@ -221,7 +217,9 @@ class Config:
     job: JobConfig = field(default_factory=JobConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     failures: FailuresConfig = field(default_factory=FailuresConfig)
-    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    # conf/strategy/<name>.yaml: ``_target_`` names the strategy class, whose ``Config`` dataclass
+    # types the rest (checked by ``validate`` through ``oobleck.strategy.strategy_config``).
+    strategy: Any = MISSING
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     sim: SimConfig = field(default_factory=SimConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -336,18 +334,39 @@ def validate(cfg: Config | DictConfig) -> None:
         if event.nodes is None and event.count is None:
             raise ConfigError(f"{key} needs nodes=[ids] or count=<n>")
 
-    _choice("strategy.name", cfg.strategy.name, ("oobleck", "varuna", "bamboo"))
+    _validate_strategy(cfg)
     sim = cfg.sim
+    known = strategy_names()
     for index, name in enumerate(sim.strategies):
-        _choice(f"sim.strategies[{index}]", name, ("oobleck", "varuna", "bamboo"))
+        _choice(f"sim.strategies[{index}]", name, known)
     _choice("sim.profile_source", sim.profile_source, ("analytic", "auto", "measured", "file"))
     if sim.duration_h is not None:
         _positive("sim.duration_h", sim.duration_h)
     if sim.nodes is not None:
         _positive("sim.nodes", sim.nodes)
     _positive("sim.timeline_bin_s", sim.timeline_bin_s)
-    _positive("strategy.checkpoint_interval", cfg.strategy.checkpoint_interval, allow_zero=True)
     _choice("logger.wandb.mode", cfg.logger.wandb.mode, ("offline", "online", "disabled"))
+
+
+def strategy_names() -> tuple[str, ...]:
+    """The strategies of ``conf/strategy/`` (``strategy=<name>``)."""
+    return tuple(sorted(path.stem for path in (CONF_DIR / "strategy").glob("*.yaml")))
+
+
+def _validate_strategy(cfg: Config | DictConfig) -> None:
+    from oobleck.strategy import checkpoint_every_steps, strategy_class, strategy_config
+
+    if OmegaConf.is_missing(cfg, "strategy") if isinstance(cfg, DictConfig) else cfg.strategy is MISSING:
+        raise ConfigError(f"no strategy is chosen; set strategy=<one of {', '.join(strategy_names())}>")
+    config = strategy_config(cfg.strategy)
+    if config.checkpoint_every_steps < 0:
+        raise ConfigError(f"strategy.checkpoint_every_steps={config.checkpoint_every_steps} must be >= 0")
+    if strategy_class(cfg.strategy).requires_checkpoints and checkpoint_every_steps(cfg, config) <= 0:
+        raise ConfigError(
+            f"strategy={config.name} restarts from checkpoints, but checkpoints are disabled "
+            f"(checkpoint.every_steps={cfg.checkpoint.every_steps if 'checkpoint' in cfg else None}); "
+            "set checkpoint.every_steps=<k> > 0"
+        )
 
 
 def to_container(cfg: Config | DictConfig) -> dict[str, Any]:

@@ -1,45 +1,79 @@
-"""The resilience-strategy interface shared by the simulator and (later) real runs.
+"""Resilience strategies: one interface that the real runtime executes and the simulator costs.
 
-A strategy answers two questions, nothing else:
+A strategy *decides*; it never acts. It answers two questions:
 
-- ``start(nodes, restart=...)``: which layout runs on this node set, and what starting costs;
-- ``react(layout, alive, removed, joined)``: what happens on a membership change: reconfigure in
-  place, fail over, restart from the last checkpoint, or stop, with the downtime it costs.
+- ``start(nodes)``: the layout to start on (``START``), or why it cannot run (``STOP``);
+- ``on_change(state)``: what to do about a membership change (nodes lost or joined).
 
-Answers are plain frozen dataclasses (``Layout``, ``Reaction``), so the same objects drive the
-discrete-event simulator (``oobleck.sim``) and can drive the real runtime's control plane.
-Oobleck's own policy is ``oobleck.sim.policies.OobleckStrategy``; the baselines live in
-``baselines/varuna`` and ``baselines/bamboo``. ``make_strategy(name, context)`` builds any of them.
+Each answer is one frozen ``Decision`` whose ``kind`` says how to carry it out:
+
+- ``START``: run ``layout`` from the current step (a first start, or a resume);
+- ``RECONFIGURE``: in place: the survivors switch to ``layout``, copying ``transfers`` (layer
+  state between live workers) and redo the interrupted step; nothing is lost;
+- ``FAILOVER``: in place too, but survivors take over lost stages from shadow copies they already
+  hold (Bamboo); ``transfers`` only re-establish redundancy;
+- ``RESTART``: every worker process stops and fresh ones start on ``layout``, loading the
+  checkpoint of ``rollback_to_step`` (0: the seeded initial state) and redoing every step since;
+  with ``checkpoint_first`` a checkpoint of the current step is written first, so nothing is lost
+  (a planned restart, e.g. Varuna morphing onto joined nodes);
+- ``CONTINUE``: training is unaffected (an idle node came or went); ``layout`` says which alive
+  nodes stand by;
+- ``STOP``: training cannot go on (``reason``; ``out_of_memory`` when nothing fits).
+
+The real runtime (``oobleck.elastic``) dispatches on the kind and has no strategy-specific code;
+the simulator (``oobleck.sim``) charges each kind by its cost model. A strategy is chosen by
+``_target_`` in ``conf/strategy/<name>.yaml``: the target is the strategy's class, whose ``Config``
+dataclass types the rest of that file (``strategy_config`` checks it). Oobleck's own policy is
+``oobleck.policy.Oobleck``; the baselines live in ``baselines/``. Nothing here imports them.
 """
 
 from __future__ import annotations
 
-import functools
+import enum
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from oobleck.errors import ConfigError
-from oobleck.planning.plan import ExecutionPlan
+from oobleck.planning.plan import ExecutionPlan, LayerTransfer
 from oobleck.planning.profile import ClusterSpec, ModelProfile
+from oobleck.sim.costs import CostConstants
 
-# Reaction actions; the simulator records each (except "none") as an event of that kind.
-ACTIONS = ("start", "reconfiguration", "failover", "restart", "stop", "oom", "none")
+
+class Kind(str, enum.Enum):
+    """How a decision is carried out (see the module docstring)."""
+
+    START = "start"
+    RECONFIGURE = "reconfigure"
+    FAILOVER = "failover"
+    RESTART = "restart"
+    CONTINUE = "continue"
+    STOP = "stop"
 
 
 @dataclass(frozen=True)
 class Layout:
-    """What runs on the cluster between two membership changes."""
+    """What runs between two decisions: an execution plan and what the strategy predicts of it."""
 
-    nodes: tuple[int, ...]  # nodes doing work (alive nodes not listed here are idle)
-    iteration_s: float  # seconds per training iteration (one global batch), checkpoints excluded
-    samples_per_iteration: int
-    description: str  # e.g. "3 pipelines of 10+10+10 nodes" or "D=2 x P=15"
-    # Share of the busy time spent on work that is thrown away by design (Bamboo's redundant forward).
+    plan: ExecutionPlan
+    iteration_s: float  # predicted seconds per iteration by the strategy's cost model
+    description: str  # e.g. "3 pipelines of 2+2+2 nodes" or "D=2 x P=3"
+    # Share of the busy time spent on work thrown away by design (Bamboo's redundant forward).
     redundant_fraction: float = 0.0
-    plan: ExecutionPlan | None = None  # Oobleck's instantiated plan
-    state: Any = None  # strategy-private, immutable (e.g. Bamboo's pipeline slots)
+    standby: tuple[int, ...] = ()  # alive nodes the plan leaves idle
+    state: Any = None  # strategy-private, immutable (e.g. Bamboo's stage slots)
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        """Nodes doing work."""
+        return self.plan.nodes
+
+    @property
+    def samples_per_iteration(self) -> int:
+        return self.plan.global_batch_size
 
     @property
     def samples_per_s(self) -> float:
@@ -47,38 +81,67 @@ class Layout:
 
 
 @dataclass(frozen=True)
-class Reaction:
-    """A strategy's answer to a start or a membership change.
+class Decision:
+    """A strategy's answer; ``kind`` says how the runtime executes it and the simulator costs it."""
 
-    The simulator applies it at the change's time: the in-flight iteration is lost; if
-    ``checkpoint_first`` the completed work is checkpointed (``checkpoint_s`` of the downtime);
-    if ``rollback`` everything since the last completed checkpoint is lost; then no node makes
-    progress for ``downtime_s``, after which ``layout`` runs (None: stopped until the next change).
-    """
-
-    action: str
-    layout: Layout | None
-    downtime_s: float = 0.0
-    rollback: bool = False
-    checkpoint_first: bool = False
-    checkpoint_s: float = 0.0  # part of downtime_s spent writing that checkpoint
-    bytes_moved: int = 0
-    breakdown: tuple[tuple[str, float], ...] = ()  # named parts of downtime_s
+    kind: Kind
+    layout: Layout | None = None
+    transfers: tuple[LayerTransfer, ...] = ()
+    rollback_to_step: int | None = None  # RESTART: the step to resume at (a checkpoint's, or 0)
+    checkpoint_first: bool = False  # RESTART: write a checkpoint of the current step first
     reason: str = ""
+    out_of_memory: bool = False  # STOP because no layout fits in device memory
 
     def __post_init__(self) -> None:
-        if self.action not in ACTIONS:
-            raise ValueError(f"Reaction.action={self.action!r} is not one of {ACTIONS}")
-        if self.downtime_s < 0 or self.checkpoint_s > self.downtime_s + 1e-9:
-            raise ValueError(f"Reaction downtime_s={self.downtime_s}, checkpoint_s={self.checkpoint_s} are inconsistent")
+        kind = Kind(self.kind)
+        object.__setattr__(self, "kind", kind)
+        runs = kind not in (Kind.STOP, Kind.CONTINUE)
+        if runs and self.layout is None:
+            raise ValueError(f"a {kind.value} decision needs a layout")
+        if kind is Kind.STOP and self.layout is not None:
+            raise ValueError("a stop decision has no layout")
+        if kind is Kind.RESTART and self.rollback_to_step is None and not self.checkpoint_first:
+            raise ValueError("a restart decision needs rollback_to_step (or checkpoint_first)")
+        if self.transfers and kind not in (Kind.RECONFIGURE, Kind.FAILOVER):
+            raise ValueError(f"a {kind.value} decision copies no layer state between live workers")
+
+    @property
+    def bytes_moved(self) -> int:
+        """Parameter bytes the transfers move (optimizer state moves with them)."""
+        return sum(t.nbytes for t in self.transfers)
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What a strategy sees when membership changes."""
+
+    layout: Layout  # what runs now (the last layout that was established)
+    alive: tuple[int, ...]  # every alive node after the change (working or standing by)
+    removed: tuple[int, ...]  # nodes lost since ``layout`` was decided
+    joined: tuple[int, ...]  # nodes that arrived since then
+    step: int  # the step in flight: the number of steps committed so far
+    checkpoint_step: int | None = None  # steps held by the latest complete checkpoint
+
+
+@dataclass
+class StrategyConfig:
+    """Every strategy's settings; a strategy's own ``Config`` subclasses this."""
+
+    _target_: str = MISSING  # the strategy class, e.g. oobleck.policy.Oobleck
+    name: str = MISSING
+    # Steps between checkpoints when ``checkpoint.every_steps`` is not set (0: none).
+    checkpoint_every_steps: int = 0
+    # What the simulator charges for each kind of decision (oobleck.sim.costs).
+    costs: CostConstants = field(default_factory=CostConstants)
 
 
 @dataclass
 class StrategyContext:
-    """Everything a strategy may consult: the model profile, the cluster, the job and constants.
+    """Everything a strategy may consult: the model profile, the cluster and the job.
 
     Template sets are generated once per fault tolerance and cached here, so a simulation calls
-    the planner's template generation once and only instantiation/reconfiguration per change.
+    the planner's template generation once and only instantiation/reconfiguration per change;
+    strategies sharing a context share its templates.
     """
 
     profile: ModelProfile
@@ -88,12 +151,36 @@ class StrategyContext:
     fault_tolerance: int
     reference_microbatches_per_stage: int = 4
     max_gpus_per_stage: int | None = None
-    params: dict[str, Any] = field(default_factory=dict)  # this strategy's constants (conf/strategy/*.yaml)
+    transfer_sources: int = 4  # a layer copy is split across up to this many live holders
     _templates: dict[int, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_config(cls, cfg: Any, profile: ModelProfile, cluster: ClusterSpec | None = None) -> StrategyContext:
+        """The context of a run's config (``cluster`` overrides ``ClusterSpec.from_config(cfg.cluster)``)."""
+        return cls(
+            profile=profile,
+            cluster=cluster if cluster is not None else ClusterSpec.from_config(cfg.cluster),
+            global_batch_size=int(cfg.job.global_batch_size),
+            microbatch_size=int(cfg.job.microbatch_size),
+            fault_tolerance=int(cfg.job.fault_tolerance),
+            reference_microbatches_per_stage=int(cfg.planner.reference_microbatches_per_stage),
+            max_gpus_per_stage=cfg.planner.max_gpus_per_stage,
+            transfer_sources=int(cfg.planner.transfer_sources),
+        )
 
     @property
     def num_microbatches(self) -> int:
         return self.global_batch_size // self.microbatch_size
+
+    @property
+    def layer_param_bytes(self) -> list[int]:
+        return [layer.param_bytes for layer in self.profile.layers]
+
+    def generated_templates(self):
+        """The TemplateSet generated so far for the job's f (else for any f), or None."""
+        if self.fault_tolerance in self._templates:
+            return self._templates[self.fault_tolerance]
+        return next(iter(self._templates.values()), None)
 
     def templates(self, fault_tolerance: int | None = None):
         """The planner's TemplateSet for ``fault_tolerance`` (default: the job's f), cached."""
@@ -110,73 +197,112 @@ class StrategyContext:
             )
         return self._templates[f]
 
-    def param(self, key: str, default: Any = None) -> Any:
-        return self.params.get(key, default)
-
-    def with_params(self, params: dict[str, Any]) -> StrategyContext:
-        """The same context (sharing the template cache) with another strategy's constants."""
-        clone = StrategyContext(
-            profile=self.profile,
-            cluster=self.cluster,
-            global_batch_size=self.global_batch_size,
-            microbatch_size=self.microbatch_size,
-            fault_tolerance=self.fault_tolerance,
-            reference_microbatches_per_stage=self.reference_microbatches_per_stage,
-            max_gpus_per_stage=self.max_gpus_per_stage,
-            params=dict(params),
-        )
-        clone._templates = self._templates
-        return clone
-
 
 class Strategy(ABC):
-    """A resilience policy. Subclasses set ``name`` and implement ``start`` and ``react``."""
+    """A resilience policy: ``start`` and ``on_change`` return decisions, nothing else.
 
-    name: str = "strategy"
+    Subclasses set ``Config`` (their typed settings) and implement both methods. They must be
+    deterministic: the same state gives the same decision.
+    """
 
-    def __init__(self, context: StrategyContext) -> None:
+    Config: ClassVar[type[StrategyConfig]] = StrategyConfig
+    # Real runs of this strategy need periodic checkpoints (refused before launch without them).
+    requires_checkpoints: ClassVar[bool] = False
+    # Its plans promise to survive job.fault_tolerance failures in place (the runtime reports
+    # when a plan tolerates fewer).
+    tolerates_in_place: ClassVar[bool] = False
+    # The worker program the node agents start (``python -m <module>``).
+    worker_module: ClassVar[str] = "oobleck.runtime.worker"
+
+    def __init__(self, config: StrategyConfig, context: StrategyContext) -> None:
+        self.config = config
         self.context = context
 
     @property
-    def checkpoint_interval(self) -> int:
-        """Iterations between periodic checkpoints; 0 = none."""
-        return 0
+    def name(self) -> str:
+        return self.config.name
 
-    def checkpoint_s(self, layout: Layout) -> float:
-        """Seconds one periodic checkpoint stops training for, on this layout."""
-        return 0.0
-
-    @abstractmethod
-    def start(self, nodes: Sequence[int], *, restart: bool = False) -> Reaction:
-        """Layout for a fresh start on ``nodes`` (``restart``: after a stop, so restart costs apply)."""
+    @property
+    def checkpoint_every_steps(self) -> int:
+        """The strategy's default checkpoint interval (``checkpoint.every_steps`` overrides it)."""
+        return int(self.config.checkpoint_every_steps)
 
     @abstractmethod
-    def react(
-        self, layout: Layout, alive: Sequence[int], removed: Sequence[int], joined: Sequence[int]
-    ) -> Reaction:
-        """Answer to ``removed`` nodes failing and ``joined`` nodes arriving; ``alive`` is the new node set."""
+    def start(self, nodes: Sequence[int]) -> Decision:
+        """The layout for a fresh start on ``nodes`` (``START``), or ``STOP`` with the reason."""
+
+    @abstractmethod
+    def on_change(self, state: RunState) -> Decision:
+        """The decision on ``state.removed`` nodes failing and ``state.joined`` nodes arriving."""
+
+    def restart(self, state: RunState, reason: str) -> Decision:
+        """Stop everything and start afresh on the alive nodes from the latest checkpoint (or from
+        the initial state when there is none): the shared fall-back of every strategy."""
+        fresh = self.start(state.alive)
+        if fresh.kind is Kind.STOP:
+            return Decision(Kind.STOP, reason=f"{reason}; restarting failed: {fresh.reason}", out_of_memory=fresh.out_of_memory)
+        rollback = state.checkpoint_step if state.checkpoint_step is not None else 0
+        return Decision(Kind.RESTART, fresh.layout, rollback_to_step=rollback, reason=reason)
 
 
-STRATEGIES = ("oobleck", "varuna", "bamboo")
+def _as_dict(section: Mapping[str, Any] | DictConfig) -> dict[str, Any]:
+    if isinstance(section, DictConfig):
+        return OmegaConf.to_container(section, resolve=True)  # type: ignore[return-value]
+    return dict(section)
 
 
-@functools.lru_cache(maxsize=None)
-def _strategy_class(name: str) -> type[Strategy]:
-    if name == "oobleck":
-        from oobleck.sim.policies import OobleckStrategy
+def strategy_class(section: Mapping[str, Any] | DictConfig) -> type[Strategy]:
+    """The class a strategy section's ``_target_`` names (one clear error if it names none)."""
+    from hydra.utils import get_class
 
-        return OobleckStrategy
-    if name == "varuna":
-        from baselines.varuna.policy import VarunaStrategy
+    name = section.get("name", "?")
+    target = section.get("_target_")
+    if not target:
+        raise ConfigError(
+            f"strategy={name} has no _target_; conf/strategy/<name>.yaml must name the strategy class, "
+            "e.g. _target_: oobleck.policy.Oobleck"
+        )
+    try:
+        cls = get_class(str(target))
+    except Exception as error:  # ImportError, AttributeError or Hydra's wrapper of them
+        raise ConfigError(f"strategy._target_={target} cannot be imported ({str(error).splitlines()[0]}); check the class path") from None
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise ConfigError(f"strategy._target_={target} is not an oobleck.strategy.Strategy subclass")
+    return cls
 
-        return VarunaStrategy
-    if name == "bamboo":
-        from baselines.bamboo.policy import BambooStrategy
 
-        return BambooStrategy
-    raise ConfigError(f"strategy {name!r} is not one of {', '.join(STRATEGIES)}; set strategy=<one of them>")
+def strategy_config(section: Mapping[str, Any] | DictConfig, overrides: Mapping[str, Any] | None = None) -> StrategyConfig:
+    """The typed settings of a strategy section (``cfg.strategy``), with ``overrides`` merged in.
+
+    Unknown keys and wrong types are ``ConfigError`` naming the strategy, the key and the value.
+    """
+    from omegaconf.errors import OmegaConfBaseException
+
+    data = _as_dict(section)
+    cls = strategy_class(data)
+    name = data.get("name", "?")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(cls.Config), data, dict(overrides or {}))
+        config = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", "") or ""
+        message = str(error).splitlines()[0]
+        raise ConfigError(f"strategy={name}: {key + ': ' if key else ''}{message}; see conf/strategy/{name}.yaml for the keys") from None
+    assert isinstance(config, StrategyConfig)
+    return config
 
 
-def make_strategy(name: str, context: StrategyContext) -> Strategy:
-    """Build a strategy by name (oobleck | varuna | bamboo) on ``context``."""
-    return _strategy_class(name)(context)
+def build_strategy(section: Mapping[str, Any] | DictConfig, context: StrategyContext, overrides: Mapping[str, Any] | None = None) -> Strategy:
+    """The strategy a config section (``cfg.strategy``) names, on ``context``."""
+    config = strategy_config(section, overrides)
+    return strategy_class(_as_dict(section))(config, context)
+
+
+def checkpoint_every_steps(cfg: Any, config: StrategyConfig | None = None) -> int:
+    """Steps between checkpoints of a run: ``checkpoint.every_steps`` when set, else the strategy's
+    default (the one place the interval is decided)."""
+    explicit = cfg.checkpoint.every_steps if "checkpoint" in cfg else None
+    if explicit is not None:
+        return int(explicit)
+    config = config if config is not None else strategy_config(cfg.strategy)
+    return int(config.checkpoint_every_steps)

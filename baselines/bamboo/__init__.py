@@ -1,5 +1,5 @@
 """Bamboo-style strategy (redundant successor stage, failover, restart on adjacent failures): see ``policy``."""
 
-from baselines.bamboo.policy import BambooState, BambooStrategy
+from baselines.bamboo.policy import Bamboo, BambooConfig, BambooState
 
-__all__ = ["BambooState", "BambooStrategy"]
+__all__ = ["Bamboo", "BambooConfig", "BambooState"]

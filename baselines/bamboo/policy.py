@@ -1,125 +1,200 @@
-"""Bamboo-style resilience (Thorpe et al., NSDI'23) as a strategy: redundant computation + failover.
+"""Bamboo-style resilience (Thorpe et al., NSDI'23): redundant computation, failover, restart.
 
-Model (every time from the planner's cost model on the P-node template, f=0 template set):
-
-- Fixed depth: P is chosen once (the fastest depth of at least ``min_pipeline_depth`` whose
-  redundant copy fits, or ``pipeline_depth``) and never changes; D = floor(nodes / P) identical pipelines share the batch
-  evenly; leftover nodes are standbys (idle).
+- Fixed depth: P is chosen once (``pipeline_depth``, or the fastest depth of at least
+  ``min_pipeline_depth`` whose doubled state fits) and never changes; D = floor(nodes / P)
+  pipelines share the batch evenly; leftover nodes stand by.
+- Partition: the layers are split into P contiguous stages balancing parameter bytes (what
+  DeepSpeed's pipeline engine, which Bamboo builds on, does by default), one stage per node on
+  all of its devices — not Oobleck's throughput-optimal templates.
 - Redundancy: the node of stage i also holds stage (i+1) mod P (its successor; the ring closes so
-  every stage has a copy), i.e. the successor's parameters and optimizer state on top of its own
-  (``OOM`` when a device cannot hold both), and runs the successor's forward pass in the pipeline
-  bubbles: stage i's time grows by ``max(0, m F_{i+1} - (P-1) w_i) / m`` per microbatch (the part
-  of the redundant forward work the 1F1B bubble of ``(P-1) w_i`` cannot absorb). That extra time
-  is reported as redundant work.
-- Failure of a working node whose neighbours are alive: failover (``failover_s``): its
-  predecessor runs both stages from then on (the pipeline loses one stage; its merged stage time
-  is the sum), slowing every pipeline's iteration; or, with ``failover_slowdown`` set, the
-  iteration time is multiplied by that constant while any pipeline is failed over.
-- Two adjacent failed stages in one pipeline (a stage and its only copy lost): global restart from
-  the last checkpoint (``restart_s``) with D = floor(nodes / P).
-- Rebalancing: standbys replace failed-over stages first; when P standbys are available they
-  form a new pipeline; when a failure leaves no standby, the most degraded pipeline is dissolved
-  to repair the others if that is faster under the cost model. These moves cost
-  ``reconfigure_fixed_s`` plus the state copied to the new holders.
+  every stage has a copy; Bamboo's ``get_redundant_stage_ids``), with its optimizer state, kept
+  identical through the gradient reduction (``ExecutionPlan.shadows``), and runs the successor's
+  forward pass every step, redundantly. A stage and its copy together must fit in device memory
+  (state and in-flight activations of both), else the layout is refused (out of memory). The
+  cost model charges the redundant forward work the 1F1B bubble of ``(P-1) w_i`` cannot absorb:
+  ``w_i + max(0, m F_{i+1} - (P-1) w_i) / m``.
+- A lost node whose ring neighbours live: failover. Its predecessor already holds its layers and
+  runs both stages from the next step with no state copy (a lost first stage goes to the second
+  stage's node instead, copying stage 0 from live holders: our runtime runs one contiguous layer
+  range per device, and the ring predecessor of stage 0 is the last stage). Redundancy for the
+  merged stage is re-established by copies from live holders.
+- Two ring-adjacent stages of one pipeline lost (a stage and its only copy): global restart from
+  the last checkpoint with D = floor(nodes / P).
+- Rebalancing: standbys replace failed-over stages first; P standbys form a new pipeline; when a
+  failure leaves no standby, the most degraded pipeline is dissolved to repair the others if that
+  is faster under the cost model. These moves are reconfigurations with state copies.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Optional
 
 from oobleck.errors import PlanningError
-from oobleck.planning.plan import PipelineTemplate
-from oobleck.sim.costs import (
-    homogeneous_iteration_s,
-    layer_params,
-    transfer_s,
-)
-from oobleck.sim.params import BambooParams
-from oobleck.sim.policies import SimulatedStrategy
-from oobleck.strategy import Layout, Reaction, StrategyContext
+from oobleck.planning.cost import ProfileArrays
+from oobleck.planning.layouts import even_split, explicit_plan
+from oobleck.planning.plan import ExecutionPlan, PipelineTemplate, ShadowCopy, StageSpec
+from oobleck.planning.reconfigure import plan_transfers
+from oobleck.planning.templates import make_template
+from oobleck.strategy import Decision, Kind, Layout, RunState, Strategy, StrategyConfig
 
-FAILED = -1  # a stage slot whose node failed; its predecessor runs it
+FAILED = -1  # a stage slot whose node failed; a neighbour runs it
+
+
+@dataclass
+class BambooConfig(StrategyConfig):
+    _target_: str = "baselines.bamboo.policy.Bamboo"
+    name: str = "bamboo"
+    # Assumption: Bamboo falls back to checkpoints only for adjacent failures, so it checkpoints
+    # rarely (neither paper states an interval).
+    checkpoint_every_steps: int = 100
+    pipeline_depth: Optional[int] = None  # None: the fastest depth whose doubled state fits
+    # Redundancy needs each stage's successor on another node: depth 1 would be plain data parallelism.
+    min_pipeline_depth: int = 2
+    # None: a failed-over pipeline is timed by the cost model (its merged stage runs both stages);
+    # a number multiplies the iteration time instead while any pipeline is failed over (the
+    # Oobleck artifact's Bamboo simulator used 1.5).
+    failover_slowdown: Optional[float] = None
 
 
 @dataclass(frozen=True)
 class BambooState:
     depth: int
+    partition: tuple[tuple[int, int], ...]  # layer range [start, end) of each stage slot
     pipelines: tuple[tuple[int, ...], ...]  # node per stage slot, FAILED when failed over
     spares: tuple[int, ...]
 
 
-class BambooStrategy(SimulatedStrategy):
-    name = "bamboo"
+def balanced_partition(param_bytes: Sequence[int], parts: int) -> tuple[tuple[int, int], ...]:
+    """Contiguous ``[start, end)`` ranges of ``parts`` non-empty stages minimising the largest
+    stage's parameter bytes (exact DP; ties go to the earliest split)."""
+    n = len(param_bytes)
+    if not 1 <= parts <= n:
+        raise PlanningError(f"cannot split {n} layers into {parts} stages")
+    prefix = [0]
+    for b in param_bytes:
+        prefix.append(prefix[-1] + b)
+    inf = float("inf")
+    # best[k][j]: smallest max over the first j layers cut into k stages; cut[k][j]: where the last starts.
+    best = [[inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for k in range(1, parts + 1):
+        for j in range(k, n - (parts - k) + 1):
+            for i in range(k - 1, j):
+                value = max(best[k - 1][i], prefix[j] - prefix[i])
+                if value < best[k][j]:
+                    best[k][j], cut[k][j] = value, i
+    ranges, j = [], n
+    for k in range(parts, 0, -1):
+        i = cut[k][j]
+        ranges.append((i, j))
+        j = i
+    return tuple(reversed(ranges))
 
-    params: BambooParams
 
-    def __init__(self, context: StrategyContext) -> None:
-        super().__init__(context)
+class Bamboo(Strategy):
+    Config = BambooConfig
+    config: BambooConfig
+
+    def __init__(self, config: BambooConfig, context) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(config, context)
         self.depth: int | None = None  # fixed at the first start
+        self._arrays = ProfileArrays(context.profile)
 
-    def _template(self, depth: int) -> PipelineTemplate:
-        return self.context.templates(0).templates[depth]
+    # ----- cost model -------------------------------------------------------------------------
+    def _template(self, ranges: Sequence[tuple[int, int]]) -> PipelineTemplate:
+        gpus = self.context.cluster.gpus_per_node
+        stages = [StageSpec(a, b, node=i, gpu_offset=0, gpus=gpus) for i, (a, b) in enumerate(ranges)]
+        return make_template(self.context.profile, self.context.cluster, stages, self.context.reference_microbatches_per_stage)
 
-    def _stage_forward_s(self, template: PipelineTemplate, stage: int, on_gpus: int) -> float:
-        spec = template.stages[stage]
-        return sum(layer.forward_s for layer in self.context.profile.layers[spec.start : spec.end]) / on_gpus
+    def fits(self, partition: Sequence[tuple[int, int]]) -> bool:
+        """Every stage's device holds its stage and its successor's copy (state and activations)."""
+        memory = self._template(partition).stage_memory_bytes
+        size = len(memory)
+        limit = self.context.cluster.device_memory_bytes
+        return size > 1 and all(memory[i] + memory[(i + 1) % size] <= limit for i in range(size))
 
-    def fits(self, template: PipelineTemplate) -> bool:
-        """Each device holds its stage plus the successor stage's parameters and optimizer state."""
-        profile, size = self.context.profile, template.num_stages
-        for i, spec in enumerate(template.stages):
-            successor = template.stages[(i + 1) % size]
-            extra = layer_params(profile, successor.start, successor.end) * self.params.state_bytes_per_param
-            if size > 1 and template.stage_memory_bytes[i] + extra > self.context.cluster.device_memory_bytes:
-                return False
-        return True
+    def _forward_s(self, start: int, end: int) -> float:
+        return sum(layer.forward_s for layer in self.context.profile.layers[start:end]) / self.context.cluster.gpus_per_node
 
-    def _redundant_stage_seconds(self, template: PipelineTemplate, microbatches: int) -> list[float]:
-        size, base = template.num_stages, list(template.stage_seconds)
-        if size == 1:
-            return base  # a single stage has no successor to shadow
+    def _effective(self, state: BambooState, slots: Sequence[int]) -> list[tuple[int, int, int]]:
+        """(node, start, end) of the stages a pipeline runs: a failed slot merges into its
+        predecessor (slot 0 into slot 1)."""
+        owner = list(range(state.depth))
+        for s, node in enumerate(slots):
+            if node == FAILED:
+                owner[s] = s - 1 if s > 0 else 1
+        stages: dict[int, list[int]] = {}
+        for s in range(state.depth):
+            stages.setdefault(owner[s], []).append(s)
         result = []
-        for i, w in enumerate(base):
-            extra_total = microbatches * self._stage_forward_s(template, (i + 1) % size, template.stages[i].gpus)
-            bubble = (size - 1) * w
-            result.append(w + max(0.0, extra_total - bubble) / microbatches)
+        for keeper in sorted(stages):
+            members = stages[keeper]
+            start = state.partition[min(members)][0]
+            end = state.partition[max(members)][1]
+            result.append((slots[keeper], start, end))
         return result
 
-    def iteration_s(self, state: BambooState, redundancy: bool = True) -> float:
-        """The planner's plan time of the D pipelines, each with its redundant and failed-over stages."""
-        template = self._template(state.depth)
-        pipelines = len(state.pipelines)
-        m = math.ceil(self.context.num_microbatches / pipelines)
-        base = list(template.stage_seconds)
-        own = self._redundant_stage_seconds(template, m) if redundancy else base
-        timed = []
-        for slots in state.pipelines:
-            stages = list(own)
-            failed = [s for s, node in enumerate(slots) if node == FAILED]
-            if failed and self.params.failover_slowdown is not None:
-                stages = [w * self.params.failover_slowdown for w in stages]
-            elif failed:
-                for s in failed:  # the predecessor runs the failed stage too (no redundancy for it)
-                    stages[(s - 1) % state.depth] += base[s]
-                stages = [w for s, w in enumerate(stages) if s not in failed]
-            timed.append(replace(template, stage_seconds=tuple(stages)))
-        return homogeneous_iteration_s(self.context.templates(0), timed, self.context.num_microbatches)
+    def _pipeline(self, state: BambooState, slots: Sequence[int], microbatches: int, redundancy: bool) -> PipelineTemplate:
+        stages = self._effective(state, slots)
+        template = self._template([(a, b) for _, a, b in stages])
+        size = len(stages)
+        if not redundancy or size == 1 or microbatches == 0:
+            return template
+        seconds = []
+        for j, w in enumerate(template.stage_seconds):
+            _, a, b = stages[(j + 1) % size]
+            extra = microbatches * self._forward_s(a, b)
+            seconds.append(w + max(0.0, extra - (size - 1) * w) / microbatches)
+        return replace(template, stage_seconds=tuple(seconds))
+
+    def _plan(self, state: BambooState, redundancy: bool = True) -> ExecutionPlan:
+        ctx = self.context
+        split = even_split(ctx.num_microbatches, len(state.pipelines))
+        templates, groups, shadows = [], [], []
+        for p, (slots, m) in enumerate(zip(state.pipelines, split)):
+            stages = self._effective(state, slots)
+            templates.append(self._pipeline(state, slots, m, redundancy))
+            groups.append(tuple(node for node, _, _ in stages))
+            if redundancy and len(stages) > 1:
+                for j in range(len(stages)):
+                    _, a, b = stages[(j + 1) % len(stages)]
+                    shadows.append(ShadowCopy(pipeline=p, stage=j, layers=tuple(range(a, b))))
+        return explicit_plan(
+            templates, groups, split,
+            global_batch_size=ctx.global_batch_size, microbatch_size=ctx.microbatch_size, fault_tolerance=0,
+            gpus_per_node=ctx.cluster.gpus_per_node, layer_param_bytes=ctx.layer_param_bytes,
+            intra_node_bandwidth=ctx.cluster.intra_node_bandwidth, inter_node_bandwidth=ctx.cluster.inter_node_bandwidth,
+            shadows=shadows,
+        )  # fmt: skip
 
     def _layout(self, state: BambooState) -> Layout:
-        seconds = self.iteration_s(state)
-        plain = self.iteration_s(state, redundancy=False)
+        plan = self._plan(state)
+        plain = self._plan(state, redundancy=False).predicted_iteration_s
+        seconds = plan.predicted_iteration_s
         failed = sum(slot == FAILED for slots in state.pipelines for slot in slots)
-        nodes = tuple(sorted(n for slots in state.pipelines for n in slots if n != FAILED))
+        if failed and self.config.failover_slowdown is not None:
+            # The flat-slowdown model: the intact layout's time, times the constant.
+            seconds = self._plan(self._intact(state)).predicted_iteration_s * float(self.config.failover_slowdown)
         return Layout(
-            nodes=nodes,
+            plan=plan,
             iteration_s=seconds,
-            samples_per_iteration=self.context.global_batch_size,
             description=f"D={len(state.pipelines)} x P={state.depth}, {failed} failed over, {len(state.spares)} standby",
             redundant_fraction=max(0.0, 1.0 - plain / seconds),
+            standby=tuple(state.spares),
             state=state,
         )
+
+    @staticmethod
+    def _intact(state: BambooState) -> BambooState:
+        """The state as if no stage had failed over (placeholder node ids; for timing only)."""
+        pipelines = tuple(tuple(n if n != FAILED else -2 - s for s, n in enumerate(slots)) for slots in state.pipelines)
+        return replace(state, pipelines=pipelines)
+
+    def iteration_s(self, state: BambooState, redundancy: bool = True) -> float:
+        return self._plan(state, redundancy).predicted_iteration_s
 
     # ----- layouts -------------------------------------------------------------------------------
     def _fresh_state(self, depth: int, nodes: Sequence[int]) -> BambooState | None:
@@ -128,20 +203,34 @@ class BambooStrategy(SimulatedStrategy):
         if count < 1:
             return None
         pipelines = tuple(tuple(ordered[i * depth : (i + 1) * depth]) for i in range(count))
-        return BambooState(depth, pipelines, tuple(ordered[count * depth :]))
+        partition = balanced_partition(self.context.layer_param_bytes, depth)
+        return BambooState(depth, partition, pipelines, tuple(ordered[count * depth :]))
+
+    def _memory_message(self, depth: int) -> str:
+        partition = balanced_partition(self.context.layer_param_bytes, depth)
+        memory = self._template(partition).stage_memory_bytes
+        need = max(memory[i] + memory[(i + 1) % depth] for i in range(depth))
+        return (
+            f"out of memory: with pipeline depth {depth} a stage and its successor's copy need "
+            f"{need / 1e9:.2f} GB on one device but it has {self.context.cluster.device_memory_bytes / 1e9:.2f} GB"
+        )
 
     def choose_depth(self, nodes: Sequence[int]) -> tuple[int | None, str]:
-        templates = self.context.templates(0).templates
-        if self.params.pipeline_depth is not None:
-            depth = int(self.params.pipeline_depth)
-            if depth not in templates:
-                return None, f"pipeline_depth={depth} has no template (feasible depths {min(templates)}..{max(templates)})"
-            if not self.fits(templates[depth]):
-                return None, f"OOM: stages of the {depth}-node template cannot also hold their successor's state"
+        layers = len(self.context.profile.layers)
+        low = max(2, int(self.config.min_pipeline_depth))
+        if self.config.pipeline_depth is not None:
+            depth = int(self.config.pipeline_depth)
+            if not low <= depth <= min(layers, len(nodes)):
+                return None, (
+                    f"strategy.pipeline_depth={depth} needs {low} <= depth <= min(layers={layers}, nodes={len(nodes)}); "
+                    "Bamboo's redundancy needs every stage's successor on another node"
+                )
+            if not self.fits(balanced_partition(self.context.layer_param_bytes, depth)):
+                return None, self._memory_message(depth)
             return depth, ""
         best: tuple[float, int] | None = None
-        for depth, template in sorted(templates.items()):
-            if depth < self.params.min_pipeline_depth or not self.fits(template):
+        for depth in range(low, min(layers, len(nodes)) + 1):
+            if not self.fits(balanced_partition(self.context.layer_param_bytes, depth)):
                 continue
             state = self._fresh_state(depth, nodes)
             if state is None:
@@ -150,98 +239,73 @@ class BambooStrategy(SimulatedStrategy):
             if best is None or key < best:
                 best = key
         if best is None:
-            return None, (
-                f"OOM: no pipeline depth up to {len(nodes)} nodes lets every stage also hold its successor's "
-                f"state in {self.context.cluster.device_memory_bytes / 1e9:.0f} GB"
-            )
+            deepest = min(layers, len(nodes))
+            why = self._memory_message(deepest) if deepest >= low else f"{len(nodes)} nodes cannot form a pipeline of depth >= {low}"
+            return None, f"no pipeline depth from {low} to {deepest} fits: {why}"
         return best[1], ""
 
-    def start(self, nodes: Sequence[int], *, restart: bool = False) -> Reaction:
+    def start(self, nodes: Sequence[int]) -> Decision:
         if self.depth is None:
-            try:
-                depth, why = self.choose_depth(nodes)
-            except PlanningError as error:  # the model fits on no number of nodes at all
-                depth, why = None, f"OOM: {error}"
-
+            depth, why = self.choose_depth(nodes)
             if depth is None:
-                return Reaction("oom" if why.startswith("OOM") else "stop", None, reason=why)
+                return Decision(Kind.STOP, reason=why, out_of_memory="out of memory" in why)
             self.depth = depth
         state = self._fresh_state(self.depth, nodes)
         if state is None:
-            return Reaction("stop", None, reason=f"{len(nodes)} nodes cannot form one pipeline of the fixed depth {self.depth}")
-        if not restart:
-            return Reaction("start", self._layout(state))
-        downtime = self.restart_s()
-        return Reaction("restart", self._layout(state), downtime_s=downtime, rollback=True, breakdown=(("restart", downtime),))
+            return Decision(Kind.STOP, reason=f"{len(nodes)} nodes cannot form one pipeline of the fixed depth {self.depth}")
+        return Decision(Kind.START, self._layout(state))
 
-    def _stage_state_bytes(self, template: PipelineTemplate, stage: int) -> float:
-        spec = template.stages[stage]
-        return layer_params(self.context.profile, spec.start, spec.end) * self.params.moved_bytes_per_param
-
-    def react(self, layout: Layout, alive: Sequence[int], removed: Sequence[int], joined: Sequence[int]) -> Reaction:
-        state: BambooState = layout.state
+    def on_change(self, run: RunState) -> Decision:
+        state: BambooState = run.layout.state
         depth = state.depth
-        template = self._template(depth)
         pipelines = [list(slots) for slots in state.pipelines]
-        spares = [n for n in state.spares if n not in set(removed)]
+        alive = set(run.alive)
+        spares = [n for n in state.spares if n in alive]
         failovers = 0
-        for node in sorted(removed):
+        for node in sorted(run.removed):
             where = next(((p, s) for p, slots in enumerate(pipelines) for s, n in enumerate(slots) if n == node), None)
             if where is None:
                 continue  # a standby left
             p, s = where
-            if depth == 1 or FAILED in (pipelines[p][(s - 1) % depth], pipelines[p][(s + 1) % depth]):
-                return self.global_restart(alive, f"adjacent stages of pipeline {p} lost: global restart")
+            if FAILED in (pipelines[p][(s - 1) % depth], pipelines[p][(s + 1) % depth]):
+                return self.restart(run, f"ring-adjacent stages of pipeline {p} lost (a stage and its only copy): global restart")
             pipelines[p][s] = FAILED
             failovers += 1
-        spares.extend(sorted(joined))
-        moves: list[tuple[int, int, float]] = []  # (source node, target node, bytes)
-        dissolved = False
+        spares.extend(sorted(n for n in run.joined if n in alive and n not in spares))
+        moved = False
 
-        def repair(candidates: list[list[int]], pool: list[int]) -> None:
+        def repair(candidates: list[list[int]], pool: list[int]) -> bool:
+            done = False
             for slots in candidates:
                 for s, node in enumerate(slots):
                     if node == FAILED and pool:
                         slots[s] = pool.pop(0)
-                        source = slots[(s - 1) % depth]  # the predecessor holds the copy
-                        moves.append((source, slots[s], self._stage_state_bytes(template, s)))
+                        done = True
+            return done
 
-        repair(pipelines, spares)
+        moved |= repair(pipelines, spares)
         while len(spares) >= depth and len(pipelines) < self.context.num_microbatches:
-            new, spares = spares[:depth], spares[depth:]
-            donor = next(slots for slots in pipelines if FAILED not in slots) if pipelines else None
-            for s, node in enumerate(new):
-                source = donor[s] if donor else node
-                moves.append((source, node, self._stage_state_bytes(template, s)))
-            pipelines.append(new)
+            pipelines.append(spares[:depth])
+            spares = spares[depth:]
+            moved = True
         if not spares and len(pipelines) > 1 and any(FAILED in slots for slots in pipelines):
             # Rebalance: dissolve the most degraded pipeline into the others if that is faster.
             worst = max(range(len(pipelines)), key=lambda i: (pipelines[i].count(FAILED), i))
             rest = [list(slots) for i, slots in enumerate(pipelines) if i != worst]
             pool = [n for n in pipelines[worst] if n != FAILED]
-            trial_moves_before = len(moves)
             repair(rest, pool)
-            current = BambooState(depth, tuple(map(tuple, pipelines)), ())
-            candidate = BambooState(depth, tuple(map(tuple, rest)), tuple(pool))
+            current = replace(state, pipelines=tuple(map(tuple, pipelines)), spares=())
+            candidate = replace(state, pipelines=tuple(map(tuple, rest)), spares=tuple(pool))
             if self.iteration_s(candidate) < self.iteration_s(current):
-                pipelines, spares = rest, pool
-                dissolved = True
-            else:
-                del moves[trial_moves_before:]
-        new_state = BambooState(depth, tuple(map(tuple, pipelines)), tuple(spares))
-        new_layout = self._layout(new_state)
-        if moves or dissolved or len(pipelines) != len(state.pipelines):
-            copy = transfer_s(moves, self.context.cluster.inter_node_bandwidth)
-            fixed = self.params.reconfigure_fixed_s
-            return Reaction(
-                "reconfiguration",
-                new_layout,
-                downtime_s=fixed + copy,
-                bytes_moved=int(sum(m[2] for m in moves)),
-                breakdown=(("fixed", fixed), ("state_copy", copy)),
-                reason=f"{failovers} failed over, {len(moves)} stage copies"
-                + (", dissolved the most degraded pipeline" if dissolved else ""),
-            )
-        if failovers:
-            return Reaction("failover", new_layout, downtime_s=self.params.failover_s, breakdown=(("failover", self.params.failover_s),))
-        return Reaction("none", new_layout)
+                pipelines, spares, moved = rest, pool, True
+        new_state = replace(state, pipelines=tuple(map(tuple, pipelines)), spares=tuple(spares))
+        layout = self._layout(new_state)
+        if not moved and not failovers:
+            return Decision(Kind.CONTINUE, layout)
+        transfers = plan_transfers(
+            run.layout.plan, layout.plan, run.removed, self.context.layer_param_bytes, max_sources=self.context.transfer_sources
+        )
+        if moved:
+            return Decision(Kind.RECONFIGURE, layout, transfers=transfers, reason=f"{failovers} failed over; standbys or a pipeline rebalanced")
+        return Decision(Kind.FAILOVER, layout, transfers=transfers, reason=f"{failovers} stage(s) taken over by their predecessor")
+

@@ -1,5 +1,5 @@
-"""Varuna-style strategy (checkpoint every k iterations, restart and morph on change): see ``policy``."""
+"""Varuna-style strategy (checkpoint every k steps, restart and morph on change): see ``policy``."""
 
-from baselines.varuna.policy import VarunaStrategy, best_homogeneous
+from baselines.varuna.policy import Varuna, VarunaConfig
 
-__all__ = ["VarunaStrategy", "best_homogeneous"]
+__all__ = ["Varuna", "VarunaConfig"]

@@ -2,9 +2,11 @@
 
 ``python -m oobleck.elastic.agent --controller HOST:PORT --node-id K`` (what ``srun`` runs on each
 node; ``cluster.kind=local`` starts one per simulated node). It imports no torch: it connects to the
-controller, receives the store address and the number of workers, starts them, reports each
-worker's exit the moment it happens (one waiting thread per worker) and heartbeats. The agent is
-the leader of its own process group, so killing a node is one ``killpg``. If the controller goes
+controller with the run's secret (environment variable ``OOBLECK_AGENT_SECRET``), receives the
+store address and the number of workers, starts them, reports each worker's exit the moment it
+happens (one waiting thread per worker) and heartbeats. On ``restart`` it kills its workers (a
+real restart: the processes exit) and starts fresh ones of a new incarnation. The agent is the
+leader of its own process group, so killing a node is one ``killpg``. If the controller goes
 away, or asks it to shut down, it stops its workers and exits.
 """
 
@@ -20,7 +22,7 @@ import threading
 import time
 from typing import Optional
 
-from oobleck.elastic.protocol import Channel
+from oobleck.elastic.protocol import SECRET_ENV, Channel, ProtocolError
 
 CONNECT_TIMEOUT_S = 30.0
 STOP_GRACE_S = 3.0
@@ -43,25 +45,44 @@ class Agent:
         self.node = node
         self.workers: list[subprocess.Popen] = []
         self.stopping = threading.Event()
+        self.store = ""
+        self.gpus = 0
+        self.run_id = ""
+        self.module = ""  # the worker program (the strategy's: oobleck.runtime.worker by default)
+        self.incarnation = 0
 
-    def start_workers(self, store: str, gpus: int, run_id: str) -> None:
-        for local_rank in range(gpus):
+    def start_workers(self, incarnation: int) -> None:
+        self.incarnation = incarnation
+        self.workers = []
+        for local_rank in range(self.gpus):
             command = [
-                sys.executable, "-m", "oobleck.runtime.worker",
-                "--store", store, "--node-id", str(self.node), "--local-rank", str(local_rank), "--run-id", run_id,
-            ]
+                sys.executable, "-m", self.module,
+                "--store", self.store, "--node-id", str(self.node), "--local-rank", str(local_rank),
+                "--incarnation", str(incarnation), "--run-id", self.run_id,
+            ]  # fmt: skip
             process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
             self.workers.append(process)
-            threading.Thread(target=self._watch, args=(local_rank, process), daemon=True).start()
+            threading.Thread(target=self._watch, args=(local_rank, process, incarnation), daemon=True).start()
 
-    def _watch(self, local_rank: int, process: subprocess.Popen) -> None:
+    def _watch(self, local_rank: int, process: subprocess.Popen, incarnation: int) -> None:
         code = process.wait()
-        self.channel.send({"type": "exit", "node": self.node, "local_rank": local_rank, "code": code})
+        self.channel.send({"type": "exit", "node": self.node, "local_rank": local_rank, "code": code, "incarnation": incarnation})
 
     def heartbeat(self, interval_s: float) -> None:
         while not self.stopping.wait(interval_s):
             if not self.channel.send({"type": "hb", "node": self.node, "time": time.time()}):
                 return
+
+    def kill_workers(self) -> None:
+        """A restart: every worker of this incarnation is killed and reaped (bounded)."""
+        for process in self.workers:
+            if process.poll() is None:
+                process.kill()
+        for process in self.workers:
+            try:
+                process.wait(timeout=STOP_GRACE_S * 10)
+            except subprocess.TimeoutExpired:  # unkillable (e.g. in uninterruptible I/O): give up on it
+                pass
 
     def stop_workers(self) -> None:
         for process in self.workers:
@@ -93,20 +114,31 @@ def main(argv: Optional[list[str]] = None) -> int:
     sock.settimeout(None)
     channel = Channel(sock)
     agent = Agent(channel, args.node_id)
-    channel.send({"type": "hello", "node": args.node_id, "pid": os.getpid(), "host": socket.gethostname()})
+    secret = os.environ.get(SECRET_ENV, "")
+    channel.send({"type": "hello", "node": args.node_id, "pid": os.getpid(), "host": socket.gethostname(), "secret": secret})
     code = 0
     while True:
-        message = channel.recv()
+        try:
+            message = channel.recv()
+        except ProtocolError as error:
+            print(f"oobleck.elastic.agent: error: bad message from the controller ({error})", file=sys.stderr)
+            code = 1
+            break
         if message is None:  # the controller is gone: never leave orphaned workers behind
             code = 1
             break
         if message["type"] == "start":
-            agent.start_workers(message["store"], int(message["gpus"]), message.get("run_id", args.run_id))
+            agent.store, agent.gpus, agent.run_id = message["store"], int(message["gpus"]), message["run_id"] or args.run_id
+            agent.module = message["worker_module"]
+            agent.start_workers(int(message["incarnation"]))
             threading.Thread(target=agent.heartbeat, args=(float(message["heartbeat_s"]),), daemon=True).start()
+        elif message["type"] == "restart":
+            agent.kill_workers()
+            agent.start_workers(int(message["incarnation"]))
         elif message["type"] == "shutdown":
             break
         elif message["type"] == "kill":  # fault injection where the controller cannot killpg us
-            os.killpg(os.getpgrp(), getattr(signal, message.get("signal", "SIGKILL")))
+            os.killpg(os.getpgrp(), getattr(signal, message["signal"], signal.SIGKILL))
     agent.stopping.set()
     agent.stop_workers()
     channel.close()

@@ -1,20 +1,24 @@
-"""The controller: the run's store, membership, plans per generation, fault injection and outputs.
+"""The controller: one run's store, its loop, and the execution of the strategy's decisions.
 
-It hosts torch's TCPStore (C++) that every worker talks to, accepts agent connections on a small
-line-JSON port (agents do not import torch), and runs one loop that:
+It hosts torch's TCPStore (C++, bound to ``cluster.master_addr``) that every worker talks to and
+ties together what each part owns:
 
-- registers nodes (an agent's ``hello``, then all of its workers' registrations in the store);
-- watches liveness: a worker exit or a closed agent connection is a node failure noticed at
-  once; a node whose heartbeats stop for ``cluster.heartbeat_timeout_s`` (frozen) is killed and
-  declared failed;
-- records every committed step (its loss, time and attempts) as workers decide it;
-- on a membership change, reconfigures in place: takes the commit decision of the in-flight step
-  (``compare_set`` "abort" unless the workers already committed it), marks the generation's
-  establishment ("no" unless it was complete), aborts the generation, asks the planner for the
-  reconfiguration from the last established plan, and publishes generation g+1 with the step to
-  redo. A change during a reconfiguration simply supersedes it the same way;
-- on more than f failures, a lost layer or a worker error: stops the run within seconds, with a
-  message saying what was lost (or the worker's traceback), leaving no process behind.
+- ``Membership`` (agents, workers, failures, heartbeats) reports nodes lost and joined;
+- the ``StepLedger`` records each step the workers commit, and the generations;
+- ``FaultFiring`` carries out the scheduled faults;
+- ``CheckpointCoordinator`` completes the checkpoints the workers write;
+- the strategy (``oobleck.strategy``) decides what a membership change means, and this module
+  *executes* the decision by its kind, with no strategy-specific code:
+
+  - ``reconfigure`` / ``failover``: take the commit decision of the step in flight (abort it
+    unless the workers already committed it), abandon the generation, publish generation g+1
+    with the new plan, the layer copies and the step to redo;
+  - ``restart``: the same abort, then every alive node's agent kills its workers and starts
+    fresh ones; generation g+1 tells them to load the checkpoint of the step rolled back to
+    (or build the seeded initial state at step 0). With ``checkpoint_first`` a checkpoint of the
+    next step boundary is written first, while training goes on, so nothing is lost;
+  - ``continue``: nothing to do but note the nodes standing by; ``stop``: end the run with the
+    reason.
 
 Only the controller writes outputs (plan.json, metrics.csv, events.csv, summary.json, wandb).
 """
@@ -24,48 +28,48 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import queue
 import signal
 import socket
 import statistics
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch.distributed as dist
 
-from oobleck.errors import OobleckError, PlanningError, RunError
-from oobleck.elastic.local import LocalLauncher
-from oobleck.elastic.protocol import Channel
-from oobleck.faults.injector import Action, Injector
+from oobleck.elastic.checkpoints import CheckpointCoordinator
+from oobleck.elastic.firing import FaultFiring
+from oobleck.elastic.ledger import Outcome, StepLedger
+from oobleck.elastic.membership import Membership
+from oobleck.elastic.protocol import new_secret
+from oobleck.errors import OobleckError, RunError
+from oobleck.faults.injector import Injector
 from oobleck.faults.schedule import FaultEvent
 from oobleck.planning.plan import ExecutionPlan, ReconfigurationPlan
 from oobleck.runtime import keys
+from oobleck.strategy import Decision, Kind, Layout, RunState, Strategy, checkpoint_every_steps
 
 LOOP_TICK_S = 0.002
 STOP_GRACE_S = 5.0
 
+__all__ = ["Controller", "Outcome", "summarize", "tolerated_failures"]
 
-@dataclass
-class NodeState:
-    node: int
-    channel: Optional[Channel] = None
-    pid: Optional[int] = None
-    last_seen: float = 0.0
-    ready: bool = False  # agent said hello and every worker registered
-    member: bool = False  # part of the current plan
-    failed: bool = False
-    frozen: bool = False
-    kill_time: Optional[float] = None  # when the injector struck (wall clock)
+
+def tolerated_failures(plan: ExecutionPlan) -> int:
+    """Node failures the plan survives in place: every layer keeps a live holder as long as fewer
+    nodes fail than the fewest distinct nodes holding any one layer."""
+    holders = plan.layer_holders()
+    return min(len({worker[0] for worker in workers}) for workers in holders.values()) - 1
 
 
 @dataclass
 class Recovery:
-    """One reconfiguration's breakdown, filled in as its phases complete."""
+    """One decision carried out after a membership change, filled in as its phases complete."""
 
+    kind: str  # reconfiguration | failover | restart
     generation: int
     reason: str
     removed: tuple[int, ...]
@@ -73,28 +77,12 @@ class Recovery:
     failure_time: float  # wall clock of the earliest cause (kill, or join ready)
     detect_s: float
     plan_s: float
-    started: float  # wall clock when the controller began reconfiguring
+    started: float  # wall clock when the controller began acting
     resume_step: int
     bytes_moved: int
-    groups_s: float = 0.0
-    state_copy_s: float = 0.0
-    established_at: Optional[float] = None
-    replicas_identical: Optional[bool] = None
-
-
-@dataclass
-class Outcome:
-    """What the run did (for tests and the summary)."""
-
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    recoveries: list[dict[str, Any]] = field(default_factory=list)
-    probes: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)  # generation -> rank -> probe
-    checksums: dict[int, dict[str, int]] = field(default_factory=dict)  # generation -> layer -> crc
-    generations: int = 0
-    stopped: Optional[str] = None
-    phase_seconds: dict[str, dict[str, float]] = field(default_factory=dict)  # "node:rank" -> phase -> s
-    joins_not_absorbed: list[int] = field(default_factory=list)  # joining nodes still booting at the end
-    events_not_applied: int = 0  # scheduled events never due before the last step
+    rolled_back_steps: int = 0
+    restart_nodes: tuple[int, ...] = ()
+    spawned_at: Optional[float] = None  # restart: every fresh worker registered
 
 
 class Controller:
@@ -105,405 +93,464 @@ class Controller:
         cfg: Any,
         config_dict: dict[str, Any],
         *,
+        strategy: Strategy,
+        initial: Decision,
+        run_dir: str | Path,
         recorder: Any = None,
-        templates: Any = None,
-        initial_plan: Optional[ExecutionPlan] = None,
         schedule: tuple[FaultEvent, ...] = (),
-        layer_param_bytes: Optional[list[int]] = None,
+        resume: Any = None,
         run_id: Optional[str] = None,
         on_event: Optional[Callable[[str, dict[str, Any]], None]] = None,
     ) -> None:
         self.cfg = cfg
         self.config_dict = config_dict
+        self.strategy = strategy
+        self.initial = initial
+        self.run_dir = Path(run_dir)
         self.recorder = recorder
-        self.templates = templates
-        self.initial_plan = initial_plan
-        self.injector = Injector(list(schedule), seed=int(cfg.failures.seed))
-        self.layer_param_bytes = layer_param_bytes
+        self.schedule = schedule
+        self.resume = resume  # the checkpoint to resume from (oobleck.checkpoint.Checkpoint)
         # Tags every agent and worker command line (--run-id) so tools and tests can find them;
         # OOBLECK_RUN_ID lets a caller choose it.
         self.run_id = run_id or os.environ.get("OOBLECK_RUN_ID") or uuid.uuid4().hex[:12]
+        self.secret = new_secret()
         self.on_event = on_event
         self.steps = int(cfg.job.steps)
-        self.global_batch = int(cfg.job.global_batch_size)
-        self.gpus = int(cfg.cluster.gpus_per_node)
-        self.nodes: dict[int, NodeState] = {}
-        self.messages: queue.Queue = queue.Queue()
-        self.outcome = Outcome()
+        self.layer_bytes = strategy.context.layer_param_bytes
         self.store: Any = None
-        self.server: Optional[socket.socket] = None
-        self.launcher: Any = None  # LocalLauncher or SlurmLauncher (start, signal, kill, shutdown)
-        self.generation = -1
-        self.plans: dict[int, ExecutionPlan] = {}
-        self.base_generation = 0
-        self.next_step = 0
-        self.attempts: dict[int, int] = {}
-        self.last_commit_time = 0.0
+        self.membership: Optional[Membership] = None
+        self.ledger: Optional[StepLedger] = None
+        self.checkpoints: Optional[CheckpointCoordinator] = None
+        self.firing: Optional[FaultFiring] = None
         self.train_started: Optional[float] = None
         self.recovery: Optional[Recovery] = None
-        self.pending_removed: dict[int, tuple[float, float]] = {}  # node -> (cause time, detect seconds)
-        self.pending_joined: dict[int, float] = {}
-        self.next_node_id = int(cfg.cluster.nodes)
+        self.causes: list[float] = []  # cause times of the changes the next recovery absorbs
+        self.detects: list[float] = []
+        self.restart_pending: Optional[int] = None  # rollback step of a restart not yet established
+        self.planned: Optional[tuple[Decision, int]] = None  # a restart waiting for its checkpoint
+        self.tolerance: Optional[int] = None
         self.finished = False
-        self._closing = False
-        self.exited: set[tuple[int, int]] = set()
+        self.stop_requested: Optional[str] = None
+        self._outcome = Outcome()
 
     # ------------------------------------------------------------------ outputs
+    @property
+    def outcome(self) -> Outcome:
+        return self.ledger.outcome if self.ledger is not None else self._outcome
+
     def _event(self, kind: str, **fields: Any) -> None:
+        if self.ledger is not None:
+            fields.setdefault("step", self.ledger.next_step)
+            fields.setdefault("generation", self.ledger.generation)
         if self.recorder is not None:
             self.recorder.event(kind, **fields)
         if self.on_event is not None:
             self.on_event(kind, fields)
 
+    def _on_step(self, row: dict[str, Any]) -> None:
+        if self.recorder is not None:
+            self.recorder.step(**row)
+
     # ------------------------------------------------------------------ start-up
     def _start_store(self) -> None:
         cluster = self.cfg.cluster
+        # The store listens where the config says (loopback for local runs), not on every
+        # interface: bind the socket here and hand it to the C++ server.
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
+            listener.bind((cluster.master_addr, int(cluster.master_port)))
+            listener.listen(256)
             self.store = dist.TCPStore(
                 cluster.master_addr,
-                int(cluster.master_port),
+                listener.getsockname()[1],
                 is_master=True,
                 wait_for_workers=False,
                 timeout=timedelta(seconds=float(cluster.startup_timeout_s)),
+                master_listen_fd=listener.fileno(),
+                use_libuv=False,
             )
         except Exception as error:
+            listener.close()
             raise RunError(
                 f"cannot host the store on {cluster.master_addr}:{cluster.master_port} ({error}); "
                 "the port is probably in use: set cluster.master_port=<free port> or 0 to pick one"
             ) from None
-        port = int(cluster.master_port) + 1 if int(cluster.master_port) else 0
-        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            server.bind((cluster.master_addr, port))
-        except OSError as error:
-            raise RunError(
-                f"cannot open the agent port {cluster.master_addr}:{port} ({error}); "
-                "set cluster.master_port=<free port> (the agent port is the next one) or 0"
-            ) from None
-        server.listen(64)
-        self.server = server
-        threading.Thread(target=self._accept, daemon=True, name="agent-accept").start()
+        self._listener = listener  # the server owns the descriptor now; keep the object alive
         self.store.set(keys.CONFIG, json.dumps(self.config_dict))
 
     @property
     def store_address(self) -> str:
         return f"{self.cfg.cluster.master_addr}:{self.store.port}"
 
-    @property
-    def agent_address(self) -> str:
-        assert self.server is not None
-        return f"{self.cfg.cluster.master_addr}:{self.server.getsockname()[1]}"
-
-    def _accept(self) -> None:
-        assert self.server is not None
-        while True:
-            try:
-                sock, _ = self.server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._read_agent, args=(Channel(sock),), daemon=True).start()
-
-    def _read_agent(self, channel: Channel) -> None:
-        node: Optional[int] = None
-        while True:
-            message = channel.recv()
-            if message is None:
-                if node is not None:
-                    self.messages.put(("lost", node, None, time.time()))
-                return
-            if message["type"] == "hello":
-                node = int(message["node"])
-                self.messages.put(("hello", node, (channel, message), time.time()))
-            elif node is not None:
-                self.messages.put((message["type"], node, message, time.time()))
-
-    def _start_node(self, node: int) -> None:
-        self.nodes[node] = NodeState(node=node, last_seen=time.time())
-        if self.launcher is not None:
-            self.launcher.start(node)
-
-    # ------------------------------------------------------------------ the run
     def run(self) -> Outcome:
         try:
             self._start_store()
-            if self.cfg.cluster.kind == "local":
-                self.launcher = LocalLauncher(self.agent_address, self.run_id)
-            elif self.cfg.cluster.kind == "slurm":
-                from oobleck.elastic.slurm import SlurmLauncher  # one agent job step per node
-
-                self.launcher = SlurmLauncher(self.agent_address, self.run_id)
+            self.ledger = StepLedger(self.store, self.steps, int(self.cfg.job.global_batch_size), on_step=self._on_step)
+            self.membership = Membership(
+                self.cfg, self.store, self.store_address, secret=self.secret, run_id=self.run_id,
+                worker_module=self.strategy.worker_module, event=self._event, run_finished=self._run_finished,
+            )  # fmt: skip
+            self.membership.listen()
+            self.checkpoints = CheckpointCoordinator(
+                self.cfg, self.run_dir, self.store, checkpoint_every_steps(self.cfg, self.strategy.config),
+                event=self._event, extra={"strategy": self.strategy.name, "run_id": self.run_id, "rng": _RNG_NOTE},
+            )  # fmt: skip
+            self.checkpoints.completed_rows = self.ledger.outcome.checkpoints
+            self.firing = FaultFiring(Injector(list(self.schedule), seed=int(self.cfg.failures.seed)), self.store, self.membership, self._event)
+            self.firing.next_node_id = int(self.cfg.cluster.nodes)
+            self.membership.launcher = self._launcher()
             for node in range(int(self.cfg.cluster.nodes)):
-                self._start_node(node)
-            self._wait_ready()
+                self.membership.start_node(node)
+            self._wait_up()
             self._publish_initial()
             self._loop()
             return self.outcome
         except OobleckError as error:
             self.outcome.stopped = str(error)
-            self._event("stop", reason=str(error).splitlines()[0][:300], step=self.next_step, generation=self.generation)
+            self._event("stop", reason=str(error).splitlines()[0][:300])
             raise
         finally:
             self._shutdown()
 
-    def _wait_ready(self) -> None:
+    def _launcher(self) -> Any:
+        assert self.membership is not None
+        if self.cfg.cluster.kind == "local":
+            from oobleck.elastic.local import LocalLauncher
+
+            return LocalLauncher(self.membership.agent_address, self.run_id, self.secret)
+        if self.cfg.cluster.kind == "slurm":
+            from oobleck.elastic.slurm import SlurmLauncher  # one agent job step per node
+
+            return SlurmLauncher(self.membership.agent_address, self.run_id, self.secret)
+        return None
+
+    def _wait_up(self) -> None:
+        membership = self.membership
+        assert membership is not None
         deadline = time.monotonic() + float(self.cfg.cluster.startup_timeout_s)
         wanted = set(range(int(self.cfg.cluster.nodes)))
-        while not all(self.nodes[n].ready for n in wanted):
+        while not all(membership.nodes[n].up for n in wanted):
             if time.monotonic() > deadline:
-                missing = sorted(n for n in wanted if not self.nodes[n].ready)
+                missing = sorted(n for n in wanted if not membership.nodes[n].up)
                 raise RunError(
                     f"nodes {missing} did not start within cluster.startup_timeout_s={self.cfg.cluster.startup_timeout_s}; "
                     "check that agents can reach the controller"
                 )
-            self._drain(LOOP_TICK_S * 5)
+            membership.drain(LOOP_TICK_S * 5)
             for n in wanted:
-                if self.nodes[n].failed:
+                if membership.nodes[n].failed:
                     raise RunError(f"node {n} failed while starting (its agent or a worker exited)")
+        membership.take_changes()  # nodes that came up before the first plan are not joins
+        membership.accepting_joins = True
 
     def _publish_initial(self) -> None:
-        live = sorted(n for n, s in self.nodes.items() if s.ready and not s.failed)
-        if self.initial_plan is not None:
-            plan = self.initial_plan
-        else:
-            from oobleck.planning.instantiate import instantiate
-
-            job = self.cfg.job
-            plan = instantiate(self.templates, live, int(job.global_batch_size), int(job.microbatch_size), int(job.fault_tolerance))
-        for n in plan.nodes:
-            self.nodes[n].member = True
+        assert self.membership is not None and self.checkpoints is not None
+        decision = self.initial
+        alive = self.membership.alive()
+        if decision.layout is None or not set(decision.layout.nodes) <= set(alive):
+            decision = self.strategy.start(alive)  # the nodes that came up differ from the plan's
+        if decision.kind is Kind.STOP:
+            raise RunError(f"strategy {self.strategy.name} cannot start on nodes {alive}: {decision.reason}")
+        layout = decision.layout
+        assert layout is not None
         if self.recorder is not None:
-            templates = self.templates.to_dict() if self.templates is not None else None
-            self.recorder.write_plan({"templates": templates, "plan": plan.to_dict()})
-        self._arm_due()
-        self._publish(0, plan, None, 0)
+            templates = self.strategy.context.generated_templates()
+            self.recorder.write_plan({
+                "templates": templates.to_dict() if templates is not None else None,
+                "plan": layout.plan.to_dict(),
+                "layout": layout.description,
+                "strategy": self.strategy.name,
+            })  # fmt: skip
+        resume_step, checkpoint = 0, None
+        if self.resume is not None:
+            resume_step, checkpoint = self.resume.step, str(self.resume.step_dir)
+            self.checkpoints.adopt(resume_step, self.resume.step_dir)
+            assert self.ledger is not None
+            self.ledger.next_step = resume_step
+            self._event("resume", checkpoint=checkpoint, resume_step=resume_step)
+        self._fire_faults()
+        self._publish(0, layout, resume_step, checkpoint=checkpoint)
         self.train_started = time.time()
-        self.last_commit_time = self.train_started
+        assert self.ledger is not None
+        self.ledger.last_commit_time = self.train_started
 
-    def _publish(self, generation: int, plan: ExecutionPlan, reconfiguration: Optional[ReconfigurationPlan], resume: int) -> None:
+    def _publish(
+        self,
+        generation: int,
+        layout: Layout,
+        resume: int,
+        *,
+        reconfiguration: Optional[ReconfigurationPlan] = None,
+        checkpoint: Optional[str] = None,
+    ) -> None:
+        assert self.ledger is not None and self.checkpoints is not None and self.membership is not None
         document = {
             "generation": generation,
-            "plan": plan.to_dict(),
+            "plan": layout.plan.to_dict(),
             "reconfiguration": reconfiguration.to_dict() if reconfiguration is not None else None,
             "resume_step": resume,
+            "load_checkpoint": checkpoint,
+            "incarnations": {str(n): s.incarnation for n, s in self.membership.nodes.items()},
+            "checkpoint": self.checkpoints.document(layout.plan, self.layer_bytes),
         }
-        self.plans[generation] = plan
+        self.ledger.publish(generation, layout, resume)
         self.store.set(keys.plan(generation), json.dumps(document))
         self.store.set(keys.GEN, str(generation))
-        self.generation = generation
-        self.outcome.generations = generation + 1
+        self._report_tolerance(layout.plan)
+
+    def _report_tolerance(self, plan: ExecutionPlan) -> None:
+        if not self.strategy.tolerates_in_place:
+            return
+        tolerated, wanted = tolerated_failures(plan), int(self.cfg.job.fault_tolerance)
+        if tolerated < wanted and tolerated != self.tolerance:
+            self._event("fault_tolerance_reduced", tolerated=tolerated, wanted=wanted, pipelines=len(plan.pipelines))
+            self.outcome.fault_tolerance.append({"step": self.ledger.next_step if self.ledger else 0, "tolerated": tolerated, "wanted": wanted})
+            print(f"oobleck: warning: the plan now survives only {tolerated} simultaneous node failure(s), not job.fault_tolerance={wanted}", flush=True)
+        self.tolerance = tolerated
+
+    # ------------------------------------------------------------------ the loop
+    def _run_finished(self) -> bool:
+        assert self.ledger is not None
+        if self.finished:
+            return True
+        self.ledger.check_commits()
+        return self.ledger.next_step >= self.steps
 
     def _loop(self) -> None:
-        while self.next_step < self.steps:
-            self._drain(LOOP_TICK_S)
-            self._check_heartbeats()
+        ledger, membership, checkpoints = self.ledger, self.membership, self.checkpoints
+        assert ledger is not None and membership is not None and checkpoints is not None
+        while ledger.next_step < self.steps:
+            membership.drain(LOOP_TICK_S)
+            membership.check_heartbeats()
             self._check_established()
-            self._check_commits()
-            if self.next_step >= self.steps:
+            ledger.check_commits()
+            self._after_commits()
+            if ledger.next_step >= self.steps:
                 break
-            self._inject()
-            # Joins are taken together once every node starting now is up (one generation per
-            # batch); a failure is taken at once (and takes any ready joiners along).
-            if self.pending_removed or (self.pending_joined and not self._booting()):
-                self._reconfigure()
+            if self.stop_requested is not None:
+                raise RunError(self.stop_requested)
+            self._fire_faults()
+            if membership.pending() and (membership.lost_pending() or not membership.booting()):
+                self._on_change()
+            elif self.planned is not None and self.planned[1] in checkpoints.completed:
+                self._restart(self.planned[0], self.planned[1])
         self.finished = True
         self._report_unfinished_schedule()
 
+    def _after_commits(self) -> None:
+        ledger, checkpoints = self.ledger, self.checkpoints
+        assert ledger is not None and checkpoints is not None
+        while ledger.checkpoint_boundaries:
+            generation, boundary = ledger.checkpoint_boundaries.pop(0)
+            document = json.loads(self.store.get(keys.plan(generation)))
+            checkpoints.noticed(generation, boundary, document["checkpoint"]["writers"])
+            if self.planned is not None and boundary >= self.planned[1] and generation == ledger.generation:
+                # A planned restart: stop training at this boundary, so nothing after it is lost,
+                # while the checkpoint completes in the background.
+                self.planned = (self.planned[0], boundary)
+                ledger.take_in_flight()
+                ledger.abandon(generation)
+        checkpoints.poll()
+        checkpoints.maybe_request_by_time(ledger.next_step)
+        recovery = self.recovery
+        if recovery is not None and ledger.generation == recovery.generation and ledger.next_step > recovery.resume_step:
+            self._finish_recovery()
+
+    def _check_established(self) -> None:
+        assert self.ledger is not None
+        generation = self.ledger.check_established()
+        if generation is not None and self.restart_pending is not None and generation.number == self.ledger.generation:
+            self.restart_pending = None
+
     def _report_unfinished_schedule(self) -> None:
         """Say so when the run ended before joining nodes were up or scheduled events were due."""
-        waiting = sorted(n for n, s in self.nodes.items() if not s.member and not s.failed)
+        assert self.membership is not None and self.firing is not None and self.ledger is not None
+        layout = self.ledger.layout
+        waiting = sorted(n for n, s in self.membership.nodes.items() if not s.failed and not s.up)
         if waiting:
             self.outcome.joins_not_absorbed = waiting
             self._event(
-                "join_not_absorbed", nodes=waiting, step=self.next_step,
+                "join_not_absorbed", nodes=waiting,
                 reason="the run ended before these nodes were up (a worker takes seconds to start); join earlier or run more steps",
             )  # fmt: skip
-        if self.injector.remaining:
-            self.outcome.events_not_applied = self.injector.remaining
-            self._event("schedule_not_finished", remaining_events=self.injector.remaining, step=self.next_step)
+        if layout.standby:
+            self._event("standby_at_end", nodes=list(layout.standby))
+        if self.firing.remaining:
+            self.outcome.events_not_applied = self.firing.remaining
+            self._event("schedule_not_finished", remaining_events=self.firing.remaining)
 
-    # ------------------------------------------------------------------ messages
-    def _drain(self, timeout: float) -> None:
-        try:
-            item = self.messages.get(timeout=timeout)
-        except queue.Empty:
+    def _fire_faults(self) -> None:
+        membership, firing, ledger = self.membership, self.firing, self.ledger
+        assert membership is not None and firing is not None and ledger is not None
+        if not firing.remaining:
             return
-        while True:
-            self._handle(*item)
-            try:
-                item = self.messages.get_nowait()
-            except queue.Empty:
-                return
+        # Events apply in order, each after the previous change is absorbed (joining nodes up and
+        # in the plan, the recovery's first step committed).
+        busy = membership.booting() or membership.striking() or membership.pending() or self.recovery is not None or self.planned is not None
+        if busy:
+            return
+        elapsed = time.time() - self.train_started if self.train_started else 0.0
+        firing.fire_due(ledger.next_step, elapsed, ledger.generation)
 
-    def _handle(self, kind: str, node: int, payload: Any, when: float) -> None:
-        state = self.nodes.get(node)
-        if kind == "hello":
-            channel, message = payload
-            if state is None or state.failed:  # an unknown agent (e.g. srun started it): adopt it
-                state = self.nodes[node] = NodeState(node=node)
-            state.channel, state.pid, state.last_seen = channel, int(message["pid"]), when
-            channel.send({
-                "type": "start",
-                "store": self.store_address,
-                "gpus": self.gpus,
-                "run_id": self.run_id,
-                "heartbeat_s": float(self.cfg.cluster.heartbeat_interval_s),
-            })
-            threading.Thread(target=self._await_workers, args=(node,), daemon=True).start()
-            return
-        if state is None or state.failed:
-            return
-        state.last_seen = max(state.last_seen, when)
-        if kind == "hb":
-            return
-        if kind == "registered":
-            state.ready = True
-            if self.generation >= 0 and not state.member:
-                self.pending_joined[node] = when
-                self._event("join", node=node, step=self.next_step, generation=self.generation)
-            return
-        if kind == "exit":
-            self.exited.add((node, int(payload["local_rank"])))
-            if self.finished or self._closing:
-                return
-            self._check_commits()  # a clean exit after the last step is not a failure
-            if self.next_step >= self.steps:
-                return
-            # A worker that raised wrote its traceback and exited 1; one killed by a signal did not.
-            error = self._worker_error(node, int(payload["local_rank"])) if int(payload["code"]) > 0 else None
-            if error is not None:
-                raise RunError(f"worker (node {node}, local rank {payload['local_rank']}) raised an exception:\n{error}")
-            self._node_failed(node, f"worker {payload['local_rank']} exited with code {payload['code']}", when)
-            return
-        if kind == "boot_timeout":
-            self._node_failed(node, f"workers did not register within cluster.startup_timeout_s={self.cfg.cluster.startup_timeout_s}", when)
-            return
-        if kind == "lost":
-            if self.finished or self._closing:
-                return
-            self._node_failed(node, "agent connection closed", when)
+    # ------------------------------------------------------------------ decisions
+    def _state(self, step: int) -> RunState:
+        assert self.ledger is not None and self.membership is not None and self.checkpoints is not None
+        base = self.ledger.layout
+        alive = tuple(self.membership.alive())
+        known = set(base.nodes) | set(base.standby)
+        return RunState(
+            layout=base,
+            alive=alive,
+            removed=tuple(sorted(n for n in known if n not in alive)),
+            joined=tuple(sorted(n for n in alive if n not in known)),
+            step=step,
+            checkpoint_step=self.checkpoints.latest_step(),
+        )
 
-    def _await_workers(self, node: int) -> None:
-        """Wait (in a helper thread, own store connection) for a node's workers to register."""
-        host, _, port = self.store_address.rpartition(":")
-        store = dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False, timeout=timedelta(seconds=float(self.cfg.cluster.startup_timeout_s)))
-        try:
-            store.wait([keys.worker_registered(node, r) for r in range(self.gpus)])
-        except Exception:
-            self.messages.put(("boot_timeout", node, None, time.time()))
+    def _decide(self, state: RunState) -> Decision:
+        if self.restart_pending is not None:
+            # The fresh workers of a restart in progress hold nothing yet: only another restart
+            # from the same checkpoint can follow.
+            fresh = self.strategy.start(state.alive)
+            if fresh.kind is Kind.STOP:
+                return fresh
+            return Decision(Kind.RESTART, fresh.layout, rollback_to_step=self.restart_pending, reason="a change during a restart: restart again")
+        return self.strategy.on_change(state)
+
+    def _on_change(self) -> None:
+        ledger, membership, checkpoints = self.ledger, self.membership, self.checkpoints
+        assert ledger is not None and membership is not None and checkpoints is not None
+        started = time.time()
+        changes = membership.take_changes()
+        for node in changes.removed:
+            checkpoints.writer_lost(node)
+        self.causes += [cause for cause, _ in changes.removed.values()] + list(changes.joined.values())
+        self.detects += [detect for _, detect in changes.removed.values()]
+        guessed = self._state(ledger.next_step)
+        guess = self._decide(guessed)
+        if guess.kind is Kind.CONTINUE:
+            self._continue(guess)
             return
-        self.messages.put(("registered", node, None, time.time()))
-
-    def _worker_error(self, node: int, local_rank: int) -> Optional[str]:
-        key = keys.worker_error(node, local_rank)
-        deadline = time.monotonic() + 0.2  # the worker writes its error just before exiting
-        while time.monotonic() < deadline:
-            if self.store.check([key]):
-                return self.store.get(key).decode()
-            time.sleep(0.01)
-        return None
-
-    def _check_heartbeats(self) -> None:
-        now = time.time()
-        timeout = float(self.cfg.cluster.heartbeat_timeout_s)
-        for state in list(self.nodes.values()):
-            if state.failed or state.channel is None or now - state.last_seen <= timeout:
-                continue
-            # Frozen or cut off: make sure it is gone, then treat it as failed.
-            if self.launcher is not None and self.launcher.can_kill(state.node):
-                self.launcher.kill(state.node, signal.SIGKILL)
-            self._node_failed(state.node, f"no heartbeat for {now - state.last_seen:.1f} s", now)
-
-    def _node_failed(self, node: int, reason: str, detected: float) -> None:
-        state = self.nodes[node]
-        if state.failed:
+        if guess.kind is Kind.RESTART and guess.checkpoint_first and self.restart_pending is None:
+            self._plan_restart(guess)
             return
-        state.failed = True
-        if self.launcher is not None and self.launcher.can_kill(node):
-            self.launcher.kill(node, signal.SIGKILL)  # whatever is left of it
-        cause = state.kill_time
-        if cause is None and self.store.check([keys.strike_time(node)]):
-            cause = float(self.store.get(keys.strike_time(node)).decode())
-        cause = cause if cause is not None else detected
-        self._event("failure", node=node, reason=reason, step=self.next_step, generation=self.generation, detect_s=round(detected - cause, 4))
-        if node in self.pending_joined:
-            del self.pending_joined[node]
-        if state.member:
-            self.pending_removed[node] = (cause, detected - cause)
-
-    # ------------------------------------------------------------------ steps
-    def _check_commits(self) -> None:
-        while self.generation >= 0 and self.next_step < self.steps:
-            key = keys.decision(self.generation, self.next_step)
-            if not self.store.check([key]) or self.store.get(key).decode() != keys.COMMIT:
-                return
-            self._record_commit(self.generation, self.next_step)
-
-    def _record_commit(self, generation: int, step: int) -> None:
-        plan = self.plans[generation]
-        last = [
-            a.rank
-            for a in plan.assignments()
-            if a.stage == plan.pipelines[a.pipeline].template.num_stages - 1
-        ]
-        loss_sum = sum(float(self.store.get(keys.loss(generation, step, r)).decode()) for r in last)
-        now = time.time()
-        elapsed = now - self.last_commit_time
-        self.last_commit_time = now
-        attempts = self.attempts.get(step, 0) + 1
-        row = {
-            "step": step,
-            "samples": self.global_batch,
-            "samples_per_s": self.global_batch / elapsed if elapsed > 0 else 0.0,
-            "loss": loss_sum / self.global_batch,
-            "generation": generation,
-            "pipelines": len(plan.pipelines),
-            "attempts": attempts,
-            "step_time_s": elapsed,
-            "nodes": len(plan.nodes),
-        }
-        self.outcome.steps.append(row)
-        if self.recorder is not None:
-            self.recorder.step(**row)
-        self.next_step = step + 1
-        if self.recovery is not None and self.recovery.generation == generation:
-            self._finish_recovery(now)
-        self._arm_due()
-
-    def _check_established(self) -> None:
-        recovery = self.recovery
-        generation = self.generation
-        if generation < 0 or generation in self.outcome.checksums:
+        self.planned = None  # a planned restart is overtaken by this change
+        step = ledger.take_in_flight()
+        if step >= self.steps:
             return
-        key = keys.established(generation)
-        if not self.store.check([key]) or self.store.get(key).decode() != keys.YES:
+        ledger.count_attempt(step)
+        ledger.abandon(ledger.generation)
+        state = self._state(step)
+        # Commits may have landed (or a generation been established) while the guess was made.
+        decision = guess if state == guessed else self._decide(state)
+        plan_s = time.time() - started
+        if decision.kind is Kind.STOP:
+            raise RunError(f"cannot continue training (lost nodes {list(state.removed)}): {decision.reason}")
+        if decision.kind is Kind.CONTINUE:
+            # The abort was for nothing (the step in flight is redone on the same plan).
+            self._republish(state, step)
             return
-        now = time.time()
-        self.base_generation = generation
-        plan = self.plans[generation]
-        ranks = [a.rank for a in plan.assignments()]
-        timings = [json.loads(self.store.get(keys.timing(generation, r))) for r in ranks]
-        merged: dict[str, int] = {}
-        identical = True
-        for r in ranks:
-            for layer, crc in json.loads(self.store.get(keys.checksums(generation, r))).items():
-                if merged.setdefault(layer, crc) != crc:
-                    identical = False
-        self.outcome.checksums[generation] = merged if identical else {}
-        self.outcome.probes[generation] = {r: json.loads(self.store.get(keys.probe(generation, r))) for r in ranks}
-        if recovery is not None and recovery.generation == generation:
-            recovery.groups_s = max(t["groups_s"] for t in timings)
-            recovery.state_copy_s = max(t["state_copy_s"] for t in timings)
-            recovery.established_at = now
-            recovery.replicas_identical = identical
-        if not identical:
-            raise RunError(f"generation {generation}: replicas of some layer differ after establishing (checksum mismatch)")
+        if decision.kind is Kind.RESTART:
+            self._restart(decision, decision.rollback_to_step if decision.rollback_to_step is not None else step, state=state, plan_s=plan_s)
+            return
+        self._reconfigure(decision, state, step, plan_s)
 
-    def _finish_recovery(self, now: float) -> None:
+    def _continue(self, decision: Decision) -> None:
+        assert self.ledger is not None
+        if decision.layout is not None:
+            generation = self.ledger.generations[self.ledger.base if self.ledger.base >= 0 else self.ledger.generation]
+            if decision.layout.plan != generation.layout.plan:
+                raise RunError(f"strategy {self.strategy.name} answered 'continue' with a different plan")
+            generation.layout = decision.layout
+        if decision.reason:
+            self._event("standby", nodes=list(decision.layout.standby) if decision.layout else [], reason=decision.reason)
+        self.causes.clear()
+        self.detects.clear()
+
+    def _republish(self, state: RunState, step: int) -> None:
+        assert self.ledger is not None
+        layout = state.layout
+        self._publish(self.ledger.generation + 1, layout, step, reconfiguration=ReconfigurationPlan(layout.plan, layout.plan, (), (), ()))
+
+    def _recovery(self, kind: str, decision: Decision, state: RunState, resume: int, plan_s: float, started: float) -> Recovery:
+        assert self.ledger is not None
+        if self.recovery is not None:
+            self._event(f"{self.recovery.kind}_superseded", superseded_generation=self.recovery.generation, by=self.ledger.generation + 1)
+            self.causes.append(self.recovery.failure_time)
+        recovery = Recovery(
+            kind=kind,
+            generation=self.ledger.generation + 1,
+            reason=decision.reason or ("failure" if state.removed else "join"),
+            removed=state.removed,
+            joined=state.joined,
+            failure_time=min(self.causes) if self.causes else started,
+            detect_s=max(self.detects) if self.detects else 0.0,
+            plan_s=plan_s,
+            started=started,
+            resume_step=resume,
+            bytes_moved=decision.bytes_moved,
+        )
+        self.causes.clear()
+        self.detects.clear()
+        return recovery
+
+    def _reconfigure(self, decision: Decision, state: RunState, step: int, plan_s: float) -> None:
+        assert self.ledger is not None and decision.layout is not None
+        started = time.time() - plan_s
+        transfers = decision.transfers
+        if step == 0:
+            # Nothing has committed: every layer is still its seeded initial state, which each
+            # worker builds itself. Copying it would need its holders in the first plan to have
+            # built it, and a worker slow to start may never have seen that plan.
+            transfers = ()
+        reconfiguration = ReconfigurationPlan(state.layout.plan, decision.layout.plan, state.removed, state.joined, tuple(transfers))
+        kind = "failover" if decision.kind is Kind.FAILOVER else "reconfiguration"
+        recovery = self._recovery(kind, dataclasses.replace(decision, transfers=tuple(transfers)), state, step, plan_s, started)
+        self._publish(self.ledger.generation + 1, decision.layout, step, reconfiguration=reconfiguration)
+        self.recovery = recovery
+
+    def _plan_restart(self, decision: Decision) -> None:
+        """A restart that loses nothing: checkpoint the next step boundary first, then restart."""
+        assert self.ledger is not None and self.checkpoints is not None
+        boundary = self.ledger.next_step + 1
+        self.checkpoints.request(boundary)
+        self.planned = (decision, boundary)
+        self._event("restart_planned", checkpoint_step=boundary, reason=decision.reason)
+
+    def _restart(self, decision: Decision, rollback: int, *, state: Optional[RunState] = None, plan_s: float = 0.0) -> None:
+        ledger, membership, checkpoints = self.ledger, self.membership, self.checkpoints
+        assert ledger is not None and membership is not None and checkpoints is not None and decision.layout is not None
+        started = time.time() - plan_s
+        if state is None:  # a planned restart: its checkpoint is complete (training stopped at it)
+            self.planned = None
+            step = ledger.take_in_flight()
+            ledger.abandon(ledger.generation)
+            state = self._state(step)
+            decision = dataclasses.replace(decision, checkpoint_first=False, rollback_to_step=rollback)
+        if rollback > 0 and rollback not in checkpoints.completed:
+            raise RunError(f"cannot restart from the checkpoint of step {rollback}: it is not complete")
+        checkpoints.discard_after(rollback)
+        lost = ledger.roll_back(rollback)
+        alive = list(membership.alive())
+        membership.restart_workers(alive)
+        recovery = self._recovery("restart", decision, state, rollback, plan_s, started)
+        recovery.rolled_back_steps = lost
+        recovery.restart_nodes = tuple(alive)
+        checkpoint = str(checkpoints.path(rollback)) if rollback > 0 else None
+        self._publish(ledger.generation + 1, decision.layout, rollback, checkpoint=checkpoint)
+        self.recovery = recovery
+        self.restart_pending = rollback
+
+    def _finish_recovery(self) -> None:
+        assert self.ledger is not None and self.membership is not None
         r = self.recovery
         assert r is not None
-        established = r.established_at if r.established_at is not None else now
-        row = {
+        now = time.time()
+        generation = self.ledger.generations[r.generation]
+        established = generation.established_at or now
+        timings = generation.timings
+        row: dict[str, Any] = {
             "generation": r.generation,
             "reason": r.reason,
             "removed": list(r.removed),
@@ -511,194 +558,70 @@ class Controller:
             "resume_step": r.resume_step,
             "detect_s": round(r.detect_s, 4),
             "plan_s": round(r.plan_s, 4),
-            "groups_s": round(r.groups_s, 4),
-            "state_copy_s": round(r.state_copy_s, 4),
+            "groups_s": round(max((t["groups_s"] for t in timings), default=0.0), 4),
+            "state_copy_s": round(max((t["state_copy_s"] for t in timings), default=0.0), 4),
             "bytes_moved": r.bytes_moved,
             "first_step_s": round(now - established, 4),
             "total_s": round(now - r.failure_time, 4),
-            "replicas_identical": r.replicas_identical,
+            "replicas_identical": generation.replicas_identical,
         }
-        self.outcome.recoveries.append(row)
-        self._event("reconfiguration", **row)
+        if r.kind == "restart":
+            nodes = [self.membership.nodes[n] for n in r.restart_nodes]
+            row["rolled_back_steps"] = r.rolled_back_steps
+            row["stop_s"] = round(max((s.old_exited_at - r.started for s in nodes if s.old_exited_at), default=0.0), 4)
+            row["spawn_s"] = round(max((s.registered_at - r.started for s in nodes if s.registered_at), default=0.0), 4)
+            row["load_s"] = round(max((t.get("load_s", 0.0) for t in timings), default=0.0), 4)
+            row["restarted_nodes"] = list(r.restart_nodes)
+        self.outcome.recoveries.append({"kind": r.kind, **row})
+        self._event(r.kind, **row)
         self.recovery = None
 
-    # ------------------------------------------------------------------ faults
-    def _booting(self) -> bool:
-        return any(not s.ready and not s.failed for s in self.nodes.values())
+    # ------------------------------------------------------------------ stopping
+    def request_stop(self, reason: str) -> None:
+        """Stop at the next loop tick (signal handlers call this)."""
+        self.stop_requested = reason
 
-    def _live_members(self) -> list[int]:
-        return sorted(n for n, s in self.nodes.items() if s.member and not s.failed)
-
-    def _arm_due(self) -> None:
-        # Events apply in order, each after the previous change is absorbed (joining nodes up and
-        # in the plan, the reconfiguration's first step committed): a schedule then means the
-        # same sequence of generations however long start-up or recovery takes.
-        striking = any(s.kill_time is not None and not s.failed for s in self.nodes.values())
-        if self._booting() or striking or self.pending_joined or self.pending_removed or self.recovery is not None:
-            return
-        elapsed = time.time() - self.train_started if self.train_started else 0.0
-        for action in self.injector.due(self.next_step, elapsed, self._live_members()):
-            self._apply(action)
-
-    def _inject(self) -> None:
-        if self.injector.remaining:
-            self._arm_due()
-
-    def _apply(self, action: Action) -> None:
-        event = action.event
-        if action.kind == "join":
-            ids = list(action.nodes) or list(range(self.next_node_id, self.next_node_id + action.count))
-            if self.launcher is None:
-                raise RunError(f"{event.origin}: joins start new agents, which this cluster kind cannot do")
-            for node in ids:
-                self.next_node_id = max(self.next_node_id, node + 1)
-                self._start_node(node)
-            self._event("join_started", nodes=ids, step=self.next_step, generation=self.generation, origin=event.origin)
-            return
-        if action.kind == "arm":
-            for node in action.nodes:
-                strike = {"step": event.step, "phase": event.phase, "action": "raise" if event.action == "raise" else ("freeze" if event.freeze else "remove")}
-                if event.phase == "reconfigure":
-                    strike["generation"] = self.generation + 1
-                self.store.set(keys.strike(node), json.dumps(strike))
-            self._event("fault_armed", nodes=list(action.nodes), step=event.step, phase=event.phase, action=event.action)
-            return
-        sig = signal.SIGSTOP if action.kind == "freeze" else signal.SIGKILL
-        for node in action.nodes:
-            state = self.nodes[node]
-            state.kill_time = time.time()
-            if self.launcher is not None and self.launcher.can_kill(node):
-                self.launcher.send_signal(node, sig)
-            elif state.channel is not None:
-                state.channel.send({"type": "kill", "signal": "SIGSTOP" if sig == signal.SIGSTOP else "SIGKILL"})
-            state.frozen = sig == signal.SIGSTOP
-        self._event("fault_injected", nodes=list(action.nodes), fault=action.kind, step=self.next_step, origin=event.origin)
-
-    # ------------------------------------------------------------------ reconfiguration
-    def _reconfigure(self) -> None:
-        started = time.time()
-        generation = self.generation
-        step = self.next_step
-        while step < self.steps:
-            value = self.store.compare_set(keys.decision(generation, step), "", keys.ABORT).decode()
-            if value != keys.COMMIT:
-                break
-            self._record_commit(generation, step)
-            step = self.next_step
-        if step >= self.steps:
-            self.pending_removed.clear()
-            self.pending_joined.clear()
-            return
-        self.attempts[step] = self.attempts.get(step, 0) + 1
-        if self.store.compare_set(keys.established(generation), "", keys.NO).decode() == keys.YES:
-            self.base_generation = generation
-        self.store.set(keys.abort(generation), "1")
-        base = self.plans[self.base_generation]
-        live = sorted(n for n, s in self.nodes.items() if not s.failed and (s.member or n in self.pending_joined))
-        removed = tuple(n for n in base.nodes if n not in live)
-        joined = tuple(n for n in live if n not in base.nodes)
-        causes = [t for t, _ in self.pending_removed.values()] + list(self.pending_joined.values())
-        detects = [d for _, d in self.pending_removed.values()]
-        superseded = self.recovery
-        if superseded is not None:
-            self._event("reconfiguration_superseded", generation=superseded.generation, by=generation + 1)
-            causes.append(superseded.failure_time)
-        self.pending_removed.clear()
-        self.pending_joined.clear()
-        try:
-            try:
-                reconfiguration = self._plan(base, removed, joined)
-            except PlanningError:
-                if step > 0:
-                    raise
-                # Nothing to keep yet (e.g. every replica of a layer died in step 0): start over.
-                reconfiguration = self._fresh_plan(base, removed, joined, live)
-        except PlanningError as error:
-            lost = f"lost nodes {list(removed)}" if removed else "membership change"
-            when = f"after step {step - 1}" if step > 0 else "before the first step committed"
-            raise RunError(f"cannot continue training in place {when} ({lost}): {error}") from None
-        if step == 0:
-            # Nothing has committed: every layer is still its seeded initial state, which each
-            # worker builds itself. Copying it would need its holders in the first plan to have
-            # built it, and a worker slow to start may never have seen that plan.
-            reconfiguration = dataclasses.replace(reconfiguration, transfers=())
-        for n, state in self.nodes.items():
-            state.member = n in reconfiguration.new.nodes and not state.failed
-        plan_s = time.time() - started
-        self._publish(generation + 1, reconfiguration.new, reconfiguration, step)
-        self.recovery = Recovery(
-            generation=generation + 1,
-            reason="failure" if removed else "join",
-            removed=removed,
-            joined=joined,
-            failure_time=min(causes) if causes else started,
-            detect_s=max(detects) if detects else 0.0,
-            plan_s=plan_s,
-            started=started,
-            resume_step=step,
-            bytes_moved=reconfiguration.bytes_moved,
-        )
-
-    def _fresh_plan(
-        self, base: ExecutionPlan, removed: tuple[int, ...], joined: tuple[int, ...], live: list[int]
-    ) -> ReconfigurationPlan:
-        """The best plan for ``live`` from scratch, with nothing to copy (before the first commit)."""
-        from oobleck.planning.instantiate import instantiate
-
-        if self.templates is None:
-            raise PlanningError("no pipeline templates to plan with")
-        job = self.cfg.job
-        plan = instantiate(self.templates, live, int(job.global_batch_size), int(job.microbatch_size), int(job.fault_tolerance))
-        return ReconfigurationPlan(old=base, new=plan, removed=removed, joined=joined, transfers=())
-
-    def _plan(self, base: ExecutionPlan, removed: tuple[int, ...], joined: tuple[int, ...]) -> ReconfigurationPlan:
-        from oobleck.planning.reconfigure import reconfigure
-
-        if self.templates is None:
-            raise PlanningError("no pipeline templates to reconfigure with")
-        return reconfigure(base, self.templates, removed, joined, self.layer_param_bytes)
-
-    # ------------------------------------------------------------------ shutdown
     def stop_message(self, message: str) -> None:
         if self.store is None:
             return
         try:
             self.store.set(keys.STOP, message)
-            if self.generation >= 0:
-                self.store.compare_set(keys.decision(self.generation, self.next_step), "", keys.ABORT)
-                self.store.compare_set(keys.established(self.generation), "", keys.NO)
-                self.store.set(keys.abort(self.generation), "1")
+            if self.ledger is not None and self.ledger.generation >= 0:
+                self.store.compare_set(keys.decision(self.ledger.generation, self.ledger.next_step), "", keys.ABORT)
+                self.store.compare_set(keys.established(self.ledger.generation), "", keys.NO)
+                self.store.set(keys.abort(self.ledger.generation), "1")
         except Exception:
             pass
 
     def _shutdown(self) -> None:
-        self._closing = True
+        membership = self.membership
+        if membership is None:
+            return
+        membership.closing = True
         self.stop_message("finished" if self.finished else (self.outcome.stopped or "stopped"))
         deadline = time.monotonic() + STOP_GRACE_S
-        # Give finished workers a moment to exit on their own, then ask agents to stop.
+        gpus = int(self.cfg.cluster.gpus_per_node)
         if self.finished:
-            expected = {(n, r) for n, st in self.nodes.items() if st.member and not st.failed for r in range(self.gpus)}
-            while time.monotonic() < deadline and not expected <= self.exited:
+            # Give finished workers a moment to exit on their own (and checkpoints to complete).
+            plan = self.ledger.layout.plan if self.ledger is not None else None
+            expected = {a.worker for a in plan.assignments()} if plan is not None else set()
+            expected = {w for w in expected if not membership.nodes[w[0]].failed}
+            while time.monotonic() < deadline and not expected <= membership.exited:
                 try:
-                    self._drain(0.02)
+                    membership.drain(0.02)
                 except OobleckError:
                     break
-        if self.finished:
-            for node, state in self.nodes.items():
-                for local_rank in range(self.gpus):
+            if self.checkpoints is not None and self.checkpoints.pending:
+                self.checkpoints.wait_idle(time.monotonic() + float(self.cfg.checkpoint.write_timeout_s), lambda: membership.drain(0.02))
+            for node, state in membership.nodes.items():
+                for local_rank in range(gpus):
                     key = keys.phase_times(node, local_rank)
-                    if state.member and not state.failed and self.store.check([key]):
+                    if not state.failed and self.store.check([key]):
                         self.outcome.phase_seconds[f"{node}:{local_rank}"] = json.loads(self.store.get(key))
-        for state in self.nodes.values():
-            if state.channel is not None and not state.failed:
-                state.channel.send({"type": "shutdown"})
-        if self.launcher is not None:
-            self.launcher.shutdown(max(1.0, deadline - time.monotonic()))
-        for state in self.nodes.values():
-            if state.channel is not None:
-                state.channel.close()
-        if self.server is not None:
-            self.server.close()
+        membership.shutdown(max(1.0, deadline - time.monotonic()))
+
+
+_RNG_NOTE = "training draws no random numbers: the sampler and the initial weights are keyed by job.seed (model.dropout must be 0 for exact resumes)"
 
 
 def summarize(outcome: Outcome, cfg: Any) -> dict[str, Any]:
@@ -706,11 +629,12 @@ def summarize(outcome: Outcome, cfg: Any) -> dict[str, Any]:
     steps = outcome.steps
     rates = [s["samples_per_s"] for s in steps[1:]] or [s["samples_per_s"] for s in steps]
     recoveries = outcome.recoveries
+    first = steps[0]["step"] if steps else None
     summary: dict[str, Any] = {
         "steps": len(steps),
-        "first_step": steps[0]["step"] if steps else None,
+        "first_step": first,
         "last_step": steps[-1]["step"] if steps else None,
-        "consecutive_steps": [s["step"] for s in steps] == list(range(len(steps))),
+        "consecutive_steps": [s["step"] for s in steps] == list(range(first or 0, (first or 0) + len(steps))),
         "samples": sum(s["samples"] for s in steps),
         "median_samples_per_s": round(statistics.median(rates), 3) if rates else 0.0,
         "final_loss": round(steps[-1]["loss"], 5) if steps else None,
@@ -718,11 +642,27 @@ def summarize(outcome: Outcome, cfg: Any) -> dict[str, Any]:
         "recoveries": len(recoveries),
         "retried_steps": sum(1 for s in steps if s["attempts"] > 1),
     }
+    for kind in ("reconfiguration", "failover", "restart"):
+        chosen = [r for r in recoveries if r["kind"] == kind]
+        if chosen:
+            summary[f"{kind}s"] = len(chosen)
+            for key in ("detect_s", "plan_s", "groups_s", "state_copy_s", "first_step_s", "total_s"):
+                summary[f"{kind}_median_{key}"] = round(statistics.median(r[key] for r in chosen), 4)
     if recoveries:
-        for key in ("detect_s", "plan_s", "groups_s", "state_copy_s", "first_step_s", "total_s"):
-            summary[f"recovery_median_{key}"] = round(statistics.median(r[key] for r in recoveries), 4)
+        summary["recovery_median_total_s"] = round(statistics.median(r["total_s"] for r in recoveries), 4)
         summary["recovery_bytes_moved"] = sum(r["bytes_moved"] for r in recoveries)
         summary["resumed_at_steps"] = [r["resume_step"] for r in recoveries]
+    if outcome.rolled_back_steps:
+        summary["rolled_back_steps"] = outcome.rolled_back_steps
+        summary["samples_rolled_back"] = outcome.rolled_back_steps * int(cfg.job.global_batch_size)
+    if outcome.checkpoints:
+        summary["checkpoints"] = len(outcome.checkpoints)
+        summary["checkpoint_bytes"] = outcome.checkpoints[-1]["bytes"]
+        summary["checkpoint_median_snapshot_s"] = round(statistics.median(c["snapshot_s"] for c in outcome.checkpoints), 4)
+        summary["checkpoint_median_write_s"] = round(statistics.median(c["write_s"] for c in outcome.checkpoints), 4)
+    if outcome.fault_tolerance:
+        summary["fault_tolerance_min"] = min(f["tolerated"] for f in outcome.fault_tolerance)
+        summary["fault_tolerance_wanted"] = outcome.fault_tolerance[0]["wanted"]
     if outcome.joins_not_absorbed:
         summary["joins_not_absorbed"] = outcome.joins_not_absorbed
     if outcome.events_not_applied:

@@ -1,9 +1,12 @@
-"""One real training job end to end: checks, profile and templates, the controller, the outputs.
+"""One real training job end to end: checks, the strategy's first decision, the controller, outputs.
 
 ``launch(cfg, run_dir)`` is what ``python -m oobleck.run`` calls (and what tests call in-process):
 it validates everything that can be checked before any process starts (config, CUDA, the failure
-schedule and trace), plans, starts the controller (which starts the local agents), and writes
-plan.json, metrics.csv, events.csv, summary.json and the wandb run through ``RunRecorder``.
+schedule and trace, the checkpoint to resume from), builds the strategy the config names and
+asks it for its starting layout (a strategy that cannot start, e.g. a Bamboo layout that does
+not fit in memory, stops here with its reason), starts the controller (which starts the local
+agents), and writes plan.json, metrics.csv, events.csv, summary.json and the wandb run through
+``RunRecorder``.
 """
 
 from __future__ import annotations
@@ -14,19 +17,10 @@ from typing import Any, Optional
 
 from oobleck.config import to_container, validate
 from oobleck.elastic.controller import Controller, Outcome, summarize
-from oobleck.errors import ConfigError, OobleckError, RunError
+from oobleck.errors import OobleckError, RunError
 from oobleck.faults.schedule import build_schedule
 from oobleck.planning.plan import ExecutionPlan
-
-
-def check_strategy(cfg: Any) -> None:
-    """Real runs execute Oobleck; the baselines exist in the simulator only (see README)."""
-    name = str(cfg.strategy.name)
-    if name != "oobleck":
-        raise ConfigError(
-            f"strategy={name} runs in the simulator only: python -m oobleck.simulate sim.strategies=[{name},oobleck]; "
-            "real runs (python -m oobleck.run) use strategy=oobleck"
-        )
+from oobleck.strategy import Decision, Kind, Strategy, StrategyContext, build_strategy
 
 
 def check_device(cfg: Any) -> None:
@@ -42,21 +36,23 @@ def check_device(cfg: Any) -> None:
         )
 
 
-def plan_inputs(cfg: Any) -> tuple[Any, list[int]]:
-    """Templates for the cluster and the per-layer parameter bytes (for transfer planning)."""
-    from oobleck.planning.profile import ClusterSpec
-    from oobleck.planning.templates import generate_templates
+def make_strategy(cfg: Any) -> Strategy:
+    """The run's strategy (``cfg.strategy``) on its profile, cluster and job."""
     from oobleck.profiling import get_profile
 
-    profile = get_profile(cfg)
-    templates = generate_templates(
-        profile,
-        ClusterSpec.from_config(cfg.cluster),
-        int(cfg.job.fault_tolerance),
-        reference_microbatches_per_stage=int(cfg.planner.reference_microbatches_per_stage),
-        max_gpus_per_stage=cfg.planner.max_gpus_per_stage,
-    )
-    return templates, [layer.param_bytes for layer in profile.layers]
+    return build_strategy(cfg.strategy, StrategyContext.from_config(cfg, get_profile(cfg)))
+
+
+def initial_decision(strategy: Strategy, nodes: int, initial_plan: Optional[ExecutionPlan]) -> Decision:
+    """The layout to start on: the strategy's, or ``initial_plan`` (a hand-built Oobleck plan, for tests)."""
+    if initial_plan is not None:
+        from oobleck.policy import plan_layout
+
+        return Decision(Kind.START, plan_layout(initial_plan))
+    decision = strategy.start(list(range(nodes)))
+    if decision.kind is Kind.STOP:
+        raise RunError(f"strategy={strategy.name} cannot run on {nodes} nodes: {decision.reason}")
+    return decision
 
 
 def launch(
@@ -64,20 +60,22 @@ def launch(
     run_dir: str | Path,
     *,
     initial_plan: Optional[ExecutionPlan] = None,
-    templates: Any = None,
-    layer_param_bytes: Optional[list[int]] = None,
     recorder: bool = True,
 ) -> tuple[Outcome, dict[str, Any]]:
     """Run the job; returns what happened and the summary. Raises ``RunError`` if it had to stop
     (after writing the summary of what it did)."""
+    from oobleck.checkpoint import resume_checkpoint
+
     validate(cfg)
-    check_strategy(cfg)
     check_device(cfg)
-    schedule = build_schedule(cfg.failures, nodes=int(cfg.cluster.nodes), steps=int(cfg.job.steps))
-    if templates is None and (initial_plan is None or schedule):
-        templates, layer_param_bytes = plan_inputs(cfg)
-    config_dict = to_container(cfg)
     run_dir = Path(run_dir)
+    schedule = build_schedule(cfg.failures, nodes=int(cfg.cluster.nodes), steps=int(cfg.job.steps))
+    resume = resume_checkpoint(cfg, run_dir)
+    if resume is not None and resume.step >= int(cfg.job.steps):
+        raise RunError(f"{resume.step_dir} already holds all job.steps={cfg.job.steps} steps; nothing to resume")
+    strategy = make_strategy(cfg)
+    initial = initial_decision(strategy, int(cfg.cluster.nodes), initial_plan)
+    config_dict = to_container(cfg)
     rec = None
     if recorder:
         from oobleck.metrics import RunRecorder
@@ -86,18 +84,12 @@ def launch(
             run_dir,
             config_dict,
             total_steps=int(cfg.job.steps),
-            strategy=str(cfg.strategy.name),
+            strategy=strategy.name,
             wandb=cfg.logger.wandb,
             progress_bar=bool(cfg.logger.progress_bar),
         )
     controller = Controller(
-        cfg,
-        config_dict,
-        recorder=rec,
-        templates=templates,
-        initial_plan=initial_plan,
-        schedule=schedule,
-        layer_param_bytes=layer_param_bytes,
+        cfg, config_dict, strategy=strategy, initial=initial, run_dir=run_dir, recorder=rec, schedule=schedule, resume=resume
     )
     try:
         outcome = controller.run()
@@ -120,13 +112,13 @@ def save_final_params(controller: Controller, path: Path) -> None:
 
     from oobleck.runtime import keys
 
-    plan = controller.plans[controller.generation]
+    assert controller.ledger is not None
+    plan = controller.ledger.layout.plan
     state: dict[str, Any] = {}
     for layer in range(plan.num_layers):
         key = keys.final_params(layer)
-        controller_store = controller.store
-        if not controller_store.check([key]):
+        if not controller.store.check([key]):
             raise RunError(f"layer {layer}'s final parameters were not published")
-        state[str(layer)] = torch.load(io.BytesIO(controller_store.get(key)), weights_only=True)
+        state[str(layer)] = torch.load(io.BytesIO(controller.store.get(key)), weights_only=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(state, path)

@@ -7,11 +7,13 @@ implement ``start`` and ``send_signal``; killing and shutting down are the same 
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
 from abc import ABC, abstractmethod
 
+from oobleck.elastic.protocol import SECRET_ENV
 from oobleck.errors import RunError
 
 REAP_TIMEOUT_S = 10.0
@@ -20,8 +22,13 @@ REAP_TIMEOUT_S = 10.0
 class Launcher(ABC):
     """Starts node agents; ``processes`` maps node id -> the local process standing for the node."""
 
-    def __init__(self) -> None:
+    def __init__(self, secret: str = "") -> None:
         self.processes: dict[int, subprocess.Popen] = {}
+        self.secret = secret
+
+    def agent_environment(self) -> dict[str, str]:
+        """The environment an agent starts with: this process's, plus the run's secret."""
+        return {**os.environ, SECRET_ENV: self.secret}
 
     @abstractmethod
     def start(self, node: int) -> None:

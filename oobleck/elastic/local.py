@@ -17,14 +17,14 @@ from oobleck.elastic.launcher import Launcher
 class LocalLauncher(Launcher):
     """Starts ``python -m oobleck.elastic.agent`` for a node id, each in its own session."""
 
-    def __init__(self, controller: str, run_id: str) -> None:
-        super().__init__()
+    def __init__(self, controller: str, run_id: str, secret: str = "") -> None:
+        super().__init__(secret)
         self.controller = controller
         self.run_id = run_id
 
     def start(self, node: int) -> None:
         command = [sys.executable, "-m", "oobleck.elastic.agent", "--controller", self.controller, "--node-id", str(node), "--run-id", self.run_id]
-        self.processes[node] = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.processes[node] = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True, env=self.agent_environment())
 
     def send_signal(self, node: int, sig: int) -> None:
         """Deliver ``sig`` to the node's whole process group, without waiting."""

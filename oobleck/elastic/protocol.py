@@ -1,16 +1,75 @@
 """The agent <-> controller wire format: one JSON object per line over a TCP connection.
 
-Kept free of torch so agents stay light. Messages, agent to controller: ``hello`` (node id, pid,
-host), ``hb`` (heartbeat), ``exit`` (a worker's local rank and exit code). Controller to agent:
-``start`` (store address, workers per node, run id), ``shutdown``.
+Kept free of torch so agents stay light. Every message is checked against ``SCHEMAS`` on arrival
+(``parse``): a malformed line or a message with a missing or mistyped field is a
+``ProtocolError``, and the controller drops that client instead of acting on it.
+
+Agent to controller: ``hello`` (node id, pid, host, the run's secret: the first message, and the
+only one accepted before it), ``hb`` (heartbeat), ``exit`` (a worker's local rank, exit code and
+the incarnation it belonged to). Controller to agent: ``start`` (store address, workers per node,
+run id, heartbeat interval, incarnation, the worker program's module), ``restart`` (stop every worker, start fresh ones of a
+new incarnation), ``kill`` (fault injection), ``shutdown``.
+
+Trust model: the agent port accepts only clients that present the run's secret (a random token
+the launcher hands each agent in its environment, ``SECRET_ENV``), so another user's process on a
+shared host cannot pose as a node; the secret is not a defence against someone who can read the
+agents' environment (root, or the same user).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+import secrets
 import socket
 import threading
 from typing import Any, Optional
+
+SECRET_ENV = "OOBLECK_AGENT_SECRET"
+MAX_LINE_BYTES = 1 << 16  # no legitimate message comes near this
+
+_INT = (int,)
+_NUM = (int, float)
+SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
+    "hello": {"node": _INT, "pid": _INT, "host": (str,), "secret": (str,)},
+    "hb": {"node": _INT, "time": _NUM},
+    "exit": {"node": _INT, "local_rank": _INT, "code": _INT, "incarnation": _INT},
+    "start": {"store": (str,), "gpus": _INT, "run_id": (str,), "heartbeat_s": _NUM, "incarnation": _INT, "worker_module": (str,)},
+    "restart": {"incarnation": _INT},
+    "kill": {"signal": (str,)},
+    "shutdown": {},
+}
+
+
+class ProtocolError(ValueError):
+    """A line that is not a valid message (the reason says what is wrong)."""
+
+
+def new_secret() -> str:
+    return secrets.token_hex(16)
+
+
+def same_secret(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def parse(line: str) -> dict[str, Any]:
+    """The message a line holds, checked against its schema."""
+    try:
+        message = json.loads(line)
+    except ValueError:
+        raise ProtocolError(f"not JSON: {line[:80]!r}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError(f"not a JSON object: {line[:80]!r}")
+    kind = message.get("type")
+    schema = SCHEMAS.get(kind) if isinstance(kind, str) else None
+    if schema is None:
+        raise ProtocolError(f"unknown message type {kind!r}")
+    for name, types in schema.items():
+        value = message.get(name)
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise ProtocolError(f"{kind} message: field {name!r}={value!r} is missing or not a {types[0].__name__}")
+    return message
 
 
 class Channel:
@@ -18,7 +77,7 @@ class Channel:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self._reader = sock.makefile("r", encoding="utf-8")
+        self._reader = sock.makefile("rb")
         self._lock = threading.Lock()
 
     def send(self, message: dict[str, Any]) -> bool:
@@ -31,14 +90,21 @@ class Channel:
             return False
 
     def recv(self) -> Optional[dict[str, Any]]:
-        """The next message, or None when the peer closed the connection."""
+        """The next valid message; None when the peer closed the connection; ``ProtocolError``
+        for a line that is not one."""
         try:
-            line = self._reader.readline()
+            line = self._reader.readline(MAX_LINE_BYTES + 1)
         except (OSError, ValueError):
             return None
         if not line:
             return None
-        return json.loads(line)
+        if len(line) > MAX_LINE_BYTES:
+            raise ProtocolError(f"line longer than {MAX_LINE_BYTES} bytes")
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError("line is not UTF-8") from None
+        return parse(text)
 
     def close(self) -> None:
         try:

@@ -38,7 +38,7 @@ def _run(command: list[str]) -> str:
 class SlurmLauncher(Launcher):
     """Starts ``python -m oobleck.elastic.agent`` as one Slurm job step per node; kills and reaps them."""
 
-    def __init__(self, controller: str, run_id: str, *, environ: Optional[dict[str, str]] = None) -> None:
+    def __init__(self, controller: str, run_id: str, secret: str = "", *, environ: Optional[dict[str, str]] = None) -> None:
         env = dict(os.environ if environ is None else environ)
         if "SLURM_JOB_ID" not in env:
             raise RunError(
@@ -47,7 +47,7 @@ class SlurmLauncher(Launcher):
             )
         if shutil.which("srun") is None or shutil.which("scancel") is None:
             raise RunError("cluster.kind=slurm needs srun and scancel on PATH")
-        super().__init__()
+        super().__init__(secret)
         self.controller = controller
         self.run_id = run_id
         self.job_id = env["SLURM_JOB_ID"]
@@ -77,7 +77,7 @@ class SlurmLauncher(Launcher):
             sys.executable, "-m", "oobleck.elastic.agent",
             "--controller", self.controller, "--node-id", str(node), "--run-id", self.run_id,
         ]  # fmt: skip
-        self.processes[node] = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+        self.processes[node] = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=self.agent_environment())
         self.slot_of[node] = slot
 
     def _step_id(self, node: int) -> str:

@@ -10,7 +10,11 @@ Vocabulary:
   the stage), which is what the cost model's ``F/g`` plus an in-node all-reduce describes;
 - a *template* is the best stage layout for a node count; a *pipeline* is a template instantiated
   on concrete node ids with a number of microbatches per iteration;
-- a *worker* is one device: ``(node id, local rank)``.
+- a *worker* is one device: ``(node id, local rank)``;
+- a *shadow* is a redundant copy of another stage's layers that a stage's workers also hold,
+  keep identical to the originals (they join those layers' gradient reduction with a zero
+  gradient and apply the same optimizer step) and run the forward pass of, redundantly (the
+  Bamboo-style strategy; Oobleck's own plans have none).
 """
 
 from __future__ import annotations
@@ -89,6 +93,15 @@ class PipelineInstance:
 
 
 @dataclass(frozen=True)
+class ShadowCopy:
+    """The workers of stage ``stage`` of pipeline ``pipeline`` also hold ``layers`` (see module docstring)."""
+
+    pipeline: int
+    stage: int
+    layers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class WorkerAssignment:
     """What one device does in a plan."""
 
@@ -99,6 +112,12 @@ class WorkerAssignment:
     shard: int  # index of this device among its stage's devices
     shards: int
     layers: tuple[int, ...]
+    shadow_layers: tuple[int, ...] = ()  # redundant copies this device also keeps (ShadowCopy)
+
+    @property
+    def held_layers(self) -> tuple[int, ...]:
+        """Every layer whose state this device keeps: its stage's layers, then its shadows."""
+        return self.layers + tuple(layer for layer in self.shadow_layers if layer not in self.layers)
 
 
 @dataclass(frozen=True)
@@ -112,6 +131,7 @@ class ExecutionPlan:
     fault_tolerance: int
     gpus_per_node: int
     predicted_iteration_s: float  # max over pipelines: they finish together by construction
+    shadows: tuple[ShadowCopy, ...] = ()  # redundant layer copies (Bamboo-style plans only)
 
     @property
     def num_microbatches(self) -> int:
@@ -127,6 +147,10 @@ class ExecutionPlan:
 
     def assignments(self) -> tuple[WorkerAssignment, ...]:
         """Every device's role; ranks follow (pipeline, stage, shard) order."""
+        shadowed: dict[tuple[int, int], tuple[int, ...]] = {}
+        for shadow in self.shadows:
+            key = (shadow.pipeline, shadow.stage)
+            shadowed[key] = shadowed.get(key, ()) + tuple(shadow.layers)
         result = []
         for pipeline in self.pipelines:
             for stage_index, stage in enumerate(pipeline.template.stages):
@@ -141,6 +165,7 @@ class ExecutionPlan:
                             shard=shard,
                             shards=len(workers),
                             layers=tuple(stage.layers),
+                            shadow_layers=shadowed.get((pipeline.index, stage_index), ()),
                         )
                     )
         return tuple(result)
@@ -152,10 +177,10 @@ class ExecutionPlan:
         return None
 
     def layer_holders(self) -> dict[int, tuple[Worker, ...]]:
-        """For each layer, every device holding it (across all pipelines and stage shards)."""
+        """For each layer, every device holding it (across all pipelines and stage shards, shadows included)."""
         holders: dict[int, list[Worker]] = {layer: [] for layer in range(self.num_layers)}
         for assignment in self.assignments():
-            for layer in assignment.layers:
+            for layer in assignment.held_layers:
                 holders[layer].append(assignment.worker)
         return {layer: tuple(workers) for layer, workers in holders.items()}
 
@@ -176,8 +201,11 @@ class ExecutionPlan:
                     predicted_iteration_s=p["predicted_iteration_s"],
                 )
             )
-        fields = {k: v for k, v in data.items() if k != "pipelines"}
-        return cls(pipelines=tuple(pipelines), **fields)
+        shadows = tuple(
+            ShadowCopy(pipeline=s["pipeline"], stage=s["stage"], layers=tuple(s["layers"])) for s in data.get("shadows", ())
+        )
+        fields = {k: v for k, v in data.items() if k not in ("pipelines", "shadows")}
+        return cls(pipelines=tuple(pipelines), shadows=shadows, **fields)
 
     def iter_microbatches(self) -> Iterator[tuple[int, int]]:
         """(pipeline index, global microbatch index) for every microbatch of one iteration."""

@@ -130,13 +130,13 @@ def _transfers(
 ) -> tuple[LayerTransfer, ...]:
     held: dict[Worker, set[int]] = {}
     for assignment in old.assignments():
-        held.setdefault(assignment.worker, set()).update(assignment.layers)
+        held.setdefault(assignment.worker, set()).update(assignment.held_layers)
     load: dict[Worker, int] = {}
     transfers = []
     for assignment in new.assignments():
         target = assignment.worker
         have = held.get(target, set())
-        for layer in assignment.layers:
+        for layer in assignment.held_layers:
             if layer in have:
                 continue
             sources = sorted((w for w in live_holders[layer] if w != target), key=lambda w: (load.get(w, 0), w))
@@ -242,3 +242,18 @@ def check_fault_tolerance(templates: TemplateSet, nodes: int, fault_tolerance: i
             f"with f={f} failures out of {nodes} nodes, survivor counts {uncovered} cannot be split into "
             f"pipelines of the template sizes {list(sizes)}; lower job.fault_tolerance or change cluster.nodes"
         )
+
+
+def plan_transfers(
+    old: ExecutionPlan,
+    new: ExecutionPlan,
+    removed: Sequence[int],
+    layer_param_bytes: Sequence[int],
+    *,
+    max_sources: int = DEFAULT_MAX_SOURCES,
+) -> tuple[LayerTransfer, ...]:
+    """The layer copies that take ``old`` to ``new`` after ``removed`` nodes failed, for any pair of
+    plans (a strategy that builds its own plans, e.g. with shadow copies, uses this); raises
+    ``PlanningError`` when a layer the new plan needs has no live holder."""
+    live = _check_replicas(old, set(removed))
+    return _transfers(old, new, live, layer_param_bytes, max_sources)

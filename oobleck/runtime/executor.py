@@ -1,7 +1,10 @@
 """One training step of one rank: the 1F1B schedule, gradient synchronisation and clipping.
 
 The schedule is the non-interleaved 1F1B: stage i of S runs min(S-i-1, m) warm-up forwards, then
-alternates one forward and one backward, then drains the remaining backwards. Receives block
+alternates one forward and one backward, then drains the remaining backwards. A rank holding a
+shadow copy of another stage (Bamboo-style plans) also runs that stage's forward pass on each
+microbatch, redundantly (no gradient; timed in ``StepContext.redundant_s``): the successor's
+layers on its own output, or, for the first stage's layers, on the microbatch's tokens. Receives block
 (abortably); sends are asynchronous and waited for at the end of the step. Each microbatch loss
 (``loss_fn``: summed over samples) is divided by the global batch size, so after the SUM all-reduce
 of every layer's gradient over all its holders, gradients are those of the mean loss over the
@@ -11,6 +14,7 @@ global batch however it is split across pipelines, stages and shards.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -41,6 +45,7 @@ class StepContext:
     device: str = "cpu"
     bucket_bytes: int = 4 << 20
     hook: Optional[PhaseHook] = None
+    redundant_s: float = 0.0  # seconds of redundant forward work (shadow copies) this step
 
     def phase(self, name: str) -> None:
         if self.hook is not None:
@@ -54,6 +59,19 @@ def _forward_layers(ctx: StepContext, x: torch.Tensor) -> torch.Tensor:
     for layer in ctx.stage_layers():
         x = layer.module(x)
     return x
+
+
+def _redundant_forward(ctx: StepContext, out: torch.Tensor, tokens: Callable[[], torch.Tensor]) -> None:
+    """The forward pass of this rank's shadow copies, thrown away (Bamboo's redundant computation)."""
+    shadow = ctx.topology.assignment.shadow_layers
+    if not shadow:
+        return
+    started = time.perf_counter()
+    with torch.no_grad():
+        x = tokens() if shadow[0] == 0 else out.detach()
+        for index in shadow:
+            x = ctx.layers[index].module(x)
+    ctx.redundant_s += time.perf_counter() - started
 
 
 def run_schedule(ctx: StepContext, step: int) -> float:
@@ -91,6 +109,7 @@ def run_schedule(ctx: StepContext, step: int) -> float:
             x.requires_grad_(True)
             x_in = x
         out = _forward_layers(ctx, x)
+        _redundant_forward(ctx, out, lambda: load(mb)[0])
         if topo.is_last:
             _, targets = load(mb)
             loss = loss_fn(out, targets)
@@ -221,7 +240,7 @@ def global_grad_norm(ctx: StepContext) -> float:
 def clip_and_step(ctx: StepContext, norm: float, max_norm: float, lr: float) -> None:
     """Scale gradients like ``clip_grad_norm_`` (coefficient max/(norm+1e-6), at most 1), then step."""
     coefficient = max_norm / (norm + 1e-6) if max_norm > 0 else 1.0
-    for index in ctx.topology.assignment.layers:
+    for index in ctx.topology.assignment.held_layers:  # shadow copies step too, staying identical
         layer = ctx.layers[index]
         if coefficient < 1.0:
             for p in layer.params:

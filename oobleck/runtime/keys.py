@@ -6,9 +6,13 @@ protocol can be read in one place:
 - ``config`` (JSON of the resolved run config), ``gen`` (the newest generation number),
   ``plan/<g>`` (JSON: the plan of generation g, its reconfiguration and the step to resume at);
 - ``abort/<g>``: generation g is over (a newer one exists, or the run stops: then ``stop`` holds why);
-- ``g<g>/decision/<s>``: the commit decision of step s in generation g, "commit" or "abort",
-  taken atomically with ``compare_set`` by whichever comes first: the last rank to finish its
-  gradient all-reduce, or the controller aborting the generation;
+- ``g<g>/decision/<s>``: the commit decision of step s in generation g, "commit" (or
+  "commit+checkpoint": commit, then every layer's writer checkpoints the state after step s) or
+  "abort", taken atomically with ``compare_set`` by whichever comes first: the last rank to
+  finish its gradient all-reduce, or the controller aborting the generation;
+- ``checkpoint/request``: the controller asks for a checkpoint at the first step boundary at or
+  after the step it holds (the rank deciding that commit takes and deletes it);
+  ``checkpoint/<b>/<layer>``: a written shard's record (JSON), ``checkpoint/<b>/timing/<node>/<rank>``;
 - ``g<g>/established``: "yes" once every rank of g built its groups and received its layers,
   "no" when the controller aborted g first (same compare_set race, so both sides agree which
   plan owns the layers);
@@ -21,7 +25,9 @@ CONFIG = "config"
 GEN = "gen"
 STOP = "stop"
 COMMIT = "commit"
+COMMIT_CHECKPOINT = "commit+checkpoint"
 ABORT = "abort"
+CHECKPOINT_REQUEST = "checkpoint/request"
 YES = "yes"
 NO = "no"
 
@@ -41,6 +47,26 @@ def prefix(generation: int) -> str:
 
 def decision(generation: int, step: int) -> str:
     return f"g{generation}/decision/{step}"
+
+
+def is_commit(value: str) -> bool:
+    """Whether a decision value commits its step (with or without a checkpoint after it)."""
+    return value in (COMMIT, COMMIT_CHECKPOINT)
+
+
+def step_time(generation: int, step: int) -> str:
+    """Seconds step s took on the rank that decided its commit (the last to finish its reduction)."""
+    return f"g{generation}/step_time/{step}"
+
+
+def checkpoint_shard(boundary: int, layer: int) -> str:
+    """The record of layer's shard in the checkpoint of ``boundary`` committed steps."""
+    return f"checkpoint/{boundary}/{layer}"
+
+
+def checkpoint_timing(boundary: int, node: int, local_rank: int) -> str:
+    """A writer's snapshot and write seconds for that checkpoint (JSON)."""
+    return f"checkpoint/{boundary}/timing/{node}/{local_rank}"
 
 
 def commit_count(generation: int, step: int) -> str:
@@ -67,8 +93,9 @@ def checksums(generation: int, rank: int) -> str:
     return f"g{generation}/checksums/{rank}"
 
 
-def worker_registered(node: int, local_rank: int) -> str:
-    return f"worker/{node}/{local_rank}"
+def worker_registered(node: int, local_rank: int, incarnation: int = 0) -> str:
+    """Set by a worker process once it is up; ``incarnation`` counts the node's worker restarts."""
+    return f"worker/{node}/{local_rank}/{incarnation}"
 
 
 def worker_error(node: int, local_rank: int) -> str:

@@ -1,6 +1,8 @@
 """Small configs and hand-built plans for tests and benchmarks of the runtime.
 
-``tiny_config`` is gpt3_tiny with a short job, wandb off and final parameters collected;
+``tiny_config`` is the command line's config (composed from conf/ by Hydra, so tests start from
+the same defaults as ``python -m oobleck.run``) with gpt3_tiny, a short job, no failures, wandb
+off and final parameters collected;
 ``template``/``hand_plan`` build an ``ExecutionPlan`` directly (no planner), so a test can run any
 layout: heterogeneous pipelines, sharded stages, a single deep pipeline, pure data parallelism.
 ``assert_matches_reference`` is the exactness check every real-run test ends with.
@@ -14,15 +16,27 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from oobleck.config import Config
+from oobleck.config import CONF_DIR
 from oobleck.planning.plan import ExecutionPlan, PipelineInstance, PipelineTemplate, StageSpec
 
-CONF = Path(__file__).resolve().parents[2] / "conf"  # the repository's Hydra config tree
+
+def compose_run_config(*overrides: str) -> Any:
+    """The config ``python -m oobleck.run <overrides>`` would run with (Hydra's compose API)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import oobleck.config  # noqa: F401  (registers the schema)
+
+    if GlobalHydra.instance().is_initialized():
+        return compose("config", overrides=list(overrides))
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
 
 
-def tiny_config(**overrides):
-    cfg = OmegaConf.structured(Config)
-    cfg.model = OmegaConf.merge(cfg.model, OmegaConf.load(CONF / "model" / "gpt3_tiny.yaml"))
+def tiny_config(*groups: str, **overrides: Any) -> Any:
+    """gpt3_tiny with a 4-step job; ``groups`` are config-group choices (e.g. ``"strategy=varuna"``),
+    ``overrides`` dotted keys (``**{"cluster.nodes": 6}``)."""
+    cfg = compose_run_config("model=gpt3_tiny", "failures=none", *groups)
     cfg.job.steps = 4
     cfg.job.global_batch_size = 16
     cfg.job.microbatch_size = 2

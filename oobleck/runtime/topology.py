@@ -9,6 +9,9 @@ groups it belongs to in the same global order.
   so one bucketed all-reduce per group sums the gradient over every pipeline and every shard.
 - Tied weights (embedding and LM head): one group over the union of both layers' holders.
 - Gradient-norm ownership: each layer's norm is counted by its lowest-rank holder only.
+- Shadow copies (``WorkerAssignment.shadow_layers``) are holders like any other: they join the
+  layer's gradient group (contributing a zero gradient, receiving the sum) and step the same
+  optimizer, so they stay bit-identical; only the norm is counted by a stage's own holder.
 """
 
 from __future__ import annotations
@@ -103,10 +106,13 @@ def build_topology(plan: ExecutionPlan, worker: tuple[int, int], tied_layers: tu
         return None
     stage_ranks: dict[tuple[int, int], list[int]] = {}
     holders: dict[int, list[int]] = {layer: [] for layer in range(plan.num_layers)}
+    primary: dict[int, list[int]] = {layer: [] for layer in range(plan.num_layers)}
     for a in assignments:
         stage_ranks.setdefault((a.pipeline, a.stage), []).append(a.rank)
-        for layer in a.layers:
+        for layer in a.held_layers:
             holders[layer].append(a.rank)
+        for layer in a.layers:
+            primary[layer].append(a.rank)
     by_set: dict[tuple[int, ...], list[int]] = {}
     for layer, ranks in holders.items():
         by_set.setdefault(tuple(sorted(ranks)), []).append(layer)
@@ -125,7 +131,7 @@ def build_topology(plan: ExecutionPlan, worker: tuple[int, int], tied_layers: tu
         stage_ranks={k: tuple(v) for k, v in stage_ranks.items()},
         grad_groups=grad_groups,
         tied_group=tied_group,
-        norm_owner={layer: min(ranks) for layer, ranks in holders.items() if ranks},
+        norm_owner={layer: min(ranks) for layer, ranks in primary.items() if ranks},
     )
 
 

@@ -1,15 +1,21 @@
 """The worker process: one per device, started by its node's agent, never restarted.
 
-``python -m oobleck.runtime.worker --store HOST:PORT --node-id K --local-rank R`` connects to the
-controller's TCPStore, reads the run config, registers, and then lives through generations:
+``python -m oobleck.runtime.worker --store HOST:PORT --node-id K --local-rank R --incarnation I``
+connects to the controller's TCPStore, reads the run config, registers, and then lives through
+generations:
 
-1. read the newest plan that includes this worker (``plan/<g>``);
-2. *establish* the generation: build its process groups, receive the parameters and AdamW state
-   of newly assigned layers (chunked, checksummed) and send those others need, pass the
-   ``established`` barrier, drop layers no longer held, report timings and checksums;
-3. train from the plan's resume step: 1F1B, gradient all-reduce, global-norm clipping, the
-   commit decision, the optimizer step. An abort of the generation (a membership change) at any
-   wait jumps back to 1 with the state of the last committed step intact.
+1. read the newest plan that includes this worker (``plan/<g>``); a plan naming a newer
+   incarnation of this node means a restart replaced this process: it exits;
+2. *establish* the generation: build its process groups, then get the state of the layers it
+   holds (its stage's and its shadow copies'): load them from the checkpoint the plan names (a
+   start, resume or restart), build the seeded initial state (step 0), or receive parameters and
+   AdamW state of newly assigned layers (chunked, checksummed) and send those others need; pass
+   the ``established`` barrier, drop layers no longer held, report timings and checksums;
+3. train from the plan's resume step: 1F1B (plus the redundant forward of shadow copies),
+   gradient all-reduce, global-norm clipping, the commit decision, the optimizer step, and, when
+   the commit says so, snapshot the layers this worker writes and write them in the background.
+   An abort of the generation (a membership change) at any wait jumps back to 1 with the state
+   of the last committed step intact.
 
 A worker that raises writes its traceback to ``error/<node>/<local rank>`` and exits 1; the
 controller stops the run and prints it.
@@ -35,6 +41,7 @@ from oobleck.errors import RunError
 from oobleck.models import tied_parameters
 from oobleck.planning.plan import ExecutionPlan, ReconfigurationPlan
 from oobleck.runtime import keys
+from oobleck.runtime.checkpointing import CheckpointWriter, restore_layers
 from oobleck.runtime.comm import Aborted, AbortWatch, Communicator, Reaper, Waiter, channel_name, make_store
 from oobleck.runtime.executor import StepContext, clip_and_step, global_grad_norm, run_schedule, sync_gradients
 from oobleck.runtime.state import (
@@ -69,10 +76,15 @@ def resource_probe(extra: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class Superseded(Exception):
+    """A restart replaced this process (the plan names a newer incarnation of its node)."""
+
+
 class Worker:
-    def __init__(self, host: str, port: int, node: int, local_rank: int) -> None:
+    def __init__(self, host: str, port: int, node: int, local_rank: int, incarnation: int = 0) -> None:
         self.host, self.port = host, port
         self.node, self.local_rank = node, local_rank
+        self.incarnation = incarnation
         self.worker = (node, local_rank)
         self.store = make_store(host, port, 60.0)
         self.cfg = from_container(json.loads(self.store.get(keys.CONFIG)))
@@ -110,6 +122,7 @@ class Worker:
         self.strike: Optional[dict[str, Any]] = None
         self.phase_seconds: dict[str, float] = {}  # where this worker's step time went
         self.bucket_bytes = int(float(self.cfg.runtime.bucket_mb) * (1 << 20))
+        self.checkpointer = CheckpointWriter(host, port, self.worker, self.cfg.checkpoint)
 
     # ------------------------------------------------------------------ generations
     def _wait_key(self, key: str, timeout_s: float, what: str) -> None:
@@ -125,28 +138,33 @@ class Worker:
         """The newest generation after ``after`` (None: at start-up); None when the run stops."""
         if after is None:
             self._wait_key(keys.GEN, self.wait_s, "the first plan")
-        else:
-            # A worker may sit out generations (a plan that does not use it): wait as long as the
-            # run lives, in bounded slices so a vanished controller still ends the wait.
-            while True:
-                try:
-                    self.store.wait([keys.abort(after)], timedelta(seconds=self.wait_s))
-                    break
-                except Exception:
-                    if self._stopped():
-                        return None
-            if self._stopped():
-                return None
-            self._wait_key(keys.plan(after + 1), self.wait_s, f"the plan of generation {after + 1}")
+            after = int(self.store.get(keys.GEN))
+            # A restarted worker may find the generation its predecessors were aborted in: it
+            # waits for the next one like everybody else.
+            if not self.store.check([keys.abort(after)]):
+                return None if self._stopped() else after
+        # A worker may sit out generations (a plan that does not use it): wait as long as the
+        # run lives, in bounded slices so a vanished controller still ends the wait.
+        while True:
+            try:
+                self.store.wait([keys.abort(after)], timedelta(seconds=self.wait_s))
+                break
+            except Exception:
+                if self._stopped():
+                    return None
         if self._stopped():
             return None
-        generation = int(self.store.get(keys.GEN))
-        return generation
+        self._wait_key(keys.plan(after + 1), self.wait_s, f"the plan of generation {after + 1}")
+        if self._stopped():
+            return None
+        return int(self.store.get(keys.GEN))
 
     def run(self) -> None:
         generation = self.next_generation(None)
         while generation is not None:
             document = json.loads(self.store.get(keys.plan(generation)))
+            if int(document.get("incarnations", {}).get(str(self.node), 0)) > self.incarnation:
+                raise Superseded()
             plan = ExecutionPlan.from_dict(document["plan"])
             topology = build_topology(plan, self.worker, self.tied_layers)
             if topology is None:  # not used by this generation: wait for the next one
@@ -172,17 +190,26 @@ class Worker:
             pending = comm.pending()
             self.reaper.park(comm.release(), pending)
             if finished:
+                self.checkpointer.close(float(self.cfg.checkpoint.write_timeout_s))
                 return
             generation = self.next_generation(generation)
 
     # ------------------------------------------------------------------ establish
     def establish(self, generation: int, document: dict[str, Any], topology: Topology, comm: Communicator) -> None:
-        if document.get("reconfiguration") is None or int(document["resume_step"]) == 0:
+        committed = int(document["resume_step"])
+        held = topology.assignment.held_layers
+        load_s = 0.0
+        if document.get("load_checkpoint"):
+            # A start from a checkpoint (a resume or a restart): every worker loads what it holds.
+            loading = time.monotonic()
+            self.layers = restore_layers(document["load_checkpoint"], held, self._new_layer, committed)
+            load_s = time.monotonic() - loading
+        elif document.get("reconfiguration") is None or committed == 0:
             # Before the first commit every layer is its seeded initial state: each worker builds
             # its own (the controller plans no copies then; see Controller._reconfigure).
-            for index in topology.assignment.layers:
+            for index in held:
                 if index not in self.layers:
-                    self.layers[index] = new_layer_state(self.cfg.model, self.cfg.job, index, int(self.cfg.job.seed), self.device, 0)
+                    self.layers[index] = self._new_layer(index, 0)
         started = time.monotonic()
         comm.build()
         groups_s = time.monotonic() - started
@@ -190,7 +217,7 @@ class Worker:
         committed = int(document["resume_step"])
         moved = time.monotonic()
         bytes_in, bytes_out = self.transfer_state(topology, comm, _reconfiguration(document), committed, generation)
-        missing = [i for i in topology.assignment.layers if i not in self.layers]
+        missing = [i for i in held if i not in self.layers]
         if missing:
             raise RunError(f"generation {generation}: worker {self.worker} was assigned layers {missing} but no transfer provided them")
         transfer_s = time.monotonic() - moved
@@ -200,13 +227,13 @@ class Worker:
         self._wait_key(keys.established(generation), self.timeout_s, f"generation {generation} to be established")
         if self.store.get(keys.established(generation)).decode() != keys.YES:
             raise Aborted()
-        for index in [i for i in self.layers if i not in topology.assignment.layers]:
+        for index in [i for i in self.layers if i not in held]:
             del self.layers[index]
         checksums = {str(i): layer_checksum(layer) for i, layer in self.layers.items()}
         self.store.set(keys.checksums(generation, topology.rank), json.dumps(checksums))
         self.store.set(
             keys.timing(generation, topology.rank),
-            json.dumps({"groups_s": groups_s, "state_copy_s": transfer_s, "bytes_in": bytes_in, "bytes_out": bytes_out}),
+            json.dumps({"groups_s": groups_s, "state_copy_s": transfer_s, "load_s": load_s, "bytes_in": bytes_in, "bytes_out": bytes_out}),
         )
         self.store.set(
             keys.probe(generation, topology.rank),
@@ -249,9 +276,7 @@ class Worker:
                 bytes_out += piece.numel() * piece.element_size()
             else:
                 if transfer.layer not in self.layers:
-                    self.layers[transfer.layer] = new_layer_state(
-                        self.cfg.model, self.cfg.job, transfer.layer, int(self.cfg.job.seed), self.device, committed
-                    )
+                    self.layers[transfer.layer] = self._new_layer(transfer.layer, committed)
                 numel = self.layers[transfer.layer].numel
                 a, b = chunk_bounds(numel, transfer.chunk, transfer.chunks)
                 buf = torch.empty(3, b - a, device=self.device)
@@ -275,6 +300,9 @@ class Worker:
                 raise RunError(f"generation {generation}: layer {layer_index} received {covered} of {layer.numel} elements")
             install_flat_state(layer, flat, committed)
         return bytes_in, bytes_out
+
+    def _new_layer(self, index: int, committed: int) -> LayerState:
+        return new_layer_state(self.cfg.model, self.cfg.job, index, int(self.cfg.job.seed), self.device, committed)
 
     # ------------------------------------------------------------------ training
     def _read_strike(self) -> None:
@@ -317,6 +345,7 @@ class Worker:
         )
         step = int(document["resume_step"])
         world = len(topology.world)
+        every_steps = int(document["checkpoint"]["every_steps"])
         times = self.phase_seconds
         while step < int(job.steps):
             self._read_strike()
@@ -334,21 +363,37 @@ class Worker:
             if topology.is_last:
                 self.store.set(keys.loss(generation, step, topology.rank), repr(loss))
             if self.store.add(keys.commit_count(generation, step), 1) == world:
-                self.store.compare_set(keys.decision(generation, step), "", keys.COMMIT)
+                self.store.set(keys.step_time(generation, step), repr(time.perf_counter() - t0))
+                self.store.compare_set(keys.decision(generation, step), "", self._commit_value(step + 1, every_steps))
             self._wait_key(keys.decision(generation, step), self.timeout_s, f"the commit decision of step {step}")
-            if self.store.get(keys.decision(generation, step)).decode() != keys.COMMIT:
+            decision = self.store.get(keys.decision(generation, step)).decode()
+            if not keys.is_commit(decision):
                 raise Aborted()
             t3 = time.perf_counter()
             ctx.phase("optimizer")
             clip_and_step(ctx, norm, float(job.grad_clip), learning_rate(job, step))
+            if decision == keys.COMMIT_CHECKPOINT:
+                self.checkpointer.write(step + 1, document["checkpoint"], self.layers)
             t4 = time.perf_counter()
             for name, seconds in (("pipeline_1f1b", t1 - t0), ("grad_allreduce", t2 - t1), ("norm_and_commit", t3 - t2), ("optimizer", t4 - t3)):
                 times[name] = times.get(name, 0.0) + seconds
+            times["redundant_forward"] = times.get("redundant_forward", 0.0) + ctx.redundant_s
+            ctx.redundant_s = 0.0
             step += 1
         if self.cfg.runtime.save_final_params:
             self.publish_final_params(topology)
         self.store.set(keys.phase_times(self.node, self.local_rank), json.dumps(times))
         return True
+
+    def _commit_value(self, boundary: int, every_steps: int) -> str:
+        """The commit decision this rank takes for the step ending at ``boundary`` committed steps:
+        with a checkpoint after it every ``every_steps``, or when the controller asked for one."""
+        if every_steps > 0 and boundary % every_steps == 0:
+            return keys.COMMIT_CHECKPOINT
+        if self.store.check([keys.CHECKPOINT_REQUEST]) and boundary >= int(self.store.get(keys.CHECKPOINT_REQUEST).decode()):
+            self.store.delete_key(keys.CHECKPOINT_REQUEST)
+            return keys.COMMIT_CHECKPOINT
+        return keys.COMMIT
 
     def publish_final_params(self, topology: Topology) -> None:
         import io
@@ -370,16 +415,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--store", required=True, help="HOST:PORT of the controller's TCPStore")
     parser.add_argument("--node-id", type=int, required=True)
     parser.add_argument("--local-rank", type=int, required=True)
+    parser.add_argument("--incarnation", type=int, default=0, help="how many times this node's workers were restarted")
     parser.add_argument("--run-id", default="", help="a tag of the run (lets tools find its processes)")
     args = parser.parse_args(argv)
     host, _, port = args.store.rpartition(":")
     store = None
     try:
-        worker = Worker(host, int(port), args.node_id, args.local_rank)
+        worker = Worker(host, int(port), args.node_id, args.local_rank, args.incarnation)
         store = worker.store
-        store.set(keys.worker_registered(args.node_id, args.local_rank), json.dumps({"pid": os.getpid()}))
+        store.set(keys.worker_registered(args.node_id, args.local_rank, args.incarnation), json.dumps({"pid": os.getpid()}))
         worker.run()
         return 0
+    except Superseded:
+        return 0  # a restart replaced this process; its successor carries on
     except BaseException:
         text = traceback.format_exc()
         try:

@@ -14,6 +14,8 @@ module adds what the planner does not model:
   three strategies share one formula;
 - a checkpoint or restart takes ``fixed + state bytes / storage bandwidth`` unless a per-model
   figure is given (the original artifact's measured constants, see conf/strategy/*.yaml);
+- ``CostConstants``: those constants, one typed block (``costs:``) in every strategy's config; the
+  charge of each kind of decision is ``oobleck.sim.engine.decision_downtime``;
 - ``RuntimeOverhead``: what the real runtime on one machine spends beyond Eq. 1-4 (per microbatch,
   per step, CPU cores shared by the workers, the fixed part of a reconfiguration and the first
   step's warm-up), measured on a calibration run by ``oobleck.sim.validate.calibrate``.
@@ -24,7 +26,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,37 @@ from oobleck.planning.plan import LayerTransfer, PipelineTemplate
 from oobleck.planning.profile import GB, ModelProfile
 
 FP32_BYTES = 4  # LayerProfile.param_bytes counts fp32 parameters
+
+
+@dataclass
+class CostConstants:
+    """What the simulator charges a strategy's decisions (``costs:`` in conf/strategy/<name>.yaml,
+    where every value carries its source)."""
+
+    state_bytes_per_param: float = 16.0  # fp32 Adam: parameters, gradients, two moments (DESIGN 3)
+    # Parameters and two Adam moments move with a layer; gradients are recomputed.
+    moved_bytes_per_param: float = 12.0
+    checkpoint_fixed_s: float = 4.4
+    storage_bandwidth_gbps: float = 0.95  # aggregate bandwidth to checkpoint storage
+    restart_fixed_s: float = 45.0  # new instances and rendezvous, before the state is read back
+    restart_bandwidth_gbps: float = 0.167
+    # Measured per-model figures take precedence over the formulas (model name -> seconds).
+    checkpoint_s_by_model: dict[str, float] = field(default_factory=dict)
+    restart_s_by_model: dict[str, float] = field(default_factory=dict)
+    reconfigure_fixed_s: float = 2.0  # detect + plan + new process groups, before any state moves
+    failover_s: float = 1.0  # a predecessor taking over a stage it already holds
+
+    def checkpoint_s(self, profile: ModelProfile) -> float:
+        return per_model_or_formula(
+            self.checkpoint_s_by_model, profile.model, self.checkpoint_fixed_s,
+            model_state_bytes(profile, self.state_bytes_per_param), self.storage_bandwidth_gbps,
+        )  # fmt: skip
+
+    def restart_s(self, profile: ModelProfile) -> float:
+        return per_model_or_formula(
+            self.restart_s_by_model, profile.model, self.restart_fixed_s,
+            model_state_bytes(profile, self.state_bytes_per_param), self.restart_bandwidth_gbps,
+        )  # fmt: skip
 
 
 def layer_params(profile: ModelProfile, start: int, end: int) -> int:
@@ -65,32 +98,6 @@ def layer_transfer_s(transfers: Sequence[LayerTransfer], bandwidth: float, moved
         ((t.source[0], t.target[0], t.nbytes * moved_per_param_byte) for t in transfers),
         bandwidth,
     )
-
-
-def even_split(total: int, parts: int) -> list[int]:
-    """``total`` microbatches over ``parts`` identical pipelines, as evenly as integers allow."""
-    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
-
-
-def homogeneous_iteration_s(templates: Any, pipelines: Sequence[PipelineTemplate], total_microbatches: int) -> float:
-    """Iteration time of these pipelines sharing the batch evenly (Varuna's and Bamboo's layouts).
-
-    Timed exactly like an Oobleck plan, by the planner's ``plan_iteration_time``: the slowest
-    pipeline (Eq. 1-4 plus its in-node all-reduce) and then the cross-pipeline ring all-reduce of
-    the largest per-node parameter bytes. ``templates`` is the TemplateSet the pipelines come from
-    (for its bandwidths and layer sizes); a pipeline may be a template with altered stage times
-    (Bamboo's redundant work or a failed-over stage), keyed by its node count.
-    """
-    from oobleck.planning.instantiate import _Sync, plan_iteration_time
-
-    sync = _sync_cache.get(id(templates))
-    if sync is None or sync[0] is not templates:
-        sync = (templates, _Sync(templates, templates.intra_node_bandwidth, templates.inter_node_bandwidth))
-        _sync_cache[id(templates)] = sync
-    return plan_iteration_time(list(pipelines), even_split(total_microbatches, len(pipelines)), sync[1])[0]
-
-
-_sync_cache: dict[int, tuple[Any, Any]] = {}
 
 
 def per_model_or_formula(

@@ -2,14 +2,17 @@
 
 Time advances from one membership change to the next. Between changes the cluster is either
 recovering (a reaction's downtime: no node makes progress), running a ``Layout`` (iterations of
-``iteration_s``, and every ``checkpoint_interval`` iterations a checkpoint of ``checkpoint_s``), or
+``iteration_s``, and every ``checkpoint_every_steps`` iterations a checkpoint of ``checkpoint_s``), or
 stopped (no layout fits). Progress inside a running period is computed in closed form (whole
 checkpoint cycles at once), so an 11-hour trace costs one step per change, not per iteration.
 
-At a change the strategy reacts (``Strategy.react``); unless it answers ``none``, the iteration in
-flight is lost, and a ``rollback`` also loses every iteration since the last completed checkpoint.
-A change that arrives during a recovery extends it: the cluster runs again only when both the
-old and the new recovery are done (a second restart starts its full restart time over).
+At a change the strategy decides (``Strategy.on_change``, the same decision the real runtime
+executes) and ``decision_downtime`` charges it by its kind: a reconfiguration or failover its
+fixed part plus the layer copies over the links, a restart the restart time (plus a checkpoint
+first when it is planned). Unless the decision is ``continue``, the iteration in flight is lost,
+and a restart also loses every iteration since the last completed checkpoint. A change that
+arrives during a recovery extends it: the cluster runs again only when both the old and the new
+recovery are done (a second restart starts its full restart time over).
 
 Accounting is in node-seconds of alive nodes, split into useful work, redundant work (Bamboo),
 checkpointing, restart, reconfiguration (incl. failover), lost work and idle nodes; the parts sum
@@ -25,7 +28,38 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oobleck.faults.trace import Trace
-from oobleck.strategy import Layout, Reaction, Strategy
+from oobleck.sim.costs import layer_transfer_s
+from oobleck.strategy import Decision, Kind, Layout, RunState, Strategy
+
+# The event kind each decision is recorded as (the real runtime's events.csv uses the same names).
+EVENT_KIND = {
+    Kind.START: "start",
+    Kind.RECONFIGURE: "reconfiguration",
+    Kind.FAILOVER: "failover",
+    Kind.RESTART: "restart",
+    Kind.STOP: "stop",
+}
+
+
+def decision_downtime(decision: Decision, strategy: Strategy, *, restarting: bool = False) -> tuple[float, tuple[tuple[str, float], ...]]:
+    """Seconds no node makes progress for carrying out ``decision``, and their named parts.
+
+    ``restarting``: a ``start`` after the job had stopped (it pays a restart).
+    """
+    costs = strategy.config.costs
+    profile = strategy.context.profile
+    kind = decision.kind
+    if kind in (Kind.RECONFIGURE, Kind.FAILOVER):
+        fixed = costs.reconfigure_fixed_s if kind is Kind.RECONFIGURE else costs.failover_s
+        copy = layer_transfer_s(decision.transfers, strategy.context.cluster.inter_node_bandwidth, costs.moved_bytes_per_param / 4.0)
+        return fixed + copy, (("fixed", fixed), ("state_copy", copy))
+    if kind is Kind.RESTART or (kind is Kind.START and restarting):
+        restart = costs.restart_s(profile)
+        if decision.checkpoint_first:
+            checkpoint = costs.checkpoint_s(profile)
+            return checkpoint + restart, (("checkpoint", checkpoint), ("restart", restart))
+        return restart, (("restart", restart),)
+    return 0.0, ()
 
 BREAKDOWN = ("useful", "redundant", "checkpoint", "restart", "reconfiguration", "lost", "idle")
 EPS = 1e-9
@@ -58,6 +92,7 @@ class _Run:
     committed_iters: int = 0
     lost_samples: float = 0.0
     started: bool = False
+    checkpointed: bool = False  # a checkpoint has completed (committed_iters is durable)
     node_seconds: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in BREAKDOWN})
 
 
@@ -140,8 +175,8 @@ class Simulator:
         used = len(layout.nodes)
         ns["idle"] += (len(self.alive) - used) * (t1 - t0)
         period = layout.iteration_s
-        interval = self.strategy.checkpoint_interval
-        checkpoint = self.strategy.checkpoint_s(layout) if interval else 0.0
+        interval = self.strategy.checkpoint_every_steps
+        checkpoint = self.strategy.config.costs.checkpoint_s(self.strategy.context.profile) if interval else 0.0
         busy_per_iter = used * period
         rate = layout.samples_per_iteration / period
         if interval:
@@ -170,6 +205,7 @@ class Simulator:
                 ns["checkpoint"] += used * need
                 remaining -= need
                 run.in_checkpoint, run.inflight_s, run.iters_since_checkpoint = False, 0.0, 0
+                run.checkpointed = True
                 self._commit()
                 checkpoints_done.append(now + need)
                 # Whole cycles of (interval iterations + one checkpoint) in closed form.
@@ -218,58 +254,75 @@ class Simulator:
         run.uncommitted_busy = run.uncommitted_redundant = run.uncommitted_samples = 0.0
         run.uncommitted_iters = 0
 
-    # ----- reactions -------------------------------------------------------------------------
-    def _apply(self, time_s: float, reaction: Reaction, cause: str = "") -> None:
+    # ----- decisions -------------------------------------------------------------------------
+    def _apply(self, time_s: float, decision: Decision, cause: str = "", restarting: bool = False) -> None:
         run, ns = self.run, self.run.node_seconds
         lost_samples = 0.0
-        if reaction.action == "none":
-            run.layout = reaction.layout if reaction.layout is not None else run.layout
+        if decision.kind is Kind.CONTINUE:
+            run.layout = decision.layout if decision.layout is not None else run.layout
             return
+        downtime, breakdown = decision_downtime(decision, self.strategy, restarting=restarting)
         old = run.layout
         if old is not None and run.recovery_until <= time_s + EPS:
             # The iteration in flight is abandoned (a checkpoint in flight just has to be redone).
             if not run.in_checkpoint:
                 ns["lost"] += len(old.nodes) * run.inflight_s
             run.inflight_s = 0.0
-        if reaction.checkpoint_first and run.uncommitted_iters:
+        if decision.checkpoint_first and run.uncommitted_iters:
             self._commit()
             run.iters_since_checkpoint = 0
             run.in_checkpoint = False
-        if reaction.rollback:
+            run.checkpointed = True
+        if decision.kind is Kind.RESTART and not decision.checkpoint_first:
             ns["lost"] += run.uncommitted_busy
             lost_samples = run.uncommitted_samples
             run.lost_samples += lost_samples
             run.uncommitted_busy = run.uncommitted_redundant = run.uncommitted_samples = 0.0
             run.uncommitted_iters = run.iters_since_checkpoint = 0
             run.in_checkpoint, run.inflight_s = False, 0.0
-        run.layout = reaction.layout
-        kind = "restart" if reaction.action in ("restart", "start") else "reconfiguration"
+        run.layout = decision.layout
+        restart_like = decision.kind is Kind.RESTART or (decision.kind is Kind.START and restarting)
+        kind = "restart" if restart_like else "reconfiguration"
         if run.recovery_until > time_s:
             # A recovery in progress still has to finish: a new one can extend it, not shorten it.
             if run.recovery_kind == "restart":
                 kind = "restart"
-            run.recovery_until = max(run.recovery_until, time_s + reaction.downtime_s)
+            run.recovery_until = max(run.recovery_until, time_s + downtime)
         else:
-            run.recovery_until = time_s + reaction.downtime_s
+            run.recovery_until = time_s + downtime
         run.recovery_kind = kind
-        if reaction.checkpoint_s:
+        checkpoint_part = dict(breakdown).get("checkpoint", 0.0)
+        if checkpoint_part:
             # The checkpoint part of the downtime is checkpointing, not restarting.
             alive = len(self.alive)
-            ns["checkpoint"] += alive * reaction.checkpoint_s
-            ns[run.recovery_kind] -= alive * reaction.checkpoint_s
-        layout = reaction.layout
+            ns["checkpoint"] += alive * checkpoint_part
+            ns[run.recovery_kind] -= alive * checkpoint_part
+        layout = decision.layout
+        event = "restart" if restart_like else ("oom" if decision.out_of_memory else EVENT_KIND[decision.kind])
         self._event(
             time_s,
-            reaction.action,
+            event,
             cause=cause,
-            downtime_s=reaction.downtime_s,
-            bytes_moved=reaction.bytes_moved,
+            downtime_s=downtime,
+            bytes_moved=decision.bytes_moved * self.strategy.config.costs.moved_bytes_per_param / 4.0,
             lost_samples=lost_samples,
             nodes_used=len(layout.nodes) if layout is not None else 0,
             samples_per_s=layout.samples_per_s if layout is not None else 0.0,
             layout=layout.description if layout is not None else "",
-            breakdown=";".join(f"{k}={v:.3f}" for k, v in reaction.breakdown),
-            reason=reaction.reason,
+            breakdown=";".join(f"{k}={v:.3f}" for k, v in breakdown),
+            reason=decision.reason,
+        )
+
+    def _state(self, removed: list[int], joined: list[int]) -> RunState:
+        run = self.run
+        assert run.layout is not None
+        return RunState(
+            layout=run.layout,
+            alive=tuple(sorted(self.alive)),
+            removed=tuple(removed),
+            joined=tuple(joined),
+            step=run.committed_iters + run.uncommitted_iters,
+            checkpoint_step=run.committed_iters if run.checkpointed else None,
         )
 
     # ----- main loop -------------------------------------------------------------------------
@@ -281,9 +334,9 @@ class Simulator:
     def simulate(self) -> SimResult:
         first, rest = self.changes[0], self.changes[1:]
         self.alive = {self._arrive(n) for n in first.added}
-        reaction = self.strategy.start(sorted(self.alive))
-        self.run.started = reaction.layout is not None
-        self._apply(self.start_s, reaction, cause="start")
+        decision = self.strategy.start(sorted(self.alive))
+        self.run.started = decision.layout is not None
+        self._apply(self.start_s, decision, cause="start")
         now = self.start_s
         for change in rest:
             self._advance(now, change.time_s)
@@ -298,13 +351,15 @@ class Simulator:
                 self._event(now, "join", node=node)
             cause = f"-{len(removed)}+{len(joined)}"
             if self.run.layout is None:
-                reaction = self.strategy.start(sorted(self.alive), restart=self.run.started)
-                if reaction.layout is None and self.counts.get(reaction.action):
+                decision = self.strategy.start(sorted(self.alive))
+                kind = "oom" if decision.out_of_memory else EVENT_KIND[decision.kind]
+                if decision.layout is None and self.counts.get(kind):
                     continue  # still cannot run: already recorded
-                self.run.started = self.run.started or reaction.layout is not None
+                restarting = self.run.started
+                self.run.started = self.run.started or decision.layout is not None
+                self._apply(now, decision, cause=cause, restarting=restarting)
             else:
-                reaction = self.strategy.react(self.run.layout, sorted(self.alive), removed, joined)
-            self._apply(now, reaction, cause=cause)
+                self._apply(now, self.strategy.on_change(self._state(removed, joined)), cause=cause)
         self._advance(now, self.end_s)
         self._finish_run()
         return SimResult(self.segments, self.events, self._summary())

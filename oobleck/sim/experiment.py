@@ -24,9 +24,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from oobleck.errors import ConfigError, PlanningError
 from oobleck.faults.trace import Trace, load_trace
 from oobleck.planning.profile import GB, ClusterSpec, ModelProfile
+from oobleck.config import CONF_DIR
 from oobleck.sim.engine import simulate
-from oobleck.sim.params import CONF_DIR, strategy_params
-from oobleck.strategy import StrategyContext, make_strategy
+from oobleck.strategy import Strategy, StrategyContext, build_strategy
 
 MODEL_DIR = CONF_DIR / "model"
 
@@ -74,25 +74,35 @@ def build_context(cfg: Any, profile: ModelProfile, nodes: int, *, named_gpu: boo
         intra_node_bandwidth=cluster.intra_node_bandwidth,
         inter_node_bandwidth=cluster.inter_node_bandwidth,
     )
-    return StrategyContext(
-        profile=profile,
-        cluster=cluster,
-        global_batch_size=int(cfg.job.global_batch_size),
-        microbatch_size=int(cfg.job.microbatch_size),
-        fault_tolerance=int(cfg.job.fault_tolerance),
-        reference_microbatches_per_stage=int(cfg.planner.reference_microbatches_per_stage),
-        max_gpus_per_stage=cfg.planner.max_gpus_per_stage,
-    )
+    return StrategyContext.from_config(cfg, profile, cluster)
 
 
-def params_for(cfg: Any, strategy: str) -> dict[str, Any]:
-    overrides = cfg.sim.params.get(strategy) if cfg.sim.params else None
-    if overrides is not None and not isinstance(overrides, (dict, DictConfig)):
-        raise ConfigError(f"sim.params.{strategy}={overrides!r} must be a mapping of constants")
-    plain = OmegaConf.to_container(overrides, resolve=True) if isinstance(overrides, DictConfig) else overrides
-    # The composed strategy group (strategy=<name> plus its overrides) wins over the YAML on disk.
-    section = OmegaConf.to_container(cfg.strategy, resolve=True) if cfg.strategy.name == strategy else None
-    return strategy_params(strategy, plain, section=section)
+def strategy_section(cfg: Any, name: str) -> Any:
+    """The config of strategy ``name``: the composed ``cfg.strategy`` when that is the one chosen
+    (so ``strategy.<key>=...`` overrides apply), else ``conf/strategy/<name>.yaml``."""
+    if cfg.strategy.get("name") == name:
+        return cfg.strategy
+    path = CONF_DIR / "strategy" / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in (CONF_DIR / "strategy").glob("*.yaml")))
+        raise ConfigError(f"sim.strategies has {name!r}, which is not in conf/strategy/; use one of: {known}")
+    return OmegaConf.load(path)
+
+
+def sim_overrides(cfg: Any, name: str) -> dict[str, Any]:
+    """``sim.params.<name>``: per-strategy overrides of its config in a simulation (typed when applied)."""
+    overrides = cfg.sim.params.get(name) if cfg.sim.params else None
+    if overrides is None:
+        return {}
+    if not isinstance(overrides, (dict, DictConfig)):
+        raise ConfigError(f"sim.params.{name}={overrides!r} must be a mapping of that strategy's settings")
+    return OmegaConf.to_container(overrides, resolve=True) if isinstance(overrides, DictConfig) else dict(overrides)  # type: ignore[return-value]
+
+
+def simulated_strategy(cfg: Any, name: str, context: StrategyContext, extra: dict[str, Any] | None = None) -> Strategy:
+    """Strategy ``name`` as the simulator runs it: its config, ``sim.params.<name>``, then ``extra``."""
+    overrides = OmegaConf.merge(sim_overrides(cfg, name), extra or {})
+    return build_strategy(strategy_section(cfg, name), context, OmegaConf.to_container(overrides))  # type: ignore[arg-type]
 
 
 @dataclass
@@ -116,14 +126,13 @@ def run_experiment(
     summaries: list[dict[str, Any]] = []
     for model in cfg.sim.models:
         profile = (profiles or {}).get(model) or model_profile(cfg, model)
-        base = build_context(cfg, profile, nodes)
-        contexts = {name: base.with_params(params_for(cfg, name)) for name in cfg.sim.strategies}
+        context = build_context(cfg, profile, nodes)  # shared: templates are generated once per model
         for trace in traces:
             for name in cfg.sim.strategies:
                 if progress:
                     progress(f"{model} {trace.name} {name}")
                 clock = time.perf_counter()
-                strategy = make_strategy(name, contexts[name])
+                strategy = simulated_strategy(cfg, name, context)
                 labels = {"model": model, "trace": trace.name, "strategy": name}
                 try:
                     result = simulate(strategy, trace, duration_s=duration, labels=labels)

@@ -51,7 +51,7 @@ from oobleck.planning.plan import ExecutionPlan
 from oobleck.planning.profile import ModelProfile
 from oobleck.sim.costs import RuntimeOverhead, fit_step_overhead
 from oobleck.sim.engine import SimResult, simulate
-from oobleck.strategy import Layout, Reaction, Strategy
+from oobleck.strategy import Decision, Layout, RunState, Strategy
 
 THROUGHPUT_TOLERANCE = 0.15  # issue 6: simulated throughput within 15% of the measured one
 RECOVERY_TOLERANCE = 0.5  # issue 6: recovery time within 50%
@@ -118,30 +118,29 @@ class _WithOverhead(Strategy):
     """
 
     def __init__(self, inner: Strategy, overhead_s: float, runtime: RuntimeOverhead | None = None) -> None:
-        super().__init__(inner.context)
-        self.inner, self.overhead_s, self.runtime, self.name = inner, overhead_s, runtime, inner.name
+        super().__init__(inner.config, inner.context)
+        self.inner, self.overhead_s, self.runtime = inner, overhead_s, runtime
 
-    @property
-    def checkpoint_interval(self) -> int:
-        return self.inner.checkpoint_interval
-
-    def checkpoint_s(self, layout):  # type: ignore[no-untyped-def]
-        return self.inner.checkpoint_s(layout)
-
-    def _adjust(self, reaction: Reaction) -> Reaction:
-        if reaction.layout is None:
-            return reaction
-        layout = reaction.layout
+    def _adjust(self, decision: Decision) -> Decision:
+        if decision.layout is None:
+            return decision
+        layout = decision.layout
         if self.runtime is not None:
-            return replace(reaction, layout=replace(layout, iteration_s=_runtime_step_s(self.runtime, layout)))
+            return replace(decision, layout=replace(layout, iteration_s=_runtime_step_s(self.runtime, layout)))
         extra = self.overhead_s * _busiest_microbatches(layout.plan)
-        return replace(reaction, layout=replace(layout, iteration_s=layout.iteration_s + extra))
+        return replace(decision, layout=replace(layout, iteration_s=layout.iteration_s + extra))
 
-    def start(self, nodes, *, restart=False):  # type: ignore[no-untyped-def]
-        return self._adjust(self.inner.start(nodes, restart=restart))
+    def start(self, nodes):  # type: ignore[no-untyped-def]
+        return self._adjust(self.inner.start(nodes))
 
-    def react(self, layout, alive, removed, joined):  # type: ignore[no-untyped-def]
-        return self._adjust(self.inner.react(layout, alive, removed, joined))
+    def on_change(self, state):  # type: ignore[no-untyped-def]
+        return self._adjust(self.inner.on_change(state))
+
+
+def _with_fixed_reconfiguration(strategy: Strategy, fixed_s: float) -> Strategy:
+    """The same strategy with the simulator charging ``fixed_s`` for a reconfiguration's fixed part."""
+    costs = replace(strategy.config.costs, reconfigure_fixed_s=fixed_s)
+    return type(strategy)(replace(strategy.config, costs=costs), strategy.context)
 
 
 def _workers(layout: Layout) -> int:
@@ -162,12 +161,12 @@ def compare(
     plan: ExecutionPlan,
     metrics: pd.DataFrame,
     events: pd.DataFrame,
-    context: Any,
+    strategy: Strategy,
     *,
     origin: str = "run",
     runtime: RuntimeOverhead | None = None,
 ) -> Validation:
-    """Simulate the run's schedule with Oobleck on ``context`` and compare with its measurements.
+    """Simulate the run's schedule with ``strategy`` (the run's own) and compare with its measurements.
 
     Two models are compared (column ``model``): ``planner``, the cost model as is, and
     ``calibrated``, which adds an overhead per microbatch of the busiest pipeline (what Eq. 1-4
@@ -175,8 +174,6 @@ def compare(
     barrier folded in) fitted on the first generation's median step only; its rows for later
     generations and for the whole window are therefore out-of-sample checks.
     """
-    from oobleck.strategy import make_strategy
-
     if metrics.empty or len(metrics) < 2:
         raise RunError(f"{origin}: metrics.csv needs at least two steps to measure throughput")
     metrics = metrics.sort_values("time_s", kind="stable")
@@ -203,18 +200,17 @@ def compare(
     if runtime is not None:
         models.append(("predicted", 0.0, runtime))
     for model, extra, terms in models:
-        model_context = context
+        base = strategy
         if terms is not None:
             # The reconfiguration's fixed part and the new generation's warm-up, as measured.
-            fixed = terms.reconfigure_fixed_s + terms.warmup_s
-            model_context = context.with_params({**context.params, "reconfigure_fixed_s": fixed})
-        strategy = _WithOverhead(make_strategy("oobleck", model_context), extra, terms)
-        sim = simulate(strategy, trace, duration_s=t1 - t0, labels={"strategy": "oobleck", "trace": origin})
+            base = _with_fixed_reconfiguration(strategy, terms.reconfigure_fixed_s + terms.warmup_s)
+        adjusted = _WithOverhead(base, extra, terms)
+        sim = simulate(adjusted, trace, duration_s=t1 - t0, labels={"strategy": strategy.name, "trace": origin})
         result = result or sim
         later_layouts = [r for r in sim.segments if r["phase"] == "running" and r["t_start_s"] > 0]
         simulated_later = float(later_layouts[-1]["iteration_s"]) if later_layouts else math.nan
         recoveries_sim = [e["downtime_s"] + _iteration_after(sim, e["time_s"]) for e in sim.events if e["kind"] == "reconfiguration"]
-        first_layout = strategy.start(list(plan.nodes)).layout
+        first_layout = adjusted.start(list(plan.nodes)).layout
         simulated_first = first_layout.iteration_s if first_layout is not None else math.nan
         candidates = [
             ("steady_iteration_s", measured_first, simulated_first, THROUGHPUT_TOLERANCE, model == "calibrated"),
@@ -283,12 +279,9 @@ class _Calibration:
     warmups: list[float]
 
 
-def _measure(plan: ExecutionPlan, metrics: pd.DataFrame, events: pd.DataFrame, context: Any, origin: str, cores: int) -> _Calibration:
-    from oobleck.strategy import make_strategy
-
+def _measure(plan: ExecutionPlan, metrics: pd.DataFrame, events: pd.DataFrame, strategy: Strategy, origin: str, cores: int) -> _Calibration:
     if "step_time_s" not in metrics or "generation" not in metrics:
         raise RunError(f"{origin}: metrics.csv needs step_time_s and generation columns to calibrate on")
-    strategy = make_strategy("oobleck", context)
     layout = strategy.start(list(plan.nodes)).layout
     if layout is None:
         raise RunError(f"{origin}: the planner finds no layout for the run's nodes {list(plan.nodes)}")
@@ -296,10 +289,11 @@ def _measure(plan: ExecutionPlan, metrics: pd.DataFrame, events: pd.DataFrame, c
     alive = set(plan.nodes)
     for removed, joined in _changes(events):
         alive = (alive - set(removed)) | set(joined)
-        reaction = strategy.react(layouts[-1], sorted(alive), removed, joined)
-        if reaction.layout is None:
+        state = RunState(layouts[-1], tuple(sorted(alive)), tuple(removed), tuple(joined), step=1)
+        decision = strategy.on_change(state)
+        if decision.layout is None:
             raise RunError(f"{origin}: the planner finds no layout after the change (-{removed}, +{joined})")
-        layouts.append(reaction.layout)
+        layouts.append(decision.layout)
     generations = sorted(metrics["generation"].unique())
     if len(generations) > len(layouts):
         raise RunError(f"{origin}: {len(generations)} generations in metrics.csv but {len(layouts) - 1} membership changes in events.csv")
@@ -322,7 +316,7 @@ def _measure(plan: ExecutionPlan, metrics: pd.DataFrame, events: pd.DataFrame, c
 
 
 def calibrate(runs: list[tuple[ExecutionPlan, pd.DataFrame, pd.DataFrame, Any, str]]) -> RuntimeOverhead:
-    """Measure ``RuntimeOverhead``'s terms on calibration runs ``(plan, metrics, events, context, origin)``.
+    """Measure ``RuntimeOverhead``'s terms on calibration runs ``(plan, metrics, events, strategy, origin)``.
 
     Each generation's layout is the planner's (the run's plan, then the Oobleck strategy's
     reaction to each membership change, as in the simulation); its steady step is the median
@@ -330,7 +324,7 @@ def calibrate(runs: list[tuple[ExecutionPlan, pd.DataFrame, pd.DataFrame, Any, s
     pooled into one fit; at least one run must have a reconfiguration (for the fixed part).
     """
     cores = os.cpu_count() or 1
-    parts = [_measure(plan, metrics, events, context, origin, cores) for plan, metrics, events, context, origin in runs]
+    parts = [_measure(plan, metrics, events, strategy, origin, cores) for plan, metrics, events, strategy, origin in runs]
     samples = [s for part in parts for s in part.samples]
     fixed = [f for part in parts for f in part.fixed]
     warmups = [w for part in parts for w in part.warmups]
@@ -350,11 +344,11 @@ def calibrate(runs: list[tuple[ExecutionPlan, pd.DataFrame, pd.DataFrame, Any, s
     )
 
 
-def _load(run_dir: str | Path, profile_path: str | Path | None) -> tuple[ExecutionPlan, Any, Any, str]:
-    """A run dir's plan, its data (metrics, events) and its Oobleck strategy context."""
+def _load(run_dir: str | Path, profile_path: str | Path | None) -> tuple[ExecutionPlan, Any, Strategy, str]:
+    """A run dir's plan, its data (metrics, events) and its strategy (its config, on its cluster)."""
     from analysis.load import load_run
     from oobleck.config import from_container
-    from oobleck.sim.experiment import build_context, params_for
+    from oobleck.sim.experiment import build_context, simulated_strategy
 
     data = load_run(run_dir)
     if not data.config:
@@ -374,16 +368,16 @@ def _load(run_dir: str | Path, profile_path: str | Path | None) -> tuple[Executi
 
         profile = get_profile(cfg)
     nodes = max(len(plan.nodes), int(cfg.cluster.nodes))
-    context = build_context(cfg, profile, nodes, named_gpu=False).with_params(params_for(cfg, "oobleck"))
-    return plan, data, context, str(data.path)
+    context = build_context(cfg, profile, nodes, named_gpu=False)
+    return plan, data, simulated_strategy(cfg, str(cfg.strategy.name), context), str(data.path)
 
 
 def calibrate_runs(run_dirs: list[str | Path]) -> RuntimeOverhead:
     """``calibrate`` on real run dirs (each with its own profile, as ``validate_run`` loads it)."""
     runs = []
     for run_dir in run_dirs:
-        plan, data, context, origin = _load(run_dir, None)
-        runs.append((plan, data.metrics, data.events, context, origin))
+        plan, data, strategy, origin = _load(run_dir, None)
+        runs.append((plan, data.metrics, data.events, strategy, origin))
     return calibrate(runs)
 
 
@@ -391,8 +385,8 @@ def validate_run(
     run_dir: str | Path, profile_path: str | Path | None = None, *, runtime: RuntimeOverhead | None = None
 ) -> Validation:
     """Load a real run dir, rebuild its context (config, profile) and ``compare``."""
-    plan, data, context, origin = _load(run_dir, profile_path)
-    return compare(plan, data.metrics, data.events, context, origin=origin, runtime=runtime)
+    plan, data, strategy, origin = _load(run_dir, profile_path)
+    return compare(plan, data.metrics, data.events, strategy, origin=origin, runtime=runtime)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from omegaconf import OmegaConf
+
+from oobleck.config import CONF_DIR
 from oobleck.planning.profile import ClusterSpec
 from oobleck.planning.synthetic import synthetic_profile
-from oobleck.sim.params import strategy_params
-from oobleck.strategy import StrategyContext
+from oobleck.strategy import Strategy, StrategyContext, build_strategy
 
 GB = 1e9
 
@@ -21,6 +23,6 @@ def make_context(memory_gb: float = 2.0, nodes: int = 8, fault_tolerance: int = 
     )
 
 
-def with_strategy(context: StrategyContext, name: str, **overrides) -> StrategyContext:
-    """The context with conf/strategy/<name>.yaml's constants plus ``overrides`` (shares templates)."""
-    return context.with_params(strategy_params(name, overrides))
+def make_strategy(context: StrategyContext, name: str, **overrides) -> Strategy:
+    """Strategy ``name``: conf/strategy/<name>.yaml with ``overrides`` (nested dicts for ``costs``) on ``context``."""
+    return build_strategy(OmegaConf.load(CONF_DIR / "strategy" / f"{name}.yaml"), context, overrides)

@@ -7,39 +7,40 @@ from collections.abc import Sequence
 import pytest
 
 from oobleck.faults.trace import parse_trace
+from oobleck.planning.layouts import even_split
+from oobleck.planning.plan import ExecutionPlan, PipelineInstance, PipelineTemplate, StageSpec
+from oobleck.planning.profile import ClusterSpec
+from oobleck.planning.synthetic import synthetic_profile
+from oobleck.sim.costs import CostConstants
 from oobleck.sim.engine import BREAKDOWN, simulate
-from oobleck.strategy import Layout, Reaction, Strategy
+from oobleck.strategy import Decision, Kind, Layout, Strategy, StrategyConfig, StrategyContext
+
+ONE_STAGE = PipelineTemplate(1, (StageSpec(0, 1, 0, 0, 1),), (10.0,), (0.0,), 4, 10.0)
 
 
 class RoundNumbers(Strategy):
     """Every alive node works; one sample per 10 s iteration; checkpoints every 3 iterations (5 s);
     any removal rolls back and restarts in 20 s; joins are absorbed by a 1 s reconfiguration."""
 
-    name = "round"
-
     def __init__(self, interval: int = 3) -> None:
-        super().__init__(context=None)  # type: ignore[arg-type]  (this policy needs no profile)
-        self.interval = interval
-
-    @property
-    def checkpoint_interval(self) -> int:
-        return self.interval
-
-    def checkpoint_s(self, layout: Layout) -> float:
-        return 5.0
+        costs = CostConstants(checkpoint_s_by_model={"synthetic": 5.0}, restart_s_by_model={"synthetic": 20.0}, reconfigure_fixed_s=1.0)
+        config = StrategyConfig(_target_="test_engine.RoundNumbers", name="round", checkpoint_every_steps=interval, costs=costs)
+        context = StrategyContext(synthetic_profile(1, seed=0), ClusterSpec(8, 1, 1e9, 1e10, 1e9), 1, 1, 0)
+        super().__init__(config, context)
 
     def _layout(self, nodes: Sequence[int]) -> Layout:
-        return Layout(nodes=tuple(nodes), iteration_s=10.0, samples_per_iteration=1, description=f"{len(nodes)} nodes")
+        split = even_split(1, len(nodes))
+        pipelines = tuple(PipelineInstance(i, ONE_STAGE, (n,), m, sum(split[:i]), 10.0) for i, (n, m) in enumerate(zip(nodes, split)))
+        plan = ExecutionPlan(pipelines, 1, 1, 1, 0, 1, 10.0)
+        return Layout(plan=plan, iteration_s=10.0, description=f"{len(nodes)} nodes")
 
-    def start(self, nodes, *, restart=False):
-        if restart:
-            return Reaction("restart", self._layout(nodes), downtime_s=20.0, rollback=True)
-        return Reaction("start", self._layout(nodes))
+    def start(self, nodes):
+        return Decision(Kind.START, self._layout(nodes))
 
-    def react(self, layout, alive, removed, joined):
-        if removed:
-            return self.start(alive, restart=True)
-        return Reaction("reconfiguration", self._layout(alive), downtime_s=1.0)
+    def on_change(self, state):
+        if state.removed:
+            return self.restart(state, "a node was lost")
+        return Decision(Kind.RECONFIGURE, self._layout(state.alive))
 
 
 def _trace(text: str):

@@ -5,16 +5,20 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-from simhelpers import with_strategy
+from simhelpers import make_strategy
 
 from oobleck.faults.trace import parse_trace
 from oobleck.planning.reconfigure import reconfigure
-from oobleck.sim.engine import simulate
-from oobleck.sim.policies import OobleckStrategy
+from oobleck.sim.engine import decision_downtime, simulate
+from oobleck.strategy import Kind, RunState
 
 
-def _oobleck(context, **overrides) -> OobleckStrategy:
-    return OobleckStrategy(with_strategy(context, "oobleck", **overrides))
+def _oobleck(context, **overrides):
+    return make_strategy(context, "oobleck", **overrides)
+
+
+def _trace(lines):
+    return parse_trace("\n".join(lines) + "\n", origin="t.csv")
 
 
 def test_oobleck_never_idles_and_never_restarts_within_f(context):
@@ -22,7 +26,7 @@ def test_oobleck_never_idles_and_never_restarts_within_f(context):
     lines = [f"0,add,n{i}" for i in range(8)]
     lines += [f"{600_000 * k},remove,n{k}" for k in range(1, 5)]
     lines += ["3000000,add,x1", "3000000,add,x2"]
-    result = simulate(_oobleck(context), parse_trace("\n".join(lines) + "\n", origin="t.csv"), duration_s=3600.0)
+    result = simulate(_oobleck(context), _trace(lines), duration_s=3600.0)
     s = result.summary
     assert s["n_reconfiguration"] == 5 and s["n_restart"] == 0 and s["n_stop"] == 0
     assert s["idle_node_s"] == 0 and s["lost_samples"] == 0
@@ -38,29 +42,36 @@ def test_reconfiguration_cost_is_fixed_plus_bytes_over_bandwidth(context):
     strategy = _oobleck(context)
     layout = strategy.start(list(range(8))).layout
     victim = layout.plan.pipelines[0].nodes[0]
-    alive = [n for n in range(8) if n != victim]
-    reaction = strategy.react(layout, alive, [victim], [])
+    alive = tuple(n for n in range(8) if n != victim)
+    decision = strategy.on_change(RunState(layout, alive, (victim,), (), step=5))
     plan = reconfigure(layout.plan, context.templates(), removed=[victim], layer_param_bytes=[l.param_bytes for l in context.profile.layers])
-    assert reaction.layout.plan == plan.new
+    assert decision.kind is Kind.RECONFIGURE and decision.layout.plan == plan.new
+    assert decision.transfers == plan.transfers
     into, out = defaultdict(float), defaultdict(float)
     for t in plan.transfers:
         if t.source[0] != t.target[0]:
             into[t.target[0]] += 3 * t.nbytes  # parameters + two Adam moments = 12 B of 4 B params
             out[t.source[0]] += 3 * t.nbytes
     expected = 2.0 + max([*into.values(), *out.values()]) / context.cluster.inter_node_bandwidth
-    assert reaction.downtime_s == pytest.approx(expected)
-    assert reaction.bytes_moved == 3 * plan.bytes_moved > 0
-    assert set(reaction.layout.nodes) == set(alive)
+    downtime, _ = decision_downtime(decision, strategy)
+    assert downtime == pytest.approx(expected)
+    assert decision.bytes_moved == plan.bytes_moved > 0
+    assert set(decision.layout.nodes) == set(alive)
 
 
-def test_losing_every_replica_of_a_layer_falls_back_to_a_restart(context):
-    strategy = _oobleck(context)
-    layout = strategy.start(list(range(8))).layout
+def test_losing_every_replica_restarts_from_the_checkpoint_or_stops_without_one(context):
+    layout = _oobleck(context).start(list(range(8))).layout
     holders = {w[0] for w in layout.plan.layer_holders()[0]}  # every node holding layer 0
     lines = [f"0,add,n{i}" for i in range(8)] + [f"300000,remove,n{n}" for n in sorted(holders)]
-    result = simulate(_oobleck(context), parse_trace("\n".join(lines) + "\n", origin="t.csv"), duration_s=900.0)
+    # With checkpoints every 10 iterations: restart from the last one, losing what came after it.
+    result = simulate(_oobleck(context, checkpoint_every_steps=10), _trace(lines), duration_s=900.0)
     restart = next(e for e in result.events if e["kind"] == "restart")
     assert "no live replica" in restart["reason"]
-    # No checkpoint was ever taken (checkpoint_interval 0): everything done before is lost.
-    done_before = int(300.0 // layout.iteration_s) * 64
-    assert restart["lost_samples"] == done_before > 0
+    last_checkpoint = max(e["time_s"] for e in result.events if e["kind"] == "checkpoint" and e["time_s"] <= 300.0)
+    since = int((300.0 - last_checkpoint) // layout.iteration_s + 1e-9)
+    assert restart["lost_samples"] == min(since, 10) * 64
+    # Without any checkpoint there is nothing to fall back on: the job stops.
+    stopped = simulate(_oobleck(context), _trace(lines), duration_s=900.0)
+    stop = next(e for e in stopped.events if e["kind"] == "stop")
+    assert "no checkpoint" in stop["reason"]
+    assert stopped.summary["n_restart"] == 0

@@ -27,18 +27,19 @@ OVERRIDES = (
 
 def _write_run(cfg, run_dir: Path, *, slowdown: float, failure_step: int | None = 8, steps: int = 24) -> Path:
     """A run dir as ``python -m oobleck.run`` writes it, for an ideal runtime slowed by ``slowdown``."""
-    from oobleck.sim.experiment import build_context, params_for
-    from oobleck.strategy import make_strategy
+    from oobleck.sim.engine import decision_downtime
+    from oobleck.sim.experiment import build_context, simulated_strategy
+    from oobleck.strategy import RunState
 
     profile = synthetic_profile(12, seed=1)
     run_dir.mkdir(parents=True)
     (run_dir / ".hydra").mkdir()
     OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
     profile.save(run_dir / "profile.json")
-    context = build_context(cfg, profile, 6, named_gpu=False).with_params(params_for(cfg, "oobleck"))
+    context = build_context(cfg, profile, 6, named_gpu=False)
     plan = instantiate(context.templates(), list(range(6)), 64, 1, 1)
     (run_dir / "plan.json").write_text(pd.Series({"plan": plan.to_dict()}).to_json())
-    strategy = make_strategy("oobleck", context)
+    strategy = simulated_strategy(cfg, "oobleck", context)
     t, rows, events = 2.0, [], []
     layout = strategy.start(list(range(6))).layout
     for step in range(1, steps + 1):
@@ -46,9 +47,9 @@ def _write_run(cfg, run_dir: Path, *, slowdown: float, failure_step: int | None 
             victim = layout.nodes[-1]
             # As the controller writes it: ``node`` (read back as a float column with gaps).
             events.append({"time_s": t, "kind": "failure", "generation": 0, "step": step, "node": victim})
-            reaction = strategy.react(layout, [n for n in layout.nodes if n != victim], [victim], [])
-            layout = reaction.layout
-            recovery = (reaction.downtime_s + layout.iteration_s) * slowdown
+            decision = strategy.on_change(RunState(layout, tuple(n for n in layout.nodes if n != victim), (victim,), (), step=step))
+            layout = decision.layout
+            recovery = (decision_downtime(decision, strategy)[0] + layout.iteration_s) * slowdown
             t += recovery
             events.append({"time_s": t, "kind": "reconfiguration", "generation": 1, "step": step, "total_s": recovery})
             rows.append({"step": step, "time_s": t, "samples": 64, "generation": 1})

@@ -1,0 +1,62 @@
+"""Fault firing: carrying out the injector's due actions on the real cluster.
+
+The injector (``oobleck.faults.injector``) decides *when* each scheduled event is due and which
+nodes it hits; this module does it: a kill or freeze signals the node's whole process group
+(through the launcher, or the agent where the launcher cannot reach it), a strike at a phase of a
+step is armed through the store (``strike/<node>``: the node's first worker fires it at that
+point), a join starts new agents. Events apply in order, each once the previous change has been
+absorbed, so a schedule means the same sequence of generations however long start-up or recovery
+takes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from typing import Any, Callable
+
+from oobleck.errors import RunError
+from oobleck.faults.injector import Action, Injector
+from oobleck.runtime import keys
+
+
+class FaultFiring:
+    def __init__(self, injector: Injector, store: Any, membership: Any, event: Callable[..., None]) -> None:
+        self.injector = injector
+        self.store = store
+        self.membership = membership
+        self.event = event
+        self.next_node_id = 0
+
+    @property
+    def remaining(self) -> int:
+        return self.injector.remaining
+
+    def fire_due(self, next_step: int, elapsed_s: float, generation: int) -> None:
+        for action in self.injector.due(next_step, elapsed_s, self.membership.alive()):
+            self._apply(action, next_step, generation)
+
+    def _apply(self, action: Action, next_step: int, generation: int) -> None:
+        event = action.event
+        if action.kind == "join":
+            ids = list(action.nodes) or list(range(self.next_node_id, self.next_node_id + action.count))
+            if self.membership.launcher is None:
+                raise RunError(f"{event.origin}: joins start new agents, which this cluster kind cannot do")
+            for node in ids:
+                self.next_node_id = max(self.next_node_id, node + 1)
+                self.membership.start_node(node)
+            self.event("join_started", nodes=ids, origin=event.origin)
+            return
+        if action.kind == "arm":
+            for node in action.nodes:
+                kind = "raise" if event.action == "raise" else ("freeze" if event.freeze else "remove")
+                strike: dict[str, Any] = {"step": event.step, "phase": event.phase, "action": kind}
+                if event.phase == "reconfigure":
+                    strike["generation"] = generation + 1
+                self.store.set(keys.strike(node), json.dumps(strike))
+            self.event("fault_armed", nodes=list(action.nodes), phase=event.phase, action=event.action, armed_for_step=event.step)
+            return
+        sig = signal.SIGSTOP if action.kind == "freeze" else signal.SIGKILL
+        for node in action.nodes:
+            self.membership.kill(node, sig)
+        self.event("fault_injected", nodes=list(action.nodes), fault=action.kind, origin=event.origin)

@@ -1,0 +1,349 @@
+"""Membership: which nodes exist, which are up, which failed, and the agents' connections.
+
+The controller's view of the cluster, fed by the agent port (line-JSON, ``protocol``) and the
+store: a node is *up* once its agent said hello with the run's secret and every worker of its
+current incarnation registered in the store; it *fails* when a worker exits unexpectedly, its
+agent's connection closes, or its heartbeats stop for ``cluster.heartbeat_timeout_s`` (it is then
+killed, to be sure it is gone). Failures and arrivals accumulate as pending changes that the
+controller takes (``take_changes``) and hands to the strategy. Workers are restarted (a new
+*incarnation*) by their agents on request; exits of an older incarnation are expected, not
+failures.
+
+A client that does not present the secret, or sends a message that is not valid, is dropped
+with one log line; it can neither crash the controller nor take a node down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import torch.distributed as dist
+
+from oobleck.elastic.protocol import Channel, ProtocolError, same_secret
+from oobleck.errors import RunError
+from oobleck.runtime import keys
+
+
+@dataclass
+class NodeState:
+    node: int
+    channel: Optional[Channel] = None
+    pid: Optional[int] = None
+    last_seen: float = 0.0
+    incarnation: int = 0  # worker restarts so far
+    up: bool = False  # agent said hello and every worker of this incarnation registered
+    failed: bool = False
+    frozen: bool = False
+    kill_time: Optional[float] = None  # when the injector struck (wall clock)
+    exits: int = 0  # workers of the current incarnation that exited
+    registered_at: Optional[float] = None  # when the current incarnation's workers were all up
+    old_exited_at: Optional[float] = None  # when the last worker of an older incarnation exited
+
+
+@dataclass(frozen=True)
+class Changes:
+    """Membership changes since the last ``take_changes``."""
+
+    removed: dict[int, tuple[float, float]]  # node -> (cause time, detection seconds)
+    joined: dict[int, float]  # node -> time it came up
+
+    def __bool__(self) -> bool:
+        return bool(self.removed or self.joined)
+
+
+class Membership:
+    """The node table and everything that changes it (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        store: Any,
+        store_address: str,
+        *,
+        secret: str,
+        run_id: str,
+        worker_module: str,
+        event: Callable[..., None],
+        run_finished: Callable[[], bool],
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.store_address = store_address
+        self.secret = secret
+        self.run_id = run_id
+        self.worker_module = worker_module
+        self.event = event
+        self.run_finished = run_finished  # a worker exiting after the last step is not a failure
+        self.gpus = int(cfg.cluster.gpus_per_node)
+        self.nodes: dict[int, NodeState] = {}
+        self.messages: queue.Queue = queue.Queue()
+        self.server: Optional[socket.socket] = None
+        self.launcher: Any = None
+        self.closing = False
+        self.exited: set[tuple[int, int]] = set()
+        self._removed: dict[int, tuple[float, float]] = {}
+        self._joined: dict[int, float] = {}
+        self.accepting_joins = False  # nodes up before the first plan are not joins
+
+    # ------------------------------------------------------------------ agent port
+    def listen(self) -> None:
+        cluster = self.cfg.cluster
+        port = int(cluster.master_port) + 1 if int(cluster.master_port) else 0
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            server.bind((cluster.master_addr, port))
+        except OSError as error:
+            raise RunError(
+                f"cannot open the agent port {cluster.master_addr}:{port} ({error}); "
+                "set cluster.master_port=<free port> (the agent port is the next one) or 0"
+            ) from None
+        server.listen(64)
+        self.server = server
+        threading.Thread(target=self._accept, daemon=True, name="agent-accept").start()
+
+    @property
+    def agent_address(self) -> str:
+        assert self.server is not None
+        return f"{self.cfg.cluster.master_addr}:{self.server.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        assert self.server is not None
+        while True:
+            try:
+                sock, peer = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._read_agent, args=(Channel(sock), peer), daemon=True).start()
+
+    def _drop(self, channel: Channel, peer: Any, why: str) -> None:
+        print(f"oobleck: dropped an agent connection from {peer[0]}:{peer[1]}: {why}", file=sys.stderr, flush=True)
+        channel.close()
+
+    def _read_agent(self, channel: Channel, peer: Any) -> None:
+        node: Optional[int] = None
+        while True:
+            try:
+                message = channel.recv()
+            except ProtocolError as error:
+                if node is not None:
+                    self.messages.put(("lost", node, None, time.time()))
+                self._drop(channel, peer, str(error))
+                return
+            if message is None:
+                if node is not None:
+                    self.messages.put(("lost", node, None, time.time()))
+                return
+            if node is None:
+                if message["type"] != "hello":
+                    return self._drop(channel, peer, f"{message['type']} before hello")
+                if not same_secret(message["secret"], self.secret):
+                    return self._drop(channel, peer, "wrong or missing run secret")
+                node = int(message["node"])
+                self.messages.put(("hello", node, (channel, message), time.time()))
+            elif message["type"] == "hello" or int(message.get("node", node)) != node:
+                self.messages.put(("lost", node, None, time.time()))
+                return self._drop(channel, peer, f"node {node}'s agent spoke for another node or said hello twice")
+            else:
+                self.messages.put((message["type"], node, message, time.time()))
+
+    # ------------------------------------------------------------------ nodes
+    def start_node(self, node: int) -> None:
+        self.nodes[node] = NodeState(node=node, last_seen=time.time())
+        if self.launcher is not None:
+            self.launcher.start(node)
+
+    def alive(self) -> list[int]:
+        return sorted(n for n, s in self.nodes.items() if s.up and not s.failed)
+
+    def booting(self) -> bool:
+        return any(not s.up and not s.failed for s in self.nodes.values())
+
+    def striking(self) -> bool:
+        return any(s.kill_time is not None and not s.failed for s in self.nodes.values())
+
+    def restart_workers(self, nodes: list[int]) -> None:
+        """Ask each node's agent to kill its workers and start a new incarnation."""
+        for node in nodes:
+            state = self.nodes[node]
+            state.incarnation += 1
+            state.up = False
+            state.exits = 0
+            state.registered_at = state.old_exited_at = None
+            if state.channel is None or not state.channel.send({"type": "restart", "incarnation": state.incarnation}):
+                self.node_failed(node, "its agent could not be asked to restart its workers", time.time())
+                continue
+            self._await_workers(node, state.incarnation)
+
+    def take_changes(self) -> Changes:
+        changes = Changes(dict(self._removed), dict(self._joined))
+        self._removed.clear()
+        self._joined.clear()
+        return changes
+
+    def pending(self) -> bool:
+        return bool(self._removed or self._joined)
+
+    def lost_pending(self) -> bool:
+        """A failure waits to be handled (joins wait until every booting node is up)."""
+        return bool(self._removed)
+
+    # ------------------------------------------------------------------ messages
+    def drain(self, timeout: float) -> None:
+        try:
+            item = self.messages.get(timeout=timeout)
+        except queue.Empty:
+            return
+        while True:
+            self._handle(*item)
+            try:
+                item = self.messages.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, kind: str, node: int, payload: Any, when: float) -> None:
+        state = self.nodes.get(node)
+        if kind == "hello":
+            channel, message = payload
+            if state is None or state.failed:  # an unknown agent (e.g. srun started it): adopt it
+                state = self.nodes[node] = NodeState(node=node)
+            elif state.channel is not None:  # a second agent for a node that has one
+                print(f"oobleck: dropped a second agent for node {node}", file=sys.stderr, flush=True)
+                channel.close()
+                return
+            state.channel, state.pid, state.last_seen = channel, int(message["pid"]), when
+            channel.send({
+                "type": "start",
+                "store": self.store_address,
+                "gpus": self.gpus,
+                "run_id": self.run_id,
+                "heartbeat_s": float(self.cfg.cluster.heartbeat_interval_s),
+                "incarnation": state.incarnation,
+                "worker_module": self.worker_module,
+            })  # fmt: skip
+            self._await_workers(node, state.incarnation)
+            return
+        if state is None or state.failed:
+            return
+        state.last_seen = max(state.last_seen, when)
+        if kind == "hb":
+            return
+        if kind == "registered":
+            if payload != state.incarnation:
+                return  # an older incarnation's registration
+            state.up = True
+            state.registered_at = when
+            if self.accepting_joins:
+                self._joined[node] = when
+                self.event("join", node=node)
+            return
+        if kind == "exit":
+            if int(payload["incarnation"]) != state.incarnation:
+                state.old_exited_at = when  # a worker of an incarnation being restarted
+                return
+            self.exited.add((node, int(payload["local_rank"])))
+            if self.closing or self.run_finished():
+                return
+            # A worker that raised wrote its traceback and exited 1; one killed by a signal did not.
+            error = self._worker_error(node, int(payload["local_rank"])) if int(payload["code"]) > 0 else None
+            if error is not None:
+                raise RunError(f"worker (node {node}, local rank {payload['local_rank']}) raised an exception:\n{error}")
+            self.node_failed(node, f"worker {payload['local_rank']} exited with code {payload['code']}", when)
+            return
+        if kind == "boot_timeout":
+            if payload == state.incarnation and not state.up:
+                self.node_failed(node, f"workers did not register within cluster.startup_timeout_s={self.cfg.cluster.startup_timeout_s}", when)
+            return
+        if kind == "lost":
+            if self.closing or self.run_finished():
+                return
+            self.node_failed(node, "agent connection closed", when)
+
+    def _await_workers(self, node: int, incarnation: int) -> None:
+        """Wait (in a helper thread, own store connection) for a node's workers to register."""
+
+        def wait() -> None:
+            host, _, port = self.store_address.rpartition(":")
+            timeout = float(self.cfg.cluster.startup_timeout_s)
+            try:
+                store = dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout))
+                store.wait([keys.worker_registered(node, r, incarnation) for r in range(self.gpus)])
+            except Exception:
+                self.messages.put(("boot_timeout", node, incarnation, time.time()))
+                return
+            self.messages.put(("registered", node, incarnation, time.time()))
+
+        threading.Thread(target=wait, daemon=True, name=f"await-node{node}").start()
+
+    def _worker_error(self, node: int, local_rank: int) -> Optional[str]:
+        key = keys.worker_error(node, local_rank)
+        deadline = time.monotonic() + 0.2  # the worker writes its error just before exiting
+        while time.monotonic() < deadline:
+            if self.store.check([key]):
+                return self.store.get(key).decode()
+            time.sleep(0.01)
+        return None
+
+    # ------------------------------------------------------------------ failures
+    def check_heartbeats(self) -> None:
+        now = time.time()
+        timeout = float(self.cfg.cluster.heartbeat_timeout_s)
+        for state in list(self.nodes.values()):
+            if state.failed or state.channel is None or now - state.last_seen <= timeout:
+                continue
+            # Frozen or cut off: make sure it is gone, then treat it as failed.
+            self.node_failed(state.node, f"no heartbeat for {now - state.last_seen:.1f} s", now, cause=state.last_seen)
+
+    def node_failed(self, node: int, reason: str, detected: float, cause: Optional[float] = None) -> None:
+        state = self.nodes[node]
+        if state.failed:
+            return
+        state.failed = True
+        if self.launcher is not None and self.launcher.can_kill(node):
+            self.launcher.kill(node, signal.SIGKILL)  # whatever is left of it
+        if state.channel is not None:
+            state.channel.close()  # no CLOSE-WAIT socket of a dead agent stays behind
+        if state.kill_time is not None:
+            cause = state.kill_time
+        elif self.store.check([keys.strike_time(node)]):
+            cause = float(self.store.get(keys.strike_time(node)).decode())
+        cause = cause if cause is not None else detected
+        self.event("failure", node=node, reason=reason, detect_s=round(detected - cause, 4))
+        self._joined.pop(node, None)
+        self._removed[node] = (cause, detected - cause)
+
+    def kill(self, node: int, sig: int) -> None:
+        """Deliver a fault signal to a whole node (SIGKILL: it crashes; SIGSTOP: it freezes)."""
+        state = self.nodes[node]
+        state.kill_time = time.time()
+        if self.launcher is not None and self.launcher.can_kill(node):
+            self.launcher.send_signal(node, sig)
+        elif state.channel is not None:
+            state.channel.send({"type": "kill", "signal": signal.Signals(sig).name})
+        state.frozen = sig == signal.SIGSTOP
+
+    # ------------------------------------------------------------------ shutdown
+    def shutdown(self, grace_s: float) -> None:
+        self.closing = True
+        for state in self.nodes.values():
+            if state.channel is not None and not state.failed:
+                state.channel.send({"type": "shutdown"})
+        if self.launcher is not None:
+            self.launcher.shutdown(grace_s)
+        for state in self.nodes.values():
+            if state.channel is not None:
+                state.channel.close()
+        if self.server is not None:
+            self.server.close()
+
+    def describe(self) -> dict[int, dict[str, Any]]:
+        return {n: dataclasses.asdict(s) | {"channel": s.channel is not None} for n, s in self.nodes.items()}

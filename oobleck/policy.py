@@ -1,0 +1,95 @@
+"""Oobleck's resilience policy: instantiate pipeline templates, reconfigure in place.
+
+- Start: ``instantiate`` covers the nodes with at least f+1 template pipelines.
+- A membership change: ``reconfigure`` re-instantiates from the same templates on the survivors
+  (and joined nodes), copying only the layers each node now needs from live replicas; the
+  interrupted step is redone; nothing is lost (``RECONFIGURE``). Nodes the planner cannot use
+  stand by.
+- Beyond what in-place recovery covers (more than f failures, a layer without a live replica,
+  too few nodes): before the first commit every layer is still its seeded state, so the
+  survivors simply start over on a fresh plan; after it, restart from the latest checkpoint on
+  the survivors with a fresh plan (``RESTART``), or stop when there is no checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from oobleck.errors import PlanningError
+from oobleck.planning.plan import ExecutionPlan
+from oobleck.strategy import Decision, Kind, Layout, RunState, Strategy, StrategyConfig
+
+
+@dataclass
+class OobleckConfig(StrategyConfig):
+    _target_: str = "oobleck.policy.Oobleck"
+    name: str = "oobleck"
+
+
+def plan_layout(plan: ExecutionPlan, standby: Sequence[int] = ()) -> Layout:
+    sizes = "+".join(str(len(p.nodes)) for p in plan.pipelines)
+    return Layout(
+        plan=plan,
+        iteration_s=plan.predicted_iteration_s,
+        description=f"{len(plan.pipelines)} pipelines of {sizes} nodes",
+        standby=tuple(sorted(standby)),
+    )
+
+
+class Oobleck(Strategy):
+    Config = OobleckConfig
+    tolerates_in_place = True
+
+    def _instantiate(self, nodes: Sequence[int]) -> ExecutionPlan:
+        from oobleck.planning.instantiate import instantiate
+
+        ctx = self.context
+        return instantiate(ctx.templates(), sorted(nodes), ctx.global_batch_size, ctx.microbatch_size, ctx.fault_tolerance)
+
+    def start(self, nodes: Sequence[int]) -> Decision:
+        try:
+            plan = self._instantiate(nodes)
+        except PlanningError as error:
+            return Decision(Kind.STOP, reason=str(error))
+        return Decision(Kind.START, plan_layout(plan, [n for n in nodes if n not in plan.nodes]))
+
+    def on_change(self, state: RunState) -> Decision:
+        from oobleck.planning.reconfigure import reconfigure
+
+        layout = state.layout
+        working = set(layout.nodes)
+        removed = tuple(sorted(n for n in state.removed if n in working))
+        idle = tuple(sorted(n for n in state.alive if n not in working))
+        arrived = [n for n in state.joined if n in state.alive]
+        if not removed and not arrived:
+            return Decision(Kind.CONTINUE, plan_layout(layout.plan, idle))  # only an idle node left
+        ctx = self.context
+        try:
+            # Joined nodes and nodes that stood by are candidates alike.
+            result = reconfigure(
+                layout.plan, ctx.templates(), removed=removed, joined=idle,
+                layer_param_bytes=ctx.layer_param_bytes, max_sources=ctx.transfer_sources,
+            )  # fmt: skip
+        except PlanningError as error:
+            if not removed:  # nothing was lost: the running plan goes on, the new nodes stand by
+                return Decision(Kind.CONTINUE, plan_layout(layout.plan, idle), reason=f"joined nodes stand by: {error}")
+            return self._beyond_in_place(state, str(error))
+        standby = tuple(n for n in state.alive if n not in result.new.nodes)
+        return Decision(Kind.RECONFIGURE, plan_layout(result.new, standby), transfers=result.transfers)
+
+    def _beyond_in_place(self, state: RunState, why: str) -> Decision:
+        if state.step == 0:
+            # Nothing has committed: every layer is still its seeded initial state, which each
+            # worker builds itself, so a fresh plan on the survivors loses nothing.
+            fresh = self.start(state.alive)
+            if fresh.kind is Kind.STOP:
+                return fresh
+            return Decision(Kind.RECONFIGURE, fresh.layout, reason=f"starting over before the first commit: {why}")
+        if state.checkpoint_step is None:
+            return Decision(
+                Kind.STOP,
+                reason=f"in-place recovery is impossible after step {state.step - 1} ({why}) and there is no "
+                "checkpoint to fall back on; set checkpoint.every_steps=<k> to make runs restartable",
+            )
+        return self.restart(state, f"in-place recovery impossible ({why}): restart from the checkpoint of step {state.checkpoint_step}")

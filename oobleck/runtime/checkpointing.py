@@ -1,0 +1,81 @@
+"""A worker's part in checkpoints: writing the layers it is the writer of, and loading layers.
+
+When a step commits with ``commit+checkpoint``, each worker snapshots the layers the generation
+names it the writer of (``checkpoint.writers`` in the plan document) into host memory and hands
+them to its background writer (``oobleck.checkpoint.AsyncCheckpointWriter``); training goes on.
+When the shards are on disk, a reporter (its own store connection) publishes each shard's record
+and the writer's timings for the controller, which writes the manifest. ``restore_layers`` loads
+a checkpoint's layers into fresh layer states (a start, resume or restart).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from oobleck.checkpoint import AsyncCheckpointWriter, WriteHandle, read_manifest, restore_layer, step_dir
+from oobleck.checkpoint.durable import make_dirs
+from oobleck.planning.plan import Worker
+from oobleck.runtime import keys
+from oobleck.runtime.comm import make_store
+from oobleck.runtime.state import LayerState
+
+
+class CheckpointWriter:
+    """One worker's checkpoint writes (see the module docstring)."""
+
+    def __init__(self, host: str, port: int, worker: Worker, checkpoint_cfg: Any) -> None:
+        self.host, self.port = host, port
+        self.worker = worker
+        self.writer = AsyncCheckpointWriter.from_config(checkpoint_cfg)
+        self.timeout_s = float(checkpoint_cfg.write_timeout_s)
+        self._store: Any = None
+        self._lock = threading.Lock()
+
+    def write(self, boundary: int, document: Mapping[str, Any], layers: Mapping[int, LayerState]) -> None:
+        """Snapshot and submit this worker's layers of the checkpoint of ``boundary`` committed steps."""
+        mine = sorted(int(layer) for layer, writer in document["writers"].items() if tuple(writer) == self.worker)
+        if not mine:
+            return
+        path = step_dir(document["dir"], boundary)
+        make_dirs(path)
+        snap = self.writer.snapshot(layers[layer] for layer in mine)
+        handle = self.writer.submit(path, snap)
+        threading.Thread(target=self._report, args=(boundary, handle), daemon=True, name=f"checkpoint-report-{boundary}").start()
+
+    def _report(self, boundary: int, handle: WriteHandle) -> None:
+        if not handle.wait(self.timeout_s):
+            print(f"oobleck worker {self.worker}: checkpoint of step {boundary} not written after {self.timeout_s:g} s", file=sys.stderr, flush=True)
+            return
+        with self._lock:  # one reporter at a time on the shared store connection
+            try:
+                if self._store is None:
+                    self._store = make_store(self.host, self.port, 60.0)
+                if handle.error is not None:
+                    print(f"oobleck worker {self.worker}: checkpoint of step {boundary} failed: {handle.error!r}", file=sys.stderr, flush=True)
+                    return
+                for layer, record in handle.records.items():
+                    self._store.set(keys.checkpoint_shard(boundary, layer), json.dumps(record.to_dict()))
+                timing = {"snapshot_s": handle.snapshot_s, "write_s": handle.write_s or 0.0, "bytes": handle.bytes}
+                self._store.set(keys.checkpoint_timing(boundary, *self.worker), json.dumps(timing))
+            except Exception as error:  # the controller is gone or the run stopped: nothing to report to
+                print(f"oobleck worker {self.worker}: could not report checkpoint {boundary}: {error}", file=sys.stderr, flush=True)
+
+    def close(self, timeout_s: float) -> bool:
+        """Let the writes in flight finish (bounded); True when they all did."""
+        return self.writer.close(timeout_s)
+
+
+def restore_layers(path: str | Path, layers: Iterable[int], new_layer: Callable[[int, int], LayerState], committed: int) -> dict[int, LayerState]:
+    """Fresh layer states of ``layers`` loaded from the checkpoint at ``path`` (checksums verified)."""
+    manifest = read_manifest(path)
+    restored = {}
+    for index in layers:
+        layer = new_layer(index, committed)
+        restore_layer(path, manifest.record(index), layer, committed)
+        restored[index] = layer
+    return restored
