@@ -7,7 +7,7 @@ cross-field constraints before any process starts, raising ``ConfigError`` with 
 names the key, the value and the fix.
 
 Sections mirror the config groups: ``model/``, ``cluster/``, ``profile``, ``job``, ``planner``,
-``failures/``, ``strategy/``, ``sim`` (filled by ``experiment/``) and ``logger/``.
+``failures/``, ``strategy/``, ``checkpoint/``, ``sim`` (filled by ``experiment/``) and ``logger/``.
 """
 
 from __future__ import annotations
@@ -116,6 +116,9 @@ class JobConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # global-norm clipping; 0 disables
+    # Resume from a checkpoint: null (start fresh), auto (the newest valid one under checkpoint.dir,
+    # fresh if none), or a path (a step-NNNNNNNN dir, or a checkpoint dir for its newest valid one).
+    resume: Optional[str] = None
 
 
 @dataclass
@@ -173,6 +176,22 @@ class RuntimeConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Periodic by-layer checkpoints (``oobleck/checkpoint``); ``conf/checkpoint/<name>.yaml``."""
+
+    # Checkpoint after every this many committed steps (0: not by steps); null: the strategy's own
+    # default (``checkpoint_every_steps`` in conf/strategy/<name>.yaml; oobleck.strategy.checkpoint_every_steps).
+    every_steps: Optional[int] = None
+    every_s: Optional[float] = None  # and/or once this many seconds passed since the last; None = not by time
+    dir: Optional[str] = None  # None: <run dir>/checkpoints; on Slurm a path every node shares
+    keep: int = 2  # retention: the newest this many complete checkpoints (>= 1)
+    async_write: bool = True  # write in the background (only the host snapshot is on the training path)
+    write_threads: int = 2  # background writer threads per worker
+    max_pending: int = 1  # checkpoints in flight per worker before the next one waits for one to finish
+    write_timeout_s: float = 600.0  # bound on every wait for a checkpoint write
+
+
+@dataclass
 class SimConfig:
     """Simulator experiments (set by ``experiment/``)."""
 
@@ -221,6 +240,7 @@ class Config:
     # types the rest (checked by ``validate`` through ``oobleck.strategy.strategy_config``).
     strategy: Any = MISSING
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     sim: SimConfig = field(default_factory=SimConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     experiment: str = "default"
@@ -346,6 +366,24 @@ def validate(cfg: Config | DictConfig) -> None:
         _positive("sim.nodes", sim.nodes)
     _positive("sim.timeline_bin_s", sim.timeline_bin_s)
     _choice("logger.wandb.mode", cfg.logger.wandb.mode, ("offline", "online", "disabled"))
+    _validate_checkpoint(cfg)
+
+
+def _validate_checkpoint(cfg: Config | DictConfig) -> None:
+    checkpoint = cfg.checkpoint
+    if checkpoint.every_steps is not None:
+        _positive("checkpoint.every_steps", checkpoint.every_steps, allow_zero=True)
+    if checkpoint.every_s is not None:
+        _positive("checkpoint.every_s", checkpoint.every_s)
+    if checkpoint.keep < 1:
+        raise ConfigError(f"checkpoint.keep={checkpoint.keep} must be >= 1 (the newest complete checkpoint is always kept)")
+    _positive("checkpoint.write_threads", checkpoint.write_threads)
+    _positive("checkpoint.max_pending", checkpoint.max_pending)
+    _positive("checkpoint.write_timeout_s", checkpoint.write_timeout_s)
+    if checkpoint.dir is not None and not str(checkpoint.dir).strip():
+        raise ConfigError("checkpoint.dir='' is empty; set checkpoint.dir=<path> or checkpoint.dir=null for <run dir>/checkpoints")
+    if cfg.job.resume is not None and not str(cfg.job.resume).strip():
+        raise ConfigError("job.resume='' is empty; set job.resume=null (fresh start), job.resume=auto or job.resume=<checkpoint path>")
 
 
 def strategy_names() -> tuple[str, ...]:

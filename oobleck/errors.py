@@ -32,6 +32,10 @@ class TraceError(OobleckError):
     """A malformed failure schedule or node trace: the message names the file and line."""
 
 
+class CheckpointError(OobleckError):
+    """A checkpoint that cannot be written or read: missing, corrupt, or of a different model."""
+
+
 class RunError(OobleckError):
     """A distributed run could not start or had to stop (the message says why)."""
 

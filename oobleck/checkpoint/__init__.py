@@ -1,0 +1,77 @@
+"""Checkpoint storage: durable, by-layer checkpoints that any plan, node count or strategy resumes.
+
+A checkpoint is a directory ``<checkpoint dir>/step-NNNNNNNN/`` with one shard per layer and a
+manifest written last (``layout``). How it is used:
+
+1. the controller picks the writer of each layer (``oobleck.planning.checkpoint_writers``) and
+   calls ``prepare_step_dir`` when a checkpoint is due (``policy.checkpoint_due``);
+2. each writer takes a ``snapshot`` of its layers at the step boundary and hands it to its
+   ``AsyncCheckpointWriter``, which writes the shards in the background (``writer``, ``shard``);
+3. once every shard's ``ShardRecord`` is reported, the controller writes the ``Manifest``
+   (``manifest``) and applies retention (``catalog.prune``);
+4. on resume, ``resolve_resume`` / ``resume_checkpoint`` find the newest valid checkpoint
+   (``catalog``: checksums verified, corrupt or partial ones skipped and reported), check its
+   ``fingerprint`` against the config, and workers ``restore_layer`` the layers they hold.
+
+Modules: ``durable`` (atomic writes, fsync), ``layout`` (names), ``manifest``, ``shard`` (the shard
+file format), ``writer`` (snapshot + background writes), ``catalog`` (list, verify, latest,
+prune), ``fingerprint``, ``resume``, ``policy``. Only ``shard`` and ``writer`` need torch.
+"""
+
+from oobleck.checkpoint.catalog import (
+    Checkpoint,
+    Search,
+    Skipped,
+    StepDir,
+    find_latest,
+    latest_valid,
+    list_checkpoints,
+    prepare_step_dir,
+    prune,
+    verify,
+)
+from oobleck.checkpoint.fingerprint import check_fingerprint, fingerprint
+from oobleck.checkpoint.layout import checkpoint_root, shard_name, step_dir, step_of
+from oobleck.checkpoint.manifest import Manifest, ShardRecord, read_manifest, write_manifest
+from oobleck.checkpoint.policy import checkpoint_due, checkpoints_enabled
+from oobleck.checkpoint.resume import resolve_resume, resume_checkpoint
+from oobleck.checkpoint.shard import Shard, ShardMeta, read_shard, restore_layer, shard_meta, write_shard
+from oobleck.checkpoint.writer import AsyncCheckpointWriter, Snapshot, WriteHandle, save_checkpoint, snapshot
+
+__all__ = [
+    "AsyncCheckpointWriter",
+    "Checkpoint",
+    "Manifest",
+    "Search",
+    "Shard",
+    "ShardMeta",
+    "ShardRecord",
+    "Skipped",
+    "Snapshot",
+    "StepDir",
+    "WriteHandle",
+    "check_fingerprint",
+    "checkpoint_due",
+    "checkpoint_root",
+    "checkpoints_enabled",
+    "find_latest",
+    "fingerprint",
+    "latest_valid",
+    "list_checkpoints",
+    "prepare_step_dir",
+    "prune",
+    "read_manifest",
+    "read_shard",
+    "resolve_resume",
+    "restore_layer",
+    "save_checkpoint",
+    "resume_checkpoint",
+    "shard_meta",
+    "shard_name",
+    "snapshot",
+    "step_dir",
+    "step_of",
+    "verify",
+    "write_manifest",
+    "write_shard",
+]
