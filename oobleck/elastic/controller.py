@@ -168,7 +168,7 @@ class Controller:
                 wait_for_workers=False,
                 timeout=timedelta(seconds=float(cluster.startup_timeout_s)),
                 master_listen_fd=listener.fileno(),
-                use_libuv=False,
+                use_libuv=True,  # the classic server does not wake waiters on compare_set
             )
         except Exception as error:
             listener.close()

@@ -83,17 +83,23 @@ class StepLedger:
         return self.generations[self.base if self.base >= 0 else self.generation].layout
 
     def check_established(self) -> Optional[Generation]:
-        """The newest generation, if it has just been established (its checks recorded)."""
+        """The newest generation, once it is established and every rank's report (timings,
+        checksums, resource probe) is in; raises when replicas of a layer differ. Reads only keys
+        that exist, so a rank that dies right after the barrier cannot stall the controller."""
         number = self.generation
         if number < 0 or number in self.outcome.checksums:
             return None
-        key = keys.established(number)
-        if not self.store.check([key]) or self.store.get(key).decode() != keys.YES:
-            return None
         generation = self.generations[number]
-        generation.established_at = time.time()
-        self.base = number
+        if generation.established_at is None:
+            key = keys.established(number)
+            if not self.store.check([key]) or self.store.get(key).decode() != keys.YES:
+                return None
+            generation.established_at = time.time()
+            self.base = number
         ranks = [a.rank for a in generation.layout.plan.assignments()]
+        reports = [keys.timing(number, r) for r in ranks] + [keys.checksums(number, r) for r in ranks] + [keys.probe(number, r) for r in ranks]
+        if not self.store.check(reports):
+            return None
         generation.timings = [json.loads(self.store.get(keys.timing(number, r))) for r in ranks]
         merged: dict[str, int] = {}
         identical = True
@@ -109,9 +115,13 @@ class StepLedger:
         return generation
 
     def abandon(self, number: int) -> None:
-        """Mark generation ``number`` as never established (its workers will not use it)."""
+        """End generation ``number``: it is marked never established unless it already was (then
+        its workers hold the committed state and it becomes the base)."""
         if self.store.compare_set(keys.established(number), "", keys.NO).decode() == keys.YES:
             self.base = number
+            generation = self.generations[number]
+            if generation.established_at is None:
+                generation.established_at = time.time()
         self.store.set(keys.abort(number), "1")
 
     # ------------------------------------------------------------------ steps

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from oobleck.checkpoint import AsyncCheckpointWriter, WriteHandle, read_manifest, restore_layer, step_dir
+from oobleck.checkpoint import AsyncCheckpointWriter, WriteHandle, read_manifest, restore_layer, snapshot, step_dir
 from oobleck.checkpoint.durable import make_dirs
 from oobleck.planning.plan import Worker
 from oobleck.runtime import keys
@@ -43,7 +43,7 @@ class CheckpointWriter:
             return
         path = step_dir(document["dir"], boundary)
         make_dirs(path)
-        snap = self.writer.snapshot(layers[layer] for layer in mine)
+        snap = snapshot(layers[layer] for layer in mine)
         handle = self.writer.submit(path, snap)
         threading.Thread(target=self._report, args=(boundary, handle), daemon=True, name=f"checkpoint-report-{boundary}").start()
 

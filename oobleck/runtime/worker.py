@@ -213,6 +213,7 @@ class Worker:
         started = time.monotonic()
         comm.build()
         groups_s = time.monotonic() - started
+        self._read_strike()  # a fresh process (a restart) has not read its node's strike yet
         self._fire_strike("reconfigure", None, generation)
         committed = int(document["resume_step"])
         moved = time.monotonic()
