@@ -186,7 +186,7 @@ class CheckpointConfig:
     dir: Optional[str] = None  # None: <run dir>/checkpoints; on Slurm a path every node shares
     keep: int = 2  # retention: the newest this many complete checkpoints (>= 1)
     async_write: bool = True  # write in the background (only the host snapshot is on the training path)
-    write_threads: int = 2  # background writer threads per worker
+    io_threads: int = 2  # threads per process writing shards, and checking checksums on resume
     max_pending: int = 1  # checkpoints in flight per worker before the next one waits for one to finish
     write_timeout_s: float = 600.0  # bound on every wait for a checkpoint write
 
@@ -377,7 +377,7 @@ def _validate_checkpoint(cfg: Config | DictConfig) -> None:
         _positive("checkpoint.every_s", checkpoint.every_s)
     if checkpoint.keep < 1:
         raise ConfigError(f"checkpoint.keep={checkpoint.keep} must be >= 1 (the newest complete checkpoint is always kept)")
-    _positive("checkpoint.write_threads", checkpoint.write_threads)
+    _positive("checkpoint.io_threads", checkpoint.io_threads)
     _positive("checkpoint.max_pending", checkpoint.max_pending)
     _positive("checkpoint.write_timeout_s", checkpoint.write_timeout_s)
     if checkpoint.dir is not None and not str(checkpoint.dir).strip():

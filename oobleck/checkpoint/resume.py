@@ -27,20 +27,20 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 
 
-def _explicit(resume: str) -> Checkpoint:
+def _explicit(resume: str, threads: int) -> Checkpoint:
     path = Path(resume).expanduser()
     key = f"job.resume={resume!r}"
     if not path.exists():
         raise ConfigError(f"{key}: {path} does not exist; give a checkpoint step dir (.../step-NNNNNNNN) or checkpoint dir, {AUTO}, or null")
     if step_of(path) is not None or (path / MANIFEST_NAME).exists():
-        problems = verify(path)
+        problems = verify(path, threads=threads)
         if problems:
             raise ConfigError(
                 f"{key}: {path} is not a valid checkpoint: {'; '.join(problems)}. "
                 "Give an older step dir, or the checkpoint dir to use its newest valid checkpoint"
             )
         return Checkpoint(step_dir=path, manifest=read_manifest(path))
-    search = find_latest(path)
+    search = find_latest(path, threads=threads)
     if search.found is None:
         why = "; ".join(s.describe() for s in search.skipped) or "it holds no step-NNNNNNNN directories"
         raise ConfigError(f"{key}: {path} holds no valid checkpoint ({why}); give another path, {AUTO}, or null")
@@ -53,15 +53,17 @@ def resolve_resume(
     checkpoint_dir: Optional[Path | str] = None,
     *,
     expected_fingerprint: Optional[dict[str, Any]] = None,
+    threads: int = 1,
 ) -> Optional[Checkpoint]:
-    """The checkpoint to resume from (None: start fresh); see the module docstring."""
+    """The checkpoint to resume from (None: start fresh); see the module docstring. ``threads``
+    check the shards' checksums in parallel."""
     if resume is None:
         return None
     if resume == AUTO:
-        search = find_latest(checkpoint_root(checkpoint_dir, run_dir))
+        search = find_latest(checkpoint_root(checkpoint_dir, run_dir), threads=threads)
         found, skipped = search.found, search.skipped
     else:
-        found = _explicit(resume)
+        found = _explicit(resume, threads)
         skipped = found.skipped
     for entry in skipped:
         log.warning("%s", entry.describe())
@@ -72,4 +74,6 @@ def resolve_resume(
 
 def resume_checkpoint(cfg: Any, run_dir: Path | str) -> Optional[Checkpoint]:
     """``resolve_resume`` for a whole config: ``job.resume``, ``checkpoint.dir`` and the fingerprint."""
-    return resolve_resume(cfg.job.resume, run_dir, cfg.checkpoint.dir, expected_fingerprint=fingerprint(cfg))
+    return resolve_resume(
+        cfg.job.resume, run_dir, cfg.checkpoint.dir, expected_fingerprint=fingerprint(cfg), threads=int(cfg.checkpoint.io_threads)
+    )

@@ -1,13 +1,14 @@
 """Taking a checkpoint on one worker: a snapshot at a step boundary, then a write in the background.
 
-``snapshot(layers)`` copies each layer's flat state to host memory (pinned, on CUDA) and is the
-only part on the training path. ``AsyncCheckpointWriter.submit(step_dir, snapshot)`` hands the
-shards to background threads and returns a ``WriteHandle`` at once; training goes on while they
-are written. At most ``max_pending`` submissions are in flight: a further ``submit`` waits for
-one to finish (bounded by its timeout), which throttles checkpoints that come faster than the
-storage writes them instead of piling snapshots up in memory. With ``async_write=False`` the
-write happens inside ``submit``. Every write is durable and atomic (``durable_write``), so a
-failure or a kill mid-write leaves earlier checkpoints untouched.
+``writer.snapshot(layers)`` copies each layer's flat state into host buffers the writer reuses
+(pinned, for CUDA layers); it is the only part on the training path. ``writer.submit(step_dir,
+snapshot)`` hands the shards to background threads and returns a ``WriteHandle`` at once;
+training goes on while they are written, and the buffers return to the pool when the write is
+done. At most ``max_pending`` submissions are in flight: a further ``submit`` waits for one to
+finish (bounded by its timeout), which throttles checkpoints that come faster than the storage
+writes them instead of piling snapshots up in memory. With ``async_write=False`` the write
+happens inside ``submit``. Every write is durable and atomic (``durable_write``), so a failure or
+a kill mid-write leaves earlier checkpoints untouched.
 """
 
 from __future__ import annotations
@@ -26,41 +27,85 @@ from oobleck.checkpoint.catalog import prepare_step_dir
 from oobleck.checkpoint.manifest import Manifest, ShardRecord, write_manifest
 from oobleck.checkpoint.shard import Shard, shard_meta, write_shard
 from oobleck.errors import CheckpointError
-from oobleck.runtime.state import LayerState, flat_state
+from oobleck.runtime.state import LayerState, flat_state_into
+
+
+class HostBufferPool:
+    """Host buffers for snapshots, reused from one checkpoint to the next (pinned for CUDA layers).
+
+    Fresh host memory is slow to touch the first time (page faults) and pinned memory slow to
+    allocate: for gpt2_small here, copying every layer's state into fresh buffers took seconds,
+    into reused ones a fraction of a second (benchmarks/bench_checkpoint.py prints both). A
+    buffer is lent to one snapshot and comes back when that snapshot's write has finished, so the
+    pool holds at most ``max_pending + 1`` snapshots' worth of memory.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: dict[tuple[tuple[int, ...], torch.dtype, bool], list[torch.Tensor]] = {}
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+        key = (tuple(shape), dtype, pinned)
+        with self._lock:
+            free = self._free.get(key)
+            if free:
+                return free.pop()
+        return torch.empty(shape, dtype=dtype, pin_memory=pinned)
+
+    def give_back(self, tensors: Iterable[torch.Tensor]) -> None:
+        with self._lock:
+            for tensor in tensors:
+                self._free.setdefault((tuple(tensor.shape), tensor.dtype, tensor.is_pinned()), []).append(tensor)
+
+    def nbytes(self) -> int:
+        """Bytes held for reuse (not lent out)."""
+        with self._lock:
+            return sum(t.numel() * t.element_size() for free in self._free.values() for t in free)
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Host copies of some layers' states, and the seconds the copy took."""
+    """Host copies of some layers' states, and the seconds the copy took.
+
+    Its tensors may be borrowed from a ``HostBufferPool``: once submitted, a snapshot belongs to
+    the writer, which hands the buffers back when the write is done.
+    """
 
     shards: Mapping[int, Shard]
     seconds: float
+    pool: Optional[HostBufferPool] = None
 
     @property
     def nbytes(self) -> int:
         return sum(shard.nbytes for shard in self.shards.values())
 
+    def release(self) -> None:
+        if self.pool is not None:
+            self.pool.give_back(shard.tensor for shard in self.shards.values())
 
-def snapshot(layers: Iterable[LayerState]) -> Snapshot:
+
+def snapshot(layers: Iterable[LayerState], pool: Optional[HostBufferPool] = None) -> Snapshot:
     """Copy ``layers``' flat states to host memory; call it at a step boundary (after the commit).
 
-    On the CPU ``flat_state`` is already a fresh copy. On CUDA it is copied into pinned host memory
-    without blocking, and the devices are synchronised once at the end.
+    One copy per tensor into a host buffer (from ``pool`` when given). For CUDA layers the buffer
+    is pinned and the copies do not block; the devices are synchronised once at the end.
     """
     started = time.perf_counter()
     shards: dict[int, Shard] = {}
     devices = set()
     for layer in layers:
-        flat = flat_state(layer)
-        if flat.device.type == "cuda":
-            host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-            host.copy_(flat, non_blocking=True)
-            devices.add(flat.device)
-            flat = host
-        shards[layer.index] = Shard(meta=shard_meta(layer, flat.dtype), tensor=flat)
+        device = layer.params[0].device
+        meta = shard_meta(layer, layer.params[0].dtype)
+        pinned = device.type == "cuda"
+        shape, dtype = meta.shape, layer.params[0].dtype
+        host = pool.take(shape, dtype, pinned) if pool is not None else torch.empty(shape, dtype=dtype, pin_memory=pinned)
+        flat_state_into(layer, host, non_blocking=pinned)
+        if pinned:
+            devices.add(device)
+        shards[layer.index] = Shard(meta=meta, tensor=host)
     for device in devices:
         torch.cuda.synchronize(device)
-    return Snapshot(shards=shards, seconds=time.perf_counter() - started)
+    return Snapshot(shards=shards, seconds=time.perf_counter() - started, pool=pool)
 
 
 class WriteHandle:
@@ -165,6 +210,7 @@ class AsyncCheckpointWriter:
         self._inflight: set[WriteHandle] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self.pool = HostBufferPool()
         self._threads = []
         if async_write:
             for index in range(threads):
@@ -177,10 +223,14 @@ class AsyncCheckpointWriter:
         """From the ``checkpoint:`` config block (``oobleck.config.CheckpointConfig``)."""
         return cls(
             async_write=bool(checkpoint_cfg.async_write),
-            threads=int(checkpoint_cfg.write_threads),
+            threads=int(checkpoint_cfg.io_threads),
             max_pending=int(checkpoint_cfg.max_pending),
             timeout_s=float(checkpoint_cfg.write_timeout_s),
         )
+
+    def snapshot(self, layers: Iterable[LayerState]) -> Snapshot:
+        """``snapshot(layers)`` into this writer's reused host buffers (the usual way to take one)."""
+        return snapshot(layers, self.pool)
 
     def submit(self, step_dir: Path | str, snapshot: Snapshot, *, timeout: Optional[float] = None) -> WriteHandle:
         """Write ``snapshot``'s shards into ``step_dir``; returns at once unless ``max_pending`` writes
@@ -188,6 +238,7 @@ class AsyncCheckpointWriter:
         if self._closed:
             raise CheckpointError("the checkpoint writer is closed")
         handle = WriteHandle(Path(step_dir), snapshot)
+        handle._on_finish.append(snapshot.release)
         if not self.async_write:
             for layer in handle.layers:
                 self._write_one(handle, layer, snapshot.shards[layer])
@@ -278,7 +329,7 @@ def save_checkpoint(
     write (bounded by ``writer.timeout_s``) and returns its handle.
     """
     path = prepare_step_dir(checkpoint_dir, step)
-    handle = writer.submit(path, snapshot(layers))
+    handle = writer.submit(path, writer.snapshot(layers))
     records = handle.result(writer.timeout_s)
     write_manifest(path, Manifest.build(step, fingerprint, records.values(), num_layers, extra))
     return handle

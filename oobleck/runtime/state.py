@@ -68,15 +68,22 @@ def learning_rate(job: Any, step: int) -> float:
 
 
 def flat_state(layer: LayerState) -> torch.Tensor:
-    """``[3, numel]``: flattened parameters, exp_avg, exp_avg_sq (a copy)."""
-    rows = []
-    for kind in ("param", "exp_avg", "exp_avg_sq"):
-        parts = []
-        for p in layer.params:
-            t = p.detach() if kind == "param" else layer.optimizer.state[p][kind]
-            parts.append(t.reshape(-1))
-        rows.append(torch.cat(parts))
-    return torch.stack(rows)
+    """``[3, numel]``: flattened parameters, exp_avg, exp_avg_sq (a copy, on the layer's device)."""
+    first = layer.params[0]
+    return flat_state_into(layer, torch.empty((STATE_KINDS, layer.numel), dtype=first.dtype, device=first.device))
+
+
+def flat_state_into(layer: LayerState, out: torch.Tensor, *, non_blocking: bool = False) -> torch.Tensor:
+    """Copy ``flat_state(layer)`` into ``out`` (``[3, numel]`` on any device, e.g. pinned host
+    memory for a checkpoint snapshot) with one copy per tensor; returns ``out``."""
+    offset = 0
+    for p in layer.params:
+        n = p.numel()
+        state = layer.optimizer.state[p]
+        for row, tensor in enumerate((p.detach(), state["exp_avg"], state["exp_avg_sq"])):
+            out[row, offset : offset + n].copy_(tensor.reshape(-1), non_blocking=non_blocking)
+        offset += n
+    return out
 
 
 def chunk_bounds(numel: int, chunk: int, chunks: int) -> tuple[int, int]:

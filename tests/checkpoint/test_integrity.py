@@ -81,3 +81,13 @@ def test_prepare_step_dir_retracts_an_old_manifest_and_leftovers(tmp_path, two_c
     assert prepare_step_dir(tmp_path, 4) == newer
     assert not (newer / "manifest.json").exists() and not leftover.exists()
     assert latest_valid(tmp_path).step == 2  # until the new manifest is written
+
+
+def test_parallel_verification_reports_the_same_problems_in_layer_order(two_checkpoints):
+    _, newer = two_checkpoints
+    flip_byte(newer / "layer-0004.shard", -1)
+    (newer / "layer-0001.shard").unlink()
+    expected = ["layer-0001.shard (layer 1) is missing", "layer-0004.shard (layer 4) fails its checksum"]
+    for threads in (1, 3):
+        problems = verify(newer, threads=threads)
+        assert [p[: len(e)] for p, e in zip(problems, expected)] == expected and len(problems) == 2

@@ -3,10 +3,12 @@
 import threading
 
 import pytest
+import torch
 from ckpthelpers import WAIT_S
 
 from oobleck.checkpoint import AsyncCheckpointWriter, snapshot, write_shard
 from oobleck.errors import CheckpointError
+from oobleck.runtime.state import flat_state
 
 
 @pytest.mark.parametrize("async_write", [True, False])
@@ -74,3 +76,24 @@ def test_an_empty_snapshot_finishes_at_once(tmp_path):
 def test_bad_writer_settings_are_named():
     with pytest.raises(CheckpointError, match="threads >= 1, max_pending >= 1 and timeout_s > 0; got 0, 1, 600"):
         AsyncCheckpointWriter(threads=0)
+
+
+def test_snapshot_buffers_are_reused_only_after_their_write(tmp_path, layers):
+    gate = Gate()
+    writer = AsyncCheckpointWriter(max_pending=2, timeout_s=WAIT_S, write_shard_fn=gate)
+    try:
+        first = writer.snapshot(layers[:1])
+        pointer = first.shards[0].tensor.data_ptr()
+        handle = writer.submit(tmp_path / "step-00000001", first)
+        assert gate.entered.wait(WAIT_S)
+        second = writer.snapshot(layers[:1])  # the first's buffer is still being written: not lent again
+        assert second.shards[0].tensor.data_ptr() != pointer
+    finally:
+        gate.open()
+    handle.result(WAIT_S)
+    writer.submit(tmp_path / "step-00000002", second).result(WAIT_S)
+    assert writer.pool.nbytes() == 2 * first.nbytes
+    third = writer.snapshot(layers[:1])  # now a finished write's buffer comes back, refilled
+    assert third.shards[0].tensor.data_ptr() in {pointer, second.shards[0].tensor.data_ptr()}
+    assert torch.equal(third.shards[0].tensor, flat_state(layers[0])) and writer.pool.nbytes() == first.nbytes
+    assert writer.close(WAIT_S)

@@ -25,7 +25,7 @@ def test_groups_compose(make_config):
         ("checkpoint.every_steps=-1", "checkpoint.every_steps=-1 must be >= 0"),
         ("checkpoint.every_s=0", "checkpoint.every_s=0.0 must be > 0"),
         ("checkpoint.keep=0", "checkpoint.keep=0 must be >= 1"),
-        ("checkpoint.write_threads=0", "checkpoint.write_threads=0 must be > 0"),
+        ("checkpoint.io_threads=0", "checkpoint.io_threads=0 must be > 0"),
         ("checkpoint.max_pending=0", "checkpoint.max_pending=0 must be > 0"),
         ("checkpoint.write_timeout_s=0", "checkpoint.write_timeout_s=0.0 must be > 0"),
         ("checkpoint.dir=''", "checkpoint.dir='' is empty"),
