@@ -1,11 +1,13 @@
 """Checkpoint storage: durable, by-layer checkpoints that any plan, node count or strategy resumes.
 
 A checkpoint is a directory ``<checkpoint dir>/step-NNNNNNNN/`` with one shard per layer and a
-manifest written last (``layout``). How it is used:
+manifest written last (``layout``). How the runtime uses it (``oobleck.elastic.checkpoints`` on
+the controller, ``oobleck.runtime.checkpointing`` on the workers):
 
 1. the controller picks the writer of each layer (``oobleck.planning.checkpoint_writers``) and
-   calls ``prepare_step_dir`` when a checkpoint is due (``policy.checkpoint_due``);
-2. each writer takes a ``snapshot`` of its layers at the step boundary and hands it to its
+   publishes it with every generation; the rank that commits a step decides whether a checkpoint
+   follows it (``checkpoint.every_steps``, or a request of the controller's);
+2. each writer takes a ``snapshot`` of its layers at that step boundary and hands it to its
    ``AsyncCheckpointWriter``, which writes the shards in the background (``writer``, ``shard``);
 3. once every shard's ``ShardRecord`` is reported, the controller writes the ``Manifest``
    (``manifest``) and applies retention (``catalog.prune``);
@@ -15,7 +17,7 @@ manifest written last (``layout``). How it is used:
 
 Modules: ``durable`` (atomic writes, fsync), ``layout`` (names), ``manifest``, ``shard`` (the shard
 file format), ``writer`` (snapshot + background writes), ``catalog`` (list, verify, latest,
-prune), ``fingerprint``, ``resume``, ``policy``. Only ``shard`` and ``writer`` need torch.
+prune), ``fingerprint``, ``resume``. Only ``shard`` and ``writer`` need torch.
 """
 
 from oobleck.checkpoint.catalog import (
@@ -33,7 +35,6 @@ from oobleck.checkpoint.catalog import (
 from oobleck.checkpoint.fingerprint import check_fingerprint, fingerprint
 from oobleck.checkpoint.layout import checkpoint_root, shard_name, step_dir, step_of
 from oobleck.checkpoint.manifest import Manifest, ShardRecord, read_manifest, write_manifest
-from oobleck.checkpoint.policy import checkpoint_due, checkpoints_enabled
 from oobleck.checkpoint.resume import resolve_resume, resume_checkpoint
 from oobleck.checkpoint.shard import Shard, ShardMeta, read_shard, restore_layer, shard_meta, write_shard
 from oobleck.checkpoint.writer import AsyncCheckpointWriter, Snapshot, WriteHandle, save_checkpoint, snapshot
@@ -51,9 +52,7 @@ __all__ = [
     "StepDir",
     "WriteHandle",
     "check_fingerprint",
-    "checkpoint_due",
     "checkpoint_root",
-    "checkpoints_enabled",
     "find_latest",
     "fingerprint",
     "latest_valid",

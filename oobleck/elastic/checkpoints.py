@@ -162,12 +162,19 @@ class CheckpointCoordinator:
         self.event("checkpoint", **row)
         self.completed_rows.append(row)
 
-    def wait_idle(self, deadline: float, drain: Callable[[], None]) -> bool:
-        """Let every checkpoint in progress complete (or be abandoned) before ``deadline``."""
+    def finish(self, deadline: float, drain: Callable[[], None], exited: Callable[[Worker], bool]) -> None:
+        """At the end of the run: let checkpoints in progress complete while any of their writers
+        may still report (until ``deadline``), then abandon what cannot complete any more."""
         while self.pending and time.monotonic() < deadline:
-            drain()
             self.poll()
-        return not self.pending
+            waiting = {w for p in self.pending.values() for layer, w in p.writers.items() if layer not in p.records}
+            if all(exited(w) for w in waiting):
+                self.poll()  # a writer reports before it exits
+                break
+            drain()
+        for boundary in list(self.pending):
+            del self.pending[boundary]
+            self.event("checkpoint_abandoned", checkpoint_step=boundary, reason="the run ended before every shard was reported")
 
     def discard_after(self, step: int) -> None:
         """A restart rolls back to ``step``: checkpoints in progress of later steps will not complete."""

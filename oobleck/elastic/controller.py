@@ -612,7 +612,11 @@ class Controller:
                 except OobleckError:
                     break
             if self.checkpoints is not None and self.checkpoints.pending:
-                self.checkpoints.wait_idle(time.monotonic() + float(self.cfg.checkpoint.write_timeout_s), lambda: membership.drain(0.02))
+                self.checkpoints.finish(
+                    time.monotonic() + float(self.cfg.checkpoint.write_timeout_s),
+                    lambda: membership.drain(0.02),
+                    lambda worker: worker in membership.exited or membership.nodes[worker[0]].failed,
+                )
             for node, state in membership.nodes.items():
                 for local_rank in range(gpus):
                     key = keys.phase_times(node, local_rank)

@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from oobleck.checkpoint import AsyncCheckpointWriter, WriteHandle, read_manifest, restore_layer, snapshot, step_dir
+from oobleck.checkpoint import AsyncCheckpointWriter, WriteHandle, read_manifest, restore_layer, step_dir
 from oobleck.checkpoint.durable import make_dirs
 from oobleck.planning.plan import Worker
 from oobleck.runtime import keys
@@ -35,6 +36,7 @@ class CheckpointWriter:
         self.timeout_s = float(checkpoint_cfg.write_timeout_s)
         self._store: Any = None
         self._lock = threading.Lock()
+        self._reporters: list[threading.Thread] = []
 
     def write(self, boundary: int, document: Mapping[str, Any], layers: Mapping[int, LayerState]) -> None:
         """Snapshot and submit this worker's layers of the checkpoint of ``boundary`` committed steps."""
@@ -43,9 +45,11 @@ class CheckpointWriter:
             return
         path = step_dir(document["dir"], boundary)
         make_dirs(path)
-        snap = snapshot(layers[layer] for layer in mine)
+        snap = self.writer.snapshot(layers[layer] for layer in mine)
         handle = self.writer.submit(path, snap)
-        threading.Thread(target=self._report, args=(boundary, handle), daemon=True, name=f"checkpoint-report-{boundary}").start()
+        reporter = threading.Thread(target=self._report, args=(boundary, handle), daemon=True, name=f"checkpoint-report-{boundary}")
+        reporter.start()
+        self._reporters = [r for r in self._reporters if r.is_alive()] + [reporter]
 
     def _report(self, boundary: int, handle: WriteHandle) -> None:
         if not handle.wait(self.timeout_s):
@@ -66,8 +70,12 @@ class CheckpointWriter:
                 print(f"oobleck worker {self.worker}: could not report checkpoint {boundary}: {error}", file=sys.stderr, flush=True)
 
     def close(self, timeout_s: float) -> bool:
-        """Let the writes in flight finish (bounded); True when they all did."""
-        return self.writer.close(timeout_s)
+        """Let the writes in flight finish and be reported (bounded); True when they all were."""
+        deadline = time.monotonic() + timeout_s
+        finished = self.writer.close(timeout_s)
+        for reporter in self._reporters:
+            reporter.join(max(0.0, deadline - time.monotonic()))
+        return finished and not any(r.is_alive() for r in self._reporters)
 
 
 def restore_layers(path: str | Path, layers: Iterable[int], new_layer: Callable[[int, int], LayerState], committed: int) -> dict[int, LayerState]:

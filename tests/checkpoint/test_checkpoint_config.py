@@ -3,7 +3,8 @@
 import pytest
 from omegaconf import OmegaConf
 
-from oobleck.checkpoint import checkpoint_due, checkpoint_root, checkpoints_enabled
+from oobleck.checkpoint import checkpoint_root
+from oobleck.strategy import checkpoint_every_steps
 from oobleck.config import validate
 from oobleck.errors import ConfigError
 
@@ -11,10 +12,14 @@ from oobleck.errors import ConfigError
 def test_groups_compose(make_config):
     cfg = make_config()
     validate(cfg)
-    assert cfg.checkpoint.every_steps == 10 and cfg.checkpoint.async_write and cfg.job.resume is None
+    # By default each strategy checkpoints at its own interval; checkpoint.every_steps overrides it.
+    assert cfg.checkpoint.every_steps is None and cfg.checkpoint.async_write and cfg.job.resume is None
+    assert checkpoint_every_steps(cfg) == 0  # oobleck: in-place recovery needs none
+    assert checkpoint_every_steps(make_config("strategy=varuna")) == 10
+    assert checkpoint_every_steps(make_config("strategy=varuna", "checkpoint.every_steps=3")) == 3
     off = make_config("checkpoint=none", "job.resume=auto", "checkpoint.dir=/shared/ckpt")
     validate(off)
-    assert not checkpoints_enabled(off.checkpoint) and off.job.resume == "auto"
+    assert checkpoint_every_steps(off) == 0 and off.job.resume == "auto"
     assert str(checkpoint_root(off.checkpoint.dir, "/run")) == "/shared/ckpt"
     assert str(checkpoint_root(cfg.checkpoint.dir, "/run")) == "/run/checkpoints"
 
@@ -36,11 +41,3 @@ def test_bad_values_name_the_key(make_config, override, needle):
     with pytest.raises(ConfigError) as error:
         validate(make_config(override))
     assert needle in str(error.value)
-
-
-def test_when_a_checkpoint_is_due():
-    steps = OmegaConf.create({"every_steps": 10, "every_s": None})
-    assert [s for s in range(0, 41) if checkpoint_due(steps, s, 0.0)] == [10, 20, 30, 40]
-    timed = OmegaConf.create({"every_steps": 0, "every_s": 30.0})
-    assert checkpoints_enabled(timed) and not checkpoint_due(timed, 3, 29.9) and checkpoint_due(timed, 3, 30.0)
-    assert not checkpoint_due(timed, 0, 100.0)  # nothing committed yet: nothing to save
