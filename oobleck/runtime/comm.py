@@ -329,18 +329,35 @@ class Communicator:
     def release(self) -> list[Any]:
         """Hand over every group object (and the store connection) for parking."""
         items: list[Any] = [g for g, _ in self.groups.values()]
-        if self.device == "cuda":
-            for group in items:  # NCCL kernels of an aborted generation must not hold the stream
-                try:
-                    group.abort()
-                except Exception:
-                    pass
+        if self.device == "cuda" and items:
+            abort_nccl_groups(items)
         if self._store is not None:
             items.append(self._store)
         self.groups = {}
         self._store = None
         self.inflight = []
         return items
+
+
+def abort_nccl_groups(groups: list[Any]) -> None:
+    """Abort NCCL process groups together, so kernels of an aborted generation free the stream.
+
+    One ``ncclCommAbort`` after another can deadlock when ops are pending on several
+    communicators (a recv on one P2P channel, a send on another): an abort may wait on the device
+    for a kernel of a communicator not yet aborted. NCCL >= 2.22 aborts them together inside
+    ``ncclGroupStart``/``ncclGroupEnd`` (pytorch/pytorch#119797, #150690), which is what
+    ``torch.distributed.distributed_c10d._abort_process_group`` does with ``_group_start`` and
+    ``_group_end``; the groups here are raw backends outside torch's registry, so do the same.
+    """
+    groups[0]._group_start()
+    try:
+        for group in groups:
+            try:
+                group.abort()
+            except Exception:  # an already failed communicator: nothing left to abort
+                pass
+    finally:
+        groups[0]._group_end()
 
 
 def channel_name(src: int, dst: int, kind: str) -> str:
