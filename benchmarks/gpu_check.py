@@ -238,7 +238,7 @@ class Trained:
     state: dict[int, dict[str, Any]]
 
 
-def train_solo(cfg: Any, device: str, steps: int) -> Trained:
+def train_solo(cfg: Any, device: str, steps: int, *, with_state: bool = True) -> Trained:
     with local_store() as store:
         run = SoloRun(cfg, device, store)
         try:
@@ -246,7 +246,7 @@ def train_solo(cfg: Any, device: str, steps: int) -> Trained:
             for step in range(steps):
                 losses.append(run.step(step))
                 ends.append(time.perf_counter())
-            return Trained(losses, ends, run.state())
+            return Trained(losses, ends, run.state() if with_state else {})
         finally:
             run.close()
 
@@ -460,7 +460,7 @@ def unit_profile(s: Settings) -> dict[str, Any]:
             with precision(kind):
                 measured = measure_profile(model_cfg, b, "cuda", warmup=s.profile_warmup, repeats=s.profile_repeats, seed=0)
             entry[kind] = {"profiling_s": measured.metadata["profiling_seconds"], **compare_profiles(model_cfg, gpu_cfg, measured, analytic)}
-            torch.cuda.empty_cache()
+            free_device_memory(True)
         result["models"][name] = entry
     result["implied_flop_fraction"] = {
         f"{name}/{kind}": result["models"][name][kind]["implied_flop_fraction"] for name in PROFILED_MODELS for kind in PRECISIONS
@@ -707,24 +707,27 @@ def unit_second_process(s: Settings) -> dict[str, Any]:
     """Two processes, ranks 0 and 1 of one NCCL group, both on cuda:0: does NCCL allow it?"""
     with local_store() as store:
         command = [sys.executable, __file__, "--nccl-rank", "{rank}", "--store-port", str(store.port), "--timeout-s", str(s.collective_timeout_s)]
-        env = {**NCCL_ENV, **os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]}
+        # Both ranks see one device; NCCL_DEBUG=WARN prints NCCL's own reason if it refuses.
+        env = {**NCCL_ENV, "NCCL_DEBUG": "WARN", **os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]}
         started = time.perf_counter()
         procs = [
             subprocess.Popen([c.format(rank=r) for c in command], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
             for r in (0, 1)
         ]
-        ranks = []
+        ranks, outputs = [], []
         for rank, proc in enumerate(procs):
+            timed_out = False
             try:
                 output, _ = proc.communicate(timeout=s.experiment_wait_s * 3)
-                ranks.append({"rank": rank, "exit_code": proc.returncode, "log_tail": tail(output, 12)})
             except subprocess.TimeoutExpired:
+                timed_out = True
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 output, _ = proc.communicate()
-                ranks.append({"rank": rank, "exit_code": None, "log_tail": tail(output, 12), "timed_out": True})
-    duplicate = any("Duplicate GPU" in r["log_tail"] for r in ranks)
-    ran = all(r["exit_code"] == 0 and "RESULT ok" in r["log_tail"] for r in ranks)
+            outputs.append(output or "")
+            ranks.append({"rank": rank, "exit_code": proc.returncode, "timed_out": timed_out, "log_tail": tail(output, 12)})
+    duplicate = any("Duplicate GPU" in output for output in outputs)
+    ran = all(r["exit_code"] == 0 and "RESULT ok" in output for r, output in zip(ranks, outputs))
     return {"status": "ok", "nccl_allowed_two_ranks_on_one_gpu": ran, "duplicate_gpu_refused": duplicate, "wall_s": time.perf_counter() - started, "ranks": ranks}
 
 
@@ -764,12 +767,10 @@ def unit_throughput(s: Settings) -> dict[str, Any]:
 
     rounds = []
     for _ in range(s.throughput_rounds):  # alternate the two sides against drift
-        executor = rate(train_solo(cfg, device, steps).step_ends)
-        if cuda:
-            torch.cuda.empty_cache()
+        executor = rate(train_solo(cfg, device, steps, with_state=False).step_ends)
+        free_device_memory(cuda)
         plain = rate(train_reference(cfg, device=device).step_ends)
-        if cuda:
-            torch.cuda.empty_cache()
+        free_device_memory(cuda)
         rounds.append({"executor_samples_per_s": executor, "plain_samples_per_s": plain})
     executor = statistics.median(r["executor_samples_per_s"] for r in rounds)
     plain = statistics.median(r["plain_samples_per_s"] for r in rounds)
@@ -787,6 +788,13 @@ def unit_throughput(s: Settings) -> dict[str, Any]:
         "ratio": executor / plain,
         "rounds": rounds,
     }
+
+
+def free_device_memory(cuda: bool) -> None:
+    """Give the cached blocks of the side just measured back, so the next side starts alike."""
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
 
 
 # ---------------------------------------------------------------------------- units and the report
