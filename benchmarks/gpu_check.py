@@ -62,7 +62,7 @@ import threading
 import time
 import traceback
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -135,11 +135,9 @@ QUICK = Settings(
     throughput_batch=8, throughput_microbatch=2, throughput_warmup=2, throughput_steps=6, throughput_rounds=1,
     unit_timeout_s=(("exactness", 200.0), ("profile", 120.0), ("lifecycle", 90.0), ("throughput", 120.0), ("experiment", 45.0)),
 )  # fmt: skip
-FULL = Settings(
-    quick=False, budget_s=900.0, exact_steps=8, run_timeout_s=300.0,
-    profile_microbatch=1, profile_warmup=2, profile_repeats=5,
-    cycles=25, collective_timeout_s=5.0, spin_s=0.5, abort_after_s=0.05, issue_wait_s=2.0, experiment_wait_s=10.0,
-    throughput_batch=8, throughput_microbatch=2, throughput_warmup=3, throughput_steps=15, throughput_rounds=2,
+FULL = replace(  # longer and repeated measurements where a run is not squeezed into a lease
+    QUICK, quick=False, budget_s=900.0, exact_steps=8, run_timeout_s=300.0, profile_warmup=2, profile_repeats=5,
+    spin_s=0.5, issue_wait_s=2.0, experiment_wait_s=10.0, throughput_warmup=3, throughput_steps=15, throughput_rounds=2,
     unit_timeout_s=(("exactness", 400.0), ("profile", 300.0), ("lifecycle", 200.0), ("throughput", 300.0), ("experiment", 90.0)),
 )  # fmt: skip
 
@@ -300,7 +298,7 @@ def unit_exactness(s: Settings) -> dict[str, Any]:
     result["cuda_executor"] = differences(gpu.losses, gpu.state, reference, initial)
     plain = train_reference(cfg, device="cuda")
     result["cuda_plain_loop"] = differences(plain.losses, plain.layers, reference, initial)
-    result["oobleck_run"] = oobleck_run_check(s)
+    result["oobleck_run"] = oobleck_run_check(s, "cuda")
     result["check_device"] = check_device_refuses_local_nodes()
     checks = [result[k]["within_tolerance"] for k in ("cuda_executor", "cuda_plain_loop")]
     checks.append(result["oobleck_run"].get("within_tolerance", False))
@@ -308,14 +306,14 @@ def unit_exactness(s: Settings) -> dict[str, Any]:
     return {"status": "ok", **result}
 
 
-def oobleck_run_check(s: Settings) -> dict[str, Any]:
-    """A real run: controller, one agent, one CUDA worker; its outputs against the reference of
-    its own resolved config."""
+def oobleck_run_check(s: Settings, device: str) -> dict[str, Any]:
+    """A real run: controller, one agent, one worker on ``device``; its outputs against the
+    reference of its own resolved config."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         run_id = uuid.uuid4().hex[:12]
         overrides = [
-            "model=gpt3_tiny", "cluster.nodes=1", "cluster.device=cuda", "job.fault_tolerance=0", "failures=none",
+            "model=gpt3_tiny", "cluster.nodes=1", f"cluster.device={device}", "job.fault_tolerance=0", "failures=none",
             f"job.steps={s.exact_steps}", "job.global_batch_size=16", "job.microbatch_size=2", "job.warmup_steps=2",
             "logger.wandb.mode=disabled", "logger.progress_bar=false", "runtime.save_final_params=true",
             f"profile.cache_dir={tmp}/profiles", f"hydra.run.dir={run_dir}",

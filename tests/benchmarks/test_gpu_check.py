@@ -105,6 +105,15 @@ def test_the_update_tolerance_tells_a_dropped_microbatch_from_rounding(gpu_check
     assert bug["update_max_rel_diff"] > 10 * gpu_check.UPDATE_RTOL
 
 
+def test_the_real_run_check_reads_a_run_dir_and_compares_it(gpu_check):
+    """The check the GPU runs on ``python -m oobleck.run cluster.device=cuda``, here on the CPU."""
+    run = gpu_check.oobleck_run_check(gpu_check.QUICK, "cpu")
+    assert run["status"] == "ok", run
+    assert run["steps"] == list(range(gpu_check.QUICK.exact_steps)) and run["strays_left"] == 0
+    assert run["within_tolerance"] and run["loss_max_rel_diff"] < gpu_check.LOSS_RTOL / 100
+    assert "cluster.device=cpu" in run["command"]
+
+
 def test_the_implied_flop_fraction_reproduces_the_measured_time(gpu_check):
     model_cfg = load_model_config("gpt3_tiny")
     measured = measure_profile(model_cfg, 1, "cpu", warmup=0, repeats=1, seed=0, threads=1)
