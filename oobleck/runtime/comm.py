@@ -3,9 +3,11 @@
 A generation's process groups all live under ``PrefixStore("g<g>", store)``. Every wait is on an
 event that either the operation (through its future) or the abort watcher sets, so a worker
 blocked on a peer that died (or on a peer that has itself moved on) wakes up as soon as the
-controller aborts the generation, without polling. Aborted groups are never destroyed in-line:
-gloo's destructor waits for pending operations until the group timeout (measured, see
-/work/shared/notes), so they are parked and released by one reaper thread after that timeout.
+controller aborts the generation, without polling (on NCCL, whose futures complete when an op is
+enqueued rather than run, the wait polls the op's CUDA event instead). Aborted groups are never
+destroyed in-line: gloo's destructor waits for pending operations until the group timeout
+(measured, see /work/shared/notes), so they are parked and released by one reaper thread after
+that timeout.
 
 Point-to-point channels are two-rank groups used with ``broadcast`` (root = sender): gloo's
 ``send``/``recv`` works have no future (``Work::getFuture not implemented``) and would have to be
@@ -27,6 +29,13 @@ import torch.distributed as dist
 
 from oobleck.errors import RunError
 from oobleck.runtime import keys
+
+
+# Polling a device-side op (see ``Waiter._poll``): the first re-check comes quickly (a collective
+# of a small tensor finishes in tens of microseconds on a GPU), then the pause doubles up to a
+# millisecond, so a long wait costs the host little and a finished op is seen within ~1 ms.
+_POLL_FIRST_S = 20e-6
+_POLL_MAX_S = 1e-3
 
 
 class Aborted(Exception):
@@ -155,11 +164,37 @@ class Waiter:
     def work(self, work: Any, what: str) -> None:
         """Wait for a collective ``work``; a failed op waits for the controller's abort."""
         future = work.get_future()
+        if future.done() and not _completed(work):
+            self._poll(work, what)
+            return
         event = _DoneEvent()
         future.add_done_callback(lambda _f: event.done())
         self._wait_event(event, what)
         try:
             future.value()
+        except Exception as error:
+            self.after_peer_error(what, error)
+
+    def _poll(self, work: Any, what: str) -> None:
+        """Wait until ``work`` has run on the device, the generation is aborted, or the timeout.
+
+        ProcessGroupNCCL marks a work's future complete as soon as the op is *enqueued* on its
+        CUDA stream (``work->future_->markCompleted`` right after the launch in
+        ``ProcessGroupNCCL::collective``), so the future path above would return at once and the
+        host would block later, in a CUDA sync (``.item()``, ``.cpu()``) that no abort can reach
+        if a peer is gone. ``is_completed()`` queries the op's CUDA end event without blocking.
+        """
+        deadline = time.monotonic() + self.timeout_s
+        pause = _POLL_FIRST_S
+        while not _completed(work):
+            if self.watch.aborted.is_set():
+                raise Aborted()
+            if time.monotonic() > deadline:
+                raise RunError(f"{what} did not complete within cluster.collective_timeout_s={self.timeout_s}")
+            time.sleep(pause)
+            pause = min(2 * pause, _POLL_MAX_S)
+        try:
+            work.wait()  # orders the current stream after the op; raises if the op failed
         except Exception as error:
             self.after_peer_error(what, error)
 
@@ -294,18 +329,35 @@ class Communicator:
     def release(self) -> list[Any]:
         """Hand over every group object (and the store connection) for parking."""
         items: list[Any] = [g for g, _ in self.groups.values()]
-        if self.device == "cuda":
-            for group in items:  # NCCL kernels of an aborted generation must not hold the stream
-                try:
-                    group.abort()
-                except Exception:
-                    pass
+        if self.device == "cuda" and items:
+            abort_nccl_groups(items)
         if self._store is not None:
             items.append(self._store)
         self.groups = {}
         self._store = None
         self.inflight = []
         return items
+
+
+def abort_nccl_groups(groups: list[Any]) -> None:
+    """Abort NCCL process groups together, so kernels of an aborted generation free the stream.
+
+    One ``ncclCommAbort`` after another can deadlock when ops are pending on several
+    communicators (a recv on one P2P channel, a send on another): an abort may wait on the device
+    for a kernel of a communicator not yet aborted. NCCL >= 2.22 aborts them together inside
+    ``ncclGroupStart``/``ncclGroupEnd`` (pytorch/pytorch#119797, #150690), which is what
+    ``torch.distributed.distributed_c10d._abort_process_group`` does with ``_group_start`` and
+    ``_group_end``; the groups here are raw backends outside torch's registry, so do the same.
+    """
+    groups[0]._group_start()
+    try:
+        for group in groups:
+            try:
+                group.abort()
+            except Exception:  # an already failed communicator: nothing left to abort
+                pass
+    finally:
+        groups[0]._group_end()
 
 
 def channel_name(src: int, dst: int, kind: str) -> str:

@@ -7,7 +7,8 @@ learning-rate schedule as the runtime. Used by the exactness tests and the bench
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,28 +21,31 @@ from oobleck.runtime.state import learning_rate
 @dataclass
 class ReferenceResult:
     losses: list[float]  # mean loss of each step (what metrics.csv reports)
-    layers: dict[int, dict[str, torch.Tensor]]  # final state_dict of each layer
+    layers: dict[int, dict[str, torch.Tensor]]  # final state_dict of each layer (on the CPU)
+    # time.perf_counter() after each step's optimizer update (for throughput comparisons)
+    step_ends: list[float] = field(default_factory=list)
 
 
-def train_reference(cfg: Any, steps: int | None = None) -> ReferenceResult:
+def train_reference(cfg: Any, steps: int | None = None, *, device: str = "cpu") -> ReferenceResult:
+    """Train on ``device`` (the truth is the CPU; a GPU run measures its kernels against it)."""
     job, model_cfg = cfg.job, cfg.model
     steps = int(job.steps) if steps is None else steps
     if int(cfg.cluster.torch_threads) > 0:
         torch.set_num_threads(int(cfg.cluster.torch_threads))  # as the workers do
     torch.manual_seed(int(job.seed))
-    model = build_reference_model(model_cfg, int(job.seed))
+    model = build_reference_model(model_cfg, int(job.seed), device=device)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=float(job.lr), betas=(float(job.beta1), float(job.beta2)), weight_decay=float(job.weight_decay)
     )
     dataset = build_dataset(job, model_cfg)
     batch, micro = int(job.global_batch_size), int(job.microbatch_size)
     sampler = GlobalBatchSampler(len(dataset), batch, int(job.seed))
-    losses = []
+    losses, step_ends = [], []
     for step in range(steps):
         total = 0.0
         for mb in range(batch // micro):
             inputs, targets = collate(dataset, sampler.microbatch_indices(step, mb, micro))
-            loss = loss_fn(model(inputs), targets)
+            loss = loss_fn(model(inputs.to(device)), targets.to(device))
             (loss / batch).backward()
             total += float(loss.detach())
         if float(job.grad_clip) > 0:
@@ -51,5 +55,6 @@ def train_reference(cfg: Any, steps: int | None = None) -> ReferenceResult:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(total / batch)
-    layers = {i: {k: v.detach().clone() for k, v in layer.state_dict().items()} for i, layer in enumerate(model)}
-    return ReferenceResult(losses=losses, layers=layers)
+        step_ends.append(time.perf_counter())
+    layers = {i: {k: v.detach().to("cpu", copy=True) for k, v in layer.state_dict().items()} for i, layer in enumerate(model)}
+    return ReferenceResult(losses=losses, layers=layers, step_ends=step_ends)

@@ -1,0 +1,119 @@
+"""``Waiter.work``: abortable waits on gloo works (real) and on NCCL-style works.
+
+ProcessGroupNCCL completes a work's future when the op is enqueued, not when it ran
+(``ProcessGroupNCCL::collective`` marks the future complete right after the launch), so the waiter
+must watch ``is_completed()`` instead. NCCL does not run on this machine; ``EnqueuedWork`` below
+follows that contract (a done future, ``is_completed()`` false until the device finishes, ``wait()``
+raising if the op failed), so the abort, failure and timeout paths of the polling wait are checked
+here, and ``benchmarks/gpu_check.py`` checks them against the real NCCL on a GPU.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from oobleck.errors import RunError
+from oobleck.runtime import keys
+from oobleck.runtime.comm import Aborted, AbortWatch, Waiter
+
+
+class EnqueuedWork:
+    """A work whose future is done at once and whose op finishes (or fails) when ``finish`` is called."""
+
+    def __init__(self) -> None:
+        self._future: torch.futures.Future = torch.futures.Future()
+        self._future.set_result([torch.zeros(1)])
+        self._done = threading.Event()
+        self.error: Exception | None = None
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def finish(self, error: Exception | None = None) -> None:
+        self.error = error
+        self._done.set()
+
+    def wait(self) -> bool:
+        if self.error is not None:
+            raise self.error
+        return True
+
+
+@pytest.fixture
+def store():
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+
+
+@pytest.fixture
+def make_waiter(store):
+    """Waiters watching the given generation; their watcher threads are ended after the test."""
+    watches: list[AbortWatch] = []
+
+    def make(generation: int, timeout_s: float = 10.0) -> Waiter:
+        watch = AbortWatch("127.0.0.1", store.port, timeout_s)
+        watch.watch(generation)
+        watches.append(watch)
+        return Waiter(watch, timeout_s, peer_grace_s=5.0)
+
+    yield make
+    for watch in watches:
+        store.set(keys.abort(watch.generation), "1")
+        watch.aborted.wait(5.0)
+
+
+def later(seconds: float, action) -> None:
+    threading.Timer(seconds, action).start()
+
+
+def test_waits_until_the_enqueued_op_has_run(store, make_waiter):
+    waiter = make_waiter(0)
+    work = EnqueuedWork()
+    later(0.3, work.finish)
+    started = time.monotonic()
+    waiter.work(work, "all-reducing")
+    assert work.is_completed() and time.monotonic() - started >= 0.25
+
+
+def test_abort_while_the_op_is_pending_wakes_the_waiter(store, make_waiter):
+    waiter = make_waiter(1)
+    work = EnqueuedWork()  # never finishes: a peer that is gone
+    later(0.2, lambda: store.set(keys.abort(1), "1"))
+    started = time.monotonic()
+    with pytest.raises(Aborted):
+        waiter.work(work, "receiving activations")
+    assert time.monotonic() - started < 5.0  # the abort, not the 10 s timeout, ended the wait
+
+
+def test_a_failed_op_waits_for_the_abort_that_follows(store, make_waiter):
+    waiter = make_waiter(2)
+    work = EnqueuedWork()
+    later(0.1, lambda: work.finish(RuntimeError("NCCL communicator was aborted")))
+    later(0.4, lambda: store.set(keys.abort(2), "1"))
+    with pytest.raises(Aborted):
+        waiter.work(work, "sending gradients")
+
+
+def test_an_op_that_never_finishes_times_out_with_the_key_to_raise(store, make_waiter):
+    waiter = make_waiter(3, timeout_s=0.5)
+    with pytest.raises(RunError, match="cluster.collective_timeout_s=0.5"):
+        waiter.work(EnqueuedWork(), "all-reducing gradients")
+
+
+def test_a_gloo_work_still_completes_through_its_future(store, make_waiter):
+    waiter = make_waiter(4)
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = [dist.ProcessGroupGloo.create_default_device()]
+    options._timeout = timedelta(seconds=10)
+    group = dist.ProcessGroupGloo(dist.PrefixStore("solo", store), 0, 1, options)
+    tensor = torch.full((4,), 3.0)
+    waiter.work(group.allreduce([tensor]), "all-reducing")
+    assert torch.equal(tensor, torch.full((4,), 3.0))
