@@ -41,6 +41,7 @@ class NodeState:
     last_seen: float = 0.0
     incarnation: int = 0  # worker restarts so far
     up: bool = False  # agent said hello and every worker of this incarnation registered
+    was_up: bool = False  # up at some point (a restarted node coming back up is not a join)
     failed: bool = False
     frozen: bool = False
     kill_time: Optional[float] = None  # when the injector struck (wall clock)
@@ -242,9 +243,10 @@ class Membership:
                 return  # an older incarnation's registration
             state.up = True
             state.registered_at = when
-            if self.accepting_joins:
+            if self.accepting_joins and not state.was_up:
                 self._joined[node] = when
                 self.event("join", node=node)
+            state.was_up = True
             return
         if kind == "exit":
             if int(payload["incarnation"]) != state.incarnation:

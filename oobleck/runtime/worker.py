@@ -96,7 +96,7 @@ class Worker:
         if cluster.device == "cuda":
             # In-process recovery: a communicator error must not kill the process; aborted
             # generations' communicators are aborted explicitly (Communicator.release).
-            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+            os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"  # an inherited 1 or 3 would kill the survivors
             torch.cuda.set_device(local_rank)
             self.device = f"cuda:{local_rank}"
         else:
