@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 
-from oobleck.elastic.protocol import Channel
+from oobleck.elastic.protocol import SECRET_ENV, Channel
 
 
 def test_agent_does_not_import_torch():
@@ -22,6 +23,7 @@ def test_agent_hello_heartbeat_and_node_kill():
         agent = subprocess.Popen(
             [sys.executable, "-m", "oobleck.elastic.agent", "--controller", f"127.0.0.1:{port}", "--node-id", "3"],
             start_new_session=True,
+            env={**os.environ, SECRET_ENV: "s3cret"},
         )
         try:
             server.settimeout(30)
@@ -30,7 +32,11 @@ def test_agent_hello_heartbeat_and_node_kill():
             channel = Channel(conn)
             hello = channel.recv()
             assert hello["type"] == "hello" and hello["node"] == 3 and hello["pid"] == agent.pid
-            channel.send({"type": "start", "store": "127.0.0.1:1", "gpus": 0, "run_id": "t", "heartbeat_s": 0.05})
+            assert hello["secret"] == "s3cret"  # the launcher's per-run secret, from the environment
+            channel.send({
+                "type": "start", "store": "127.0.0.1:1", "gpus": 0, "run_id": "t", "heartbeat_s": 0.05,
+                "incarnation": 0, "worker_module": "oobleck.runtime.worker",
+            })  # fmt: skip
             beats = [channel.recv() for _ in range(3)]
             assert all(b["type"] == "hb" and b["node"] == 3 for b in beats)
             channel.send({"type": "kill", "signal": "SIGKILL"})

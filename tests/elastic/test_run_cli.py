@@ -93,12 +93,13 @@ def test_worker_exception_stops_with_its_traceback(tmp_path):
     assert 2 <= summary["steps"] == int(fired.group(1)) < 6 and "stopped" in summary
 
 
-def test_baseline_strategies_are_refused_in_real_runs(tmp_path):
-    """Varuna and Bamboo exist in the simulator only: a real run must not mislabel Oobleck as them."""
-    result, strays = run_cli(tmp_path, "strategy=varuna")
-    assert result.returncode == 2
-    assert "strategy=varuna runs in the simulator only" in result.stderr
-    assert "Traceback" not in result.stderr and strays == []
+def test_a_strategy_that_cannot_run_stops_before_any_process_starts(tmp_path):
+    """Bamboo's redundancy needs every stage's successor on another node: depth 1 is refused with
+    one line naming the key, before any agent or worker exists."""
+    result, strays = run_cli(tmp_path, "strategy=bamboo", "strategy.pipeline_depth=1", "logger.wandb.mode=disabled")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "strategy.pipeline_depth=1" in result.stderr and "Traceback" not in result.stderr
+    assert strays == []
 
 
 def test_join_the_run_outlives_is_reported_not_hidden(tmp_path):
