@@ -26,6 +26,11 @@ Assumptions (each is used by template generation, instantiation and reconfigurat
 - Memory of one device of stage i of S: 16 bytes per parameter (fp32 Adam: parameters, gradients
   and two moments) plus the activations of the ``S - i`` microbatches 1F1B keeps in flight there,
   divided by g (each device keeps only its share of every microbatch).
+- Copying layers to new holders (reconfiguration) moves parameters and Adam's two moments, fp32
+  (3 bytes per parameter byte; gradients are recomputed, not moved: conf/strategy/oobleck.yaml's
+  ``moved_bytes_per_param: 12``). Nodes send and receive in parallel over their own links, so a
+  set of copies takes its busiest node's cross-node bytes (in or out) over the cross-node
+  bandwidth; a copy inside a node is local and not counted (as the simulator counts it).
 - Gradient synchronisation once per iteration: a ring all-reduce of ``bytes`` over k participants
   costs ``2 (k - 1) / k * bytes / bandwidth``; inside a stage over its g devices (in-node), and of
   every layer across the k pipelines (cross-node). The two run one after the other.
@@ -33,7 +38,7 @@ Assumptions (each is used by template generation, instantiation and reconfigurat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -44,6 +49,8 @@ from oobleck.planning.profile import ModelProfile
 OPTIMIZER_BYTES_PER_PARAM = 16
 # Adam state is 4 bytes per parameter copy in LayerProfile.param_bytes (fp32), hence the factor.
 STATE_BYTES_PER_PARAM_BYTE = OPTIMIZER_BYTES_PER_PARAM // 4
+# Bytes a reconfiguration copies per fp32 parameter byte: the parameter and Adam's two moments.
+MOVED_BYTES_PER_PARAM_BYTE = 3
 # Backward of a transformer layer costs about twice its forward (Narayanan et al., SC'21).
 DEFAULT_FORWARD_FRACTION = 1.0 / 3.0
 
@@ -158,6 +165,18 @@ def ring_allreduce_seconds(nbytes: float, participants: int, bandwidth: float) -
     if participants <= 1 or nbytes <= 0:
         return 0.0
     return 2.0 * (participants - 1) / participants * nbytes / bandwidth
+
+
+def copy_seconds(copies: Iterable[tuple[int, int, float]], inter_bandwidth: float) -> float:
+    """Seconds to carry out ``(source node, target node, parameter bytes)`` copies (see above)."""
+    into: dict[int, float] = {}
+    out: dict[int, float] = {}
+    for source, target, nbytes in copies:
+        if source != target:
+            into[target] = into.get(target, 0.0) + nbytes
+            out[source] = out.get(source, 0.0) + nbytes
+    busiest = max([*into.values(), *out.values()], default=0.0)
+    return MOVED_BYTES_PER_PARAM_BYTE * busiest / inter_bandwidth
 
 
 def stage_param_bytes(profile: ModelProfile, start: int, end: int) -> int:

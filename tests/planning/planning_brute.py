@@ -117,3 +117,33 @@ def brute_force_instantiation(templates, nodes, global_batch, microbatch, f):
         if len(combo) <= M:
             best = min(best, plan_value(templates, combo, M))
     return best
+
+
+def brute_force_min_bytes(old, removed, alive, templates, sizes, layer_bytes):
+    """The least parameter bytes any placement of pipelines of ``sizes`` on ``alive`` nodes copies
+    (every assignment of nodes to pipeline positions tried; local rank g keeps device g)."""
+    held = {}
+    for a in old.assignments():
+        if a.worker[0] not in removed:
+            held[a.worker] = set(a.layers)
+    slots = [(n, q) for n in sizes for q in range(n)]
+    best = math.inf
+    for nodes in itertools.permutations(alive, len(slots)):
+        total = 0
+        for node, (n, q) in zip(nodes, slots):
+            for stage in templates[n].stages:
+                if stage.node == q:
+                    for g in range(stage.gpu_offset, stage.gpu_offset + stage.gpus):
+                        have = held.get((node, g), set())
+                        total += sum(layer_bytes[layer] for layer in stage.layers if layer not in have)
+        best = min(best, total)
+    return best
+
+
+def coverable(templates, alive, microbatches, f):
+    """(nodes a new plan uses, failures it keeps tolerating) by enumeration: the most pipelines
+    up to f + 1, then the most nodes template sizes cover with that many pipelines (<= M)."""
+    counts = {n: {len(m) for m in multisets(templates.sizes, n, 1) if len(m) <= microbatches} for n in range(1, alive + 1)}
+    kept = min(f, max(max(c, default=0) for c in counts.values()) - 1)
+    used = max(n for n, c in counts.items() if any(k >= kept + 1 for k in c))
+    return used, kept
