@@ -257,8 +257,9 @@ def _best_multiset(
     predicted iteration time first. None if no choice exists. See the module docstring.
 
     Every (cap X on bytes per node, count) pair gets a lower bound on its value; pairs are
-    solved exactly in the order of their bounds, and the search stops at the first bound that
-    cannot beat the best plan found (ties keep the first found, so the choice is deterministic).
+    taken in the order of their bounds, first to tighten the bound (``relaxed_floor``, cheap),
+    then to be solved exactly, and the search stops at the first bound that cannot beat the best
+    plan found (ties keep the first found, so the choice is deterministic).
     """
     fixed = sorted(fixed, reverse=True)
     free = nodes - sum(fixed)
@@ -282,21 +283,28 @@ def _best_multiset(
         most = min(free // min(allowed), microbatches - len(fixed)) if free else 0
         for c in counts:
             if c <= most:
-                pairs.append((floors[c] + sync.cross(c + len(fixed), x), index, c))
-    pairs.sort()
+                pairs.append((floors[c] + sync.cross(c + len(fixed), x), 0, index, c, floors[c]))
+    heapq.heapify(pairs)
     searches: dict[int, _CountSearch] = {}
     best: tuple[float, list[int]] | None = None
-    for bound, index, c in pairs:
+    while pairs:
+        bound, refined, index, c, floor = heapq.heappop(pairs)
         if best is not None and bound >= best[0]:
             break
         x = node_caps[index]
         if index not in searches:
             allowed = [n for n in sizes if sync.node_bytes_of[n] <= x]
             searches[index] = _CountSearch([curves[n] for n in allowed], allowed, fixed_curves, free, microbatches)
+        search = searches[index]
         cross = sync.cross(c + len(fixed), x)
         # Only a plan faster than the best so far matters: its compute must end by `limit`.
         limit = best[0] - cross if best is not None else None
-        result = searches[index].solve(c, floors[c], limit)
+        if not refined:  # first a tighter bound (cheap), then back in line by it
+            tighter = search.relaxed_floor(c, floor, limit)
+            if tighter is not None:
+                heapq.heappush(pairs, (tighter + cross, 1, index, c, tighter))
+            continue
+        result = search.solve(c, floor, limit)
         if result is None:
             continue
         t, chosen = result
@@ -441,6 +449,60 @@ class _CountSearch:
         if any(m < 1 for m in fixed):
             return [False] * (max_count + 1)
         return [total + sum(fixed) >= self.M for total in self._free_totals(caps, max_count)]
+
+    def relaxed_floor(self, count: int, floor: float, limit: float | None) -> float | None:
+        """A lower bound on ``solve``'s t, or None if it shows t > ``limit``: the least t at which
+        ``count`` templates with fractional counts (sizes summing to the free nodes) could take
+        the microbatches, each template taking at most ``floor((t - a) / s)`` by t (its Eq. 1-4
+        line; time >= line, cost.py). The integer capacities make it much tighter than
+        ``_count_floors``' bound when the microbatches do not divide evenly."""
+        allowed, fixed = self.allowed, self.fixed
+        a = np.array([c.intercept + c.offset for c in allowed + fixed])
+        s = np.array([c.slope for c in allowed + fixed])
+        sizes = np.array(self.knapsack.sizes if self.knapsack is not None else [], dtype=np.float64)
+        k = len(allowed)
+        q = self.free / count if count else 0.0
+        lo_side, hi_side = np.flatnonzero(sizes <= q), np.flatnonzero(sizes >= q)
+        if count and not (lo_side.size and hi_side.size):
+            return None
+        if count:
+            n_lo, n_hi = sizes[lo_side][:, None], sizes[hi_side][None, :]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                y_lo = np.where(n_hi > n_lo, count * (n_hi - q) / (n_hi - n_lo), float(count))
+            y_hi = count - y_lo
+
+        def caps(t: float) -> np.ndarray:
+            # Rounded up a hair: an upper bound of every capacity whatever the rounding.
+            return np.clip(np.floor((t - a) / s * (1 + BOUND_SLACK) + BOUND_SLACK), 0, self.M)
+
+        unusable = -float(self.M + 1) * max(count, 1)  # a template that cannot take one microbatch
+
+        def reaches(c: np.ndarray) -> bool:
+            if (c[k:] < 1).any():
+                return False
+            total = float(c[k:].sum())
+            if count:
+                usable = np.where(c[:k] >= 1, c[:k], unusable)  # every pipeline takes at least one
+                total += float(np.max(y_lo * usable[lo_side][:, None] + y_hi * usable[hi_side][None, :]))
+            return total >= self.M * (1 - BOUND_SLACK)  # the fractional weights round too
+
+        hi = limit if limit is not None else max(c.time(self.M) for c in self.curves)
+        if not reaches(caps(hi)):
+            return None
+        # Bisection; a failing test moves the low end on to where some capacity bound next grows
+        # (taken a hair early, so the result stays a lower bound).
+        lo = floor
+        for _ in range(MAX_BISECTION_STEPS):
+            if hi - lo <= BOUND_SLACK * hi:
+                break
+            mid = (lo + hi) / 2
+            c = caps(mid)
+            if reaches(c):
+                hi = mid
+            else:
+                grow = np.where(c < self.M, a + s * (c + 1 - 2 * BOUND_SLACK) / (1 + BOUND_SLACK), np.inf)
+                lo = max(mid, min(float(grow.min()) * (1 - BOUND_SLACK), hi))
+        return lo * (1 - BOUND_SLACK)
 
     def solve(self, count: int, floor: float, limit: float | None) -> tuple[float, list[int]] | None:
         """The least t (at least ``floor``, a known lower bound) and the free template sizes
