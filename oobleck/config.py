@@ -12,6 +12,7 @@ Sections mirror the config groups: ``model/``, ``cluster/``, ``profile``, ``job`
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -19,6 +20,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from oobleck.errors import ConfigError
+from oobleck.planning.instantiate import MAX_MICROBATCHES, microbatch_limit_message
+from oobleck.planning.profile import ClusterSpec
 
 
 @dataclass
@@ -242,8 +245,10 @@ def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
 
 
 def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
-    if value is None or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
+    bound = ">= 0" if allow_zero else "> 0"
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):  # NaN passes every comparison below
+        raise ConfigError(f"{key}={value} must be a finite number {bound}")
+    if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"{key}={value} must be {bound}")
 
 
@@ -265,9 +270,7 @@ def validate(cfg: Config | DictConfig) -> None:
     _choice("cluster.device", cluster.device, ("cpu", "cuda"))
     _positive("cluster.nodes", cluster.nodes)
     _positive("cluster.gpus_per_node", cluster.gpus_per_node)
-    _positive("cluster.device_memory_gb", cluster.device_memory_gb)
-    _positive("cluster.intra_node_bandwidth_gbps", cluster.intra_node_bandwidth_gbps)
-    _positive("cluster.inter_node_bandwidth_gbps", cluster.inter_node_bandwidth_gbps)
+    ClusterSpec.from_config(cluster)  # the planner's limits on memory and bandwidth (NaN, 1e-300 GB/s)
     for key in ("heartbeat_interval_s", "heartbeat_timeout_s", "collective_timeout_s", "startup_timeout_s"):
         _positive(f"cluster.{key}", getattr(cluster, key))
     if cluster.heartbeat_timeout_s <= cluster.heartbeat_interval_s:
@@ -305,6 +308,8 @@ def validate(cfg: Config | DictConfig) -> None:
             f"job.microbatch_size={job.microbatch_size}; make the batch a multiple of the microbatch"
         )
     microbatches = job.global_batch_size // job.microbatch_size
+    if microbatches > MAX_MICROBATCHES:
+        raise ConfigError(microbatch_limit_message(job.global_batch_size, job.microbatch_size))
     if microbatches < job.fault_tolerance + 1:
         raise ConfigError(
             f"job.global_batch_size={job.global_batch_size} gives {microbatches} microbatches of "

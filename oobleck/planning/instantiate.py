@@ -36,6 +36,9 @@ from oobleck.planning.templates import TemplateSet
 # Relative slack on cheap lower bounds of a time that are computed by other float operations than
 # the time itself (a bound may only be used to rule things out, so it must never exceed the time).
 BOUND_SLACK = 1e-9
+# The knapsack adds up to M capacities of at most M each in int64, below its -2**60 sentinel:
+# M * M must stay under 2**58, so at most 2**29 microbatches per iteration (536,870,912).
+MAX_MICROBATCHES = 2**29
 # A guard against a search that fails to converge (each step halves the bracket, so about 60
 # steps exhaust a double's precision); reaching it would be a bug, reported as such.
 MAX_BISECTION_STEPS = 400
@@ -538,6 +541,8 @@ def instantiate(
         raise PlanningError(f"node ids {node_ids} contain duplicates")
     N = len(node_ids)
     M = global_batch_size // microbatch_size
+    if M > MAX_MICROBATCHES:
+        raise PlanningError(microbatch_limit_message(global_batch_size, microbatch_size))
     f = fault_tolerance
     n0 = templates.min_nodes
     if N < (f + 1) * n0:
@@ -555,6 +560,14 @@ def instantiate(
             f"covers exactly {N} nodes with at most {M} microbatches; check job.fault_tolerance and the cluster size"
         )
     return build_plan(templates, chosen[1], node_ids, global_batch_size, microbatch_size, f, sync)
+
+
+def microbatch_limit_message(global_batch_size: int, microbatch_size: int) -> str:
+    return (
+        f"job.global_batch_size={global_batch_size} / job.microbatch_size={microbatch_size} = "
+        f"{global_batch_size // microbatch_size} microbatches per iteration, more than the planner's "
+        f"{MAX_MICROBATCHES}; lower job.global_batch_size or raise job.microbatch_size"
+    )
 
 
 def _resolve_bandwidths(templates: TemplateSet, intra: float | None, inter: float | None) -> tuple[float, float]:

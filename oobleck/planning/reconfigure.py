@@ -32,7 +32,6 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from oobleck.errors import PlanningError
 from oobleck.planning.cost import copy_seconds
@@ -267,6 +266,8 @@ def _place(
     if missing.size and missing.max() * weight >= _EXACT_FLOAT:
         weight, preference = 1, np.zeros_like(preference)  # bytes alone (over 2**52 / weight bytes)
     cost = missing.astype(np.float64) * weight + preference
+    from scipy.optimize import linear_sum_assignment  # here: importing scipy.optimize takes ~1 s
+
     rows, cols = linear_sum_assignment(cost)
     groups: list[list[int]] = [[0] * n for n in multiset]
     for r, c in zip(rows, cols):
