@@ -127,6 +127,9 @@ class PlannerConfig:
     max_gpus_per_stage: Optional[int] = None
     # Reconfiguration splits each layer copy across up to this many surviving holders.
     transfer_sources: int = 4
+    # Steps over which a fresh plan's faster iterations must repay its extra layer copying for
+    # reconfiguration to re-plan instead of regrouping in place (conf/config.yaml sets it).
+    replan_horizon_steps: int = 100
 
 
 @dataclass
@@ -325,6 +328,7 @@ def validate(cfg: Config | DictConfig) -> None:
     _positive("job.synthetic_samples", job.synthetic_samples)
     _positive("planner.reference_microbatches_per_stage", cfg.planner.reference_microbatches_per_stage)
     _positive("planner.transfer_sources", cfg.planner.transfer_sources)
+    _positive("planner.replan_horizon_steps", cfg.planner.replan_horizon_steps, allow_zero=True)
 
     failures = cfg.failures
     _choice("failures.kind", failures.kind, ("none", "explicit", "poisson", "trace"))

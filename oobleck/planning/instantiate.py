@@ -39,6 +39,8 @@ BOUND_SLACK = 1e-9
 # The knapsack adds up to M capacities of at most M each in int64, below its -2**60 sentinel:
 # M * M must stay under 2**58, so at most 2**29 microbatches per iteration (536,870,912).
 MAX_MICROBATCHES = 2**29
+# ``relaxed_floor`` stops bisecting at this relative width (it returns the low end: still a bound).
+RELAXED_PRECISION = 1e-6
 # A guard against a search that fails to converge (each step halves the bracket, so about 60
 # steps exhaust a double's precision); reaching it would be a bug, reported as such.
 MAX_BISECTION_STEPS = 400
@@ -153,7 +155,7 @@ def _least_time(curves, limit, counts, feasible, guess: float, lo: float = 0.0, 
     The search ends on the exact least t. ``hi`` (default: every curve at ``limit``) bounds it from
     above: None if even ``hi`` is infeasible. ``guess`` is tried first; while tests fail, the
     next one gallops upwards from the low end (the next possible time itself, then steps of one
-    slowest microbatch, doubling), since callers' guesses and bounds are usually just below.
+    fastest microbatch, doubling), since callers' guesses and bounds are usually just below.
     """
 
     def latest_needed(caps: Sequence[int]) -> float:
@@ -169,8 +171,8 @@ def _least_time(curves, limit, counts, feasible, guess: float, lo: float = 0.0, 
     if not feasible(caps):
         return None
     hi = latest_needed(caps)
-    # Gallop: the next possible time itself first (step 0), then one slowest microbatch on, doubling.
-    failures, unit, step = 0, max(c.slope for c in curves), 0.0
+    # Gallop: the next possible time itself first (step 0), then one fastest microbatch on, doubling.
+    failures, unit, step = 0, min(c.slope for c in curves), 0.0
     mid = guess if lo < guess < hi else lo
     for _ in range(MAX_BISECTION_STEPS):
         if lo >= hi:
@@ -334,31 +336,56 @@ def _count_floors(
     (2) Every time is at least its Eq. 1-4 line ``a + s m`` (cost.py), so by t a pipeline takes
     at most ``(t - a) / s``; with the counts of each size relaxed to fractions, the least t with
     ``sum_p (t - a_p) / s_p >= M`` is a linear-fractional program whose optimum sits on a vertex
-    of {y >= 0 : sum y = c, sum n y = free}: at most two sizes, one on each side of free / c.
+    of {y >= 0 : sum y = c, sum n y = free} (``_two_sizes``).
     """
     a = np.array([c.intercept + c.offset for c in curves])
     s = np.array([c.slope for c in curves])
-    n = np.array(sizes, dtype=np.float64)
     base_u = sum(1.0 / c.slope for c in fixed)
     base_v = sum((c.intercept + c.offset) / c.slope for c in fixed)
     everyone = [*curves, *fixed]
     floors = {}
     for c in counts:
-        share = min(curve.lower_bound(-(-microbatches // (c + len(fixed)))) for curve in everyone)
+        share = float(_lower_bounds(everyone, -(-microbatches // (c + len(fixed)))).min())
         if c == 0:
             relaxed = (microbatches + base_v) / base_u
         else:
-            q = free / c
-            below, above = np.flatnonzero(n <= q), np.flatnonzero(n >= q)
-            lo, hi = n[below][:, None], n[above][None, :]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                y_lo = np.where(hi > lo, c * (hi - q) / (hi - lo), float(c))
-            y_hi = c - y_lo
-            rate = base_u + y_lo / s[below][:, None] + y_hi / s[above][None, :]
-            work = microbatches + base_v + y_lo * (a[below] / s[below])[:, None] + y_hi * (a[above] / s[above])[None, :]
-            relaxed = float(np.min(work / rate)) if below.size and above.size else math.inf
+            vertices = _two_sizes(sizes, free, c)
+            if vertices is None:
+                relaxed = math.inf
+            else:
+                below, above, y_lo, y_hi = vertices
+                rate = base_u + y_lo / s[below][:, None] + y_hi / s[above][None, :]
+                work = microbatches + base_v + y_lo * (a[below] / s[below])[:, None] + y_hi * (a[above] / s[above])[None, :]
+                relaxed = float(np.min(work / rate))
         floors[c] = max(share, relaxed * (1 - BOUND_SLACK))
     return floors
+
+
+def _lower_bounds(curves: Sequence[_PipelineCurve], m: int) -> np.ndarray:
+    """``lower_bound(m)`` of every curve at once (the same bounds, vectorised)."""
+    a = np.array([c.intercept for c in curves])
+    s = np.array([c.slope for c in curves])
+    offset = np.array([c.offset for c in curves])
+    stages = np.array([c.S for c in curves])
+    line = a + s * m
+    below = np.minimum(np.maximum(np.maximum([sum(c.w) for c in curves], m * s), line), a + s * stages)
+    return np.where(m >= stages, line + offset, below + offset) * (1 - BOUND_SLACK)
+
+
+def _two_sizes(sizes: Sequence[int], free: int, count: int):
+    """The vertices of {y >= 0 : sum y = count, sum n y = free} over template sizes n: every pair
+    of sizes on either side of free / count (a size equal to it pairs with itself), as index
+    arrays ``below``, ``above`` and weight matrices ``y_lo``, ``y_hi`` [below, above]; None if
+    no size is on one side."""
+    n = np.asarray(sizes, dtype=np.float64)
+    q = free / count
+    below, above = np.flatnonzero(n <= q), np.flatnonzero(n >= q)
+    if not (below.size and above.size):
+        return None
+    lo, hi = n[below][:, None], n[above][None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y_lo = np.where(hi > lo, count * (hi - q) / (hi - lo), float(count))
+    return below, above, y_lo, count - y_lo
 
 
 class _Knapsack:
@@ -462,17 +489,12 @@ class _CountSearch:
         allowed, fixed = self.allowed, self.fixed
         a = np.array([c.intercept + c.offset for c in allowed + fixed])
         s = np.array([c.slope for c in allowed + fixed])
-        sizes = np.array(self.knapsack.sizes if self.knapsack is not None else [], dtype=np.float64)
         k = len(allowed)
-        q = self.free / count if count else 0.0
-        lo_side, hi_side = np.flatnonzero(sizes <= q), np.flatnonzero(sizes >= q)
-        if count and not (lo_side.size and hi_side.size):
-            return None
         if count:
-            n_lo, n_hi = sizes[lo_side][:, None], sizes[hi_side][None, :]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                y_lo = np.where(n_hi > n_lo, count * (n_hi - q) / (n_hi - n_lo), float(count))
-            y_hi = count - y_lo
+            vertices = _two_sizes(self.knapsack.sizes, self.free, count)  # type: ignore[union-attr]
+            if vertices is None:
+                return None
+            lo_side, hi_side, y_lo, y_hi = vertices
 
         def caps(t: float) -> np.ndarray:
             # Rounded up a hair: an upper bound of every capacity whatever the rounding.
@@ -496,7 +518,7 @@ class _CountSearch:
         # (taken a hair early, so the result stays a lower bound).
         lo = floor
         for _ in range(MAX_BISECTION_STEPS):
-            if hi - lo <= BOUND_SLACK * hi:
+            if hi - lo <= RELAXED_PRECISION * hi:
                 break
             mid = (lo + hi) / 2
             c = caps(mid)
