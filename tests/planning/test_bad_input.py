@@ -34,13 +34,20 @@ from oobleck.planning.synthetic import synthetic_profile
             "cluster.inter_node_bandwidth_gbps=1e-300 must be a finite number of GB/s, at least 1e-09 (one byte per second)",
         ),
         (["cluster.heartbeat_timeout_s=inf"], "cluster.heartbeat_timeout_s=inf must be a finite number > 0"),
+        (["planner.replan_horizon_steps=-1"], "planner.replan_horizon_steps=-1 must be >= 0"),
     ],
-    ids=["batch-2**70", "bandwidth-nan", "memory-nan", "memory-1e30", "bandwidth-1e-300", "timeout-inf"],
+    ids=["batch-2**70", "bandwidth-nan", "memory-nan", "memory-1e30", "bandwidth-1e-300", "timeout-inf", "horizon"],
 )
 def test_bad_values_are_one_clear_error(make_config, overrides, message):
     with pytest.raises(ConfigError) as error:
         validate(make_config(*overrides))
     assert str(error.value) == message
+
+
+def test_the_horizon_default_is_the_configured_one(make_config):
+    from oobleck.planning.reconfigure import DEFAULT_REPLAN_HORIZON_STEPS
+
+    assert make_config().planner.replan_horizon_steps == DEFAULT_REPLAN_HORIZON_STEPS
 
 
 def test_the_planner_refuses_more_microbatches_than_it_counts():
