@@ -18,6 +18,13 @@ time t?" (each template's capacity at t is its largest m with ``T(m) + intra <= 
 enumeration of template multisets. Both searches test feasibility only where it can change (at
 some ``T(m) + intra``), so they end on the exact optimum, at any m including m <= S; and every
 time and capacity comes from one function (``_PipelineCurve``), so they agree to the last bit.
+
+Speed without giving up exactness: the (X, k) pairs are taken best-first by lower bounds of
+their value (some pipeline runs ceil(M / K) microbatches; the Eq. 1-4 lines with fractional
+template counts, whose optimum uses at most two sizes; lazily, the same with integer
+capacities), and the search stops at the first bound that cannot beat the best plan found, so
+usually one or two pairs reach the knapsack (benchmarks/bench_planner.py measures it). The
+bounds are computed by other float operations than the times, so they carry a relative slack.
 """
 
 from __future__ import annotations

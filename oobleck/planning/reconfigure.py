@@ -184,7 +184,7 @@ def _plan_size(templates: TemplateSet, alive: int, microbatches: int, f: int, go
             if size > n:
                 break
             counts[n] |= counts[n - size] << 1
-    usable = (1 << (microbatches + 1)) - 2  # 1 .. M pipelines
+    usable = (1 << (min(microbatches, alive) + 1)) - 2  # 1 .. M pipelines (never more than nodes)
     most = max((counts[n] & usable).bit_length() - 1 for n in range(alive + 1))
     if most < 1:
         raise PlanningError(f"no template sizes {list(templates.sizes)} fit in {alive} alive nodes; restart from a checkpoint")
