@@ -12,6 +12,7 @@ Sections mirror the config groups: ``model/``, ``cluster/``, ``profile``, ``job`
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -20,6 +21,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from oobleck.errors import ConfigError
+from oobleck.planning.instantiate import MAX_MICROBATCHES, microbatch_limit_message
+from oobleck.planning.profile import ClusterSpec
 
 # The Hydra config tree (conf/ at the top of the repository).
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -131,6 +134,9 @@ class PlannerConfig:
     max_gpus_per_stage: Optional[int] = None
     # Reconfiguration splits each layer copy across up to this many surviving holders.
     transfer_sources: int = 4
+    # Steps over which a fresh plan's faster iterations must repay its extra layer copying for
+    # reconfiguration to re-plan instead of regrouping in place (conf/config.yaml sets it).
+    replan_horizon_steps: int = 100
 
 
 @dataclass
@@ -260,8 +266,10 @@ def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
 
 
 def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
-    if value is None or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
+    bound = ">= 0" if allow_zero else "> 0"
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):  # NaN passes every comparison below
+        raise ConfigError(f"{key}={value} must be a finite number {bound}")
+    if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"{key}={value} must be {bound}")
 
 
@@ -283,9 +291,7 @@ def validate(cfg: Config | DictConfig) -> None:
     _choice("cluster.device", cluster.device, ("cpu", "cuda"))
     _positive("cluster.nodes", cluster.nodes)
     _positive("cluster.gpus_per_node", cluster.gpus_per_node)
-    _positive("cluster.device_memory_gb", cluster.device_memory_gb)
-    _positive("cluster.intra_node_bandwidth_gbps", cluster.intra_node_bandwidth_gbps)
-    _positive("cluster.inter_node_bandwidth_gbps", cluster.inter_node_bandwidth_gbps)
+    ClusterSpec.from_config(cluster)  # the planner's limits on memory and bandwidth (NaN, 1e-300 GB/s)
     for key in ("heartbeat_interval_s", "heartbeat_timeout_s", "collective_timeout_s", "startup_timeout_s"):
         _positive(f"cluster.{key}", getattr(cluster, key))
     if cluster.heartbeat_timeout_s <= cluster.heartbeat_interval_s:
@@ -323,6 +329,8 @@ def validate(cfg: Config | DictConfig) -> None:
             f"job.microbatch_size={job.microbatch_size}; make the batch a multiple of the microbatch"
         )
     microbatches = job.global_batch_size // job.microbatch_size
+    if microbatches > MAX_MICROBATCHES:
+        raise ConfigError(microbatch_limit_message(job.global_batch_size, job.microbatch_size))
     if microbatches < job.fault_tolerance + 1:
         raise ConfigError(
             f"job.global_batch_size={job.global_batch_size} gives {microbatches} microbatches of "
@@ -338,6 +346,7 @@ def validate(cfg: Config | DictConfig) -> None:
     _positive("job.synthetic_samples", job.synthetic_samples)
     _positive("planner.reference_microbatches_per_stage", cfg.planner.reference_microbatches_per_stage)
     _positive("planner.transfer_sources", cfg.planner.transfer_sources)
+    _positive("planner.replan_horizon_steps", cfg.planner.replan_horizon_steps, allow_zero=True)
 
     failures = cfg.failures
     _choice("failures.kind", failures.kind, ("none", "explicit", "poisson", "trace"))

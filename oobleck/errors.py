@@ -2,14 +2,20 @@
 
 Every error a user can cause (bad config, profile, trace, CLI input) is an ``OobleckError`` with a
 single message that names what is wrong and how to fix it. Entry points wrap their body in
-``report_errors`` so such errors print as one line, without a traceback, and exit with status 2.
+``report_errors`` so such errors print as one line, without a traceback, and exit with status 2;
+and they start through ``run_app``, which does the same for the errors Hydra itself raises before
+the body runs (an override of the wrong type, an unknown key, a missing group option, bad syntax).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import sys
-from collections.abc import Iterator
+import typing
+from collections.abc import Callable, Iterator
+from typing import Any
 
 
 class OobleckError(Exception):
@@ -51,3 +57,85 @@ def report_errors(program: str) -> Iterator[None]:
     except OobleckError as error:
         print(f"{program}: error: {error}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USER_ERROR)
+
+
+# Hydra prints its own errors over several lines and exits with 1, unless this variable is "1":
+# then it raises them, and ``run_app`` can print them in the one-line format.
+HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
+
+
+def run_app(main: Callable[[], Any], program: str) -> None:
+    """Start a ``@hydra.main`` app so that Hydra's errors too are one line with exit status 2.
+
+    A user who sets ``HYDRA_FULL_ERROR=1`` gets Hydra's full traces, as Hydra documents.
+    """
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if os.environ.get(HYDRA_FULL_ERROR) == "1":
+        main()
+        return
+    os.environ[HYDRA_FULL_ERROR] = "1"
+    try:
+        main()
+    except (HydraException, OmegaConfBaseException) as error:
+        print(f"{program}: error: {hydra_error_message(error, program)}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USER_ERROR)
+    finally:
+        del os.environ[HYDRA_FULL_ERROR]
+
+
+def hydra_error_message(error: BaseException, program: str) -> str:
+    """One line for a Hydra or OmegaConf error: the key, the value and the fix where it names them."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    cause = error if isinstance(error, OmegaConfBaseException) else error.__cause__
+    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+        key, detail = cause.full_key, str(getattr(cause, "msg", "") or cause).strip().splitlines()[0]
+        expected = _schema_type(key)
+        value = getattr(cause, "value", None)
+        shown = f"{key}={value}" if value is not None else key
+        if expected:
+            return f"{shown}: {detail}; set {key}=<{expected}> (python -m {program} --cfg job shows every key)"
+        return f"{shown}: {detail} (python -m {program} --cfg job shows every key)"
+    return _one_line(str(error))
+
+
+def _one_line(text: str) -> str:
+    """Hydra's message lines joined by "; " (the list under a line ending in ":" as "...: a, b"),
+    without its config search path."""
+    parts: list[str] = []
+    listing = False
+    for line in (raw.strip() for raw in text.splitlines()):
+        if line.startswith("Config search path"):
+            break
+        if not line:
+            listing = False
+        elif listing:
+            parts[-1] += (" " if parts[-1].endswith(":") else ", ") + line
+        else:
+            parts.append(line)
+            listing = line.endswith(":")
+    return "; ".join(parts)
+
+
+def _schema_type(key: str) -> str | None:
+    """The type the config schema (``oobleck.config.Config``) declares for a dotted key, if any."""
+    from oobleck.config import Config  # here: oobleck.config imports this module
+
+    node: Any = Config
+    hint: Any = None
+    for part in key.split("."):
+        part = part.split("[")[0]
+        if not dataclasses.is_dataclass(node):
+            return None
+        hints = typing.get_type_hints(node)
+        if part not in hints:
+            return None
+        hint = hints[part]
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        node = args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
+    if node in (int, float, str, bool):
+        optional = typing.get_origin(hint) is typing.Union
+        return node.__name__ + (" or null" if optional else "")
+    return None

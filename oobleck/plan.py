@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 import oobleck.config  # noqa: F401  (registers the config schema with Hydra)
 from oobleck.config import to_container, validate
-from oobleck.errors import report_errors
+from oobleck.errors import report_errors, run_app
 from oobleck.planning.instantiate import instantiate
 from oobleck.planning.plan import ExecutionPlan
 from oobleck.planning.profile import ClusterSpec, ModelProfile
@@ -114,4 +114,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_app(main, PROGRAM)

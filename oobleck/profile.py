@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 import oobleck.config  # noqa: F401  (registers the schema before Hydra composes)
 from oobleck.config import validate
-from oobleck.errors import report_errors
+from oobleck.errors import report_errors, run_app
 from oobleck.planning.profile import ModelProfile
 
 MB = 1 << 20
@@ -63,4 +63,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_app(main, "oobleck.profile")

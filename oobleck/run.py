@@ -13,7 +13,7 @@ import hydra
 from omegaconf import DictConfig
 
 import oobleck.config  # noqa: F401  (registers the structured schema)
-from oobleck.errors import report_errors
+from oobleck.errors import report_errors, run_app
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
@@ -27,4 +27,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_app(main, "oobleck.run")

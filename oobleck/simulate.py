@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 import oobleck.config  # noqa: F401  (registers the schema)
 from oobleck.config import to_container, validate
-from oobleck.errors import report_errors
+from oobleck.errors import report_errors, run_app
 
 PROGRAM = "oobleck.simulate"
 
@@ -100,4 +100,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_app(main, PROGRAM)

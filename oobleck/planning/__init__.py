@@ -6,7 +6,8 @@ the same in workers, the controller, the simulator and the CLI.
 - ``cost``: the cost model (Eq. 1-4, exact 1F1B makespan, memory, gradient sync);
 - ``templates``: n0 and the exact template DP for every node count;
 - ``instantiate``: exact batch distribution and the choice of pipelines over live nodes;
-- ``reconfigure``: new pipelines and layer copies after failures or joins; the f check;
+- ``reconfigure``: new pipelines, their node placement and layer copies after failures or joins
+  (regroup or re-plan, decided by the cost model); the f check;
 - ``synthetic``: seeded synthetic profiles for tests, benchmarks and the CLI.
 """
 
@@ -20,6 +21,7 @@ from oobleck.planning.plan import (
     ReconfigurationPlan,
     StageSpec,
     WorkerAssignment,
+    tolerated_failures,
 )
 from oobleck.planning.profile import AllReduceSample, ClusterSpec, LayerProfile, ModelProfile
 from oobleck.planning.reconfigure import check_fault_tolerance, reconfigure
@@ -51,4 +53,5 @@ __all__ = [
     "reconfigure",
     "stage_memory_bytes",
     "synthetic_profile",
+    "tolerated_failures",
 ]

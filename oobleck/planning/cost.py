@@ -8,15 +8,29 @@ Assumptions (each is used by template generation, instantiation and reconfigurat
   stage and of the gradient of that tensor back: ``2 * output_bytes / bandwidth``, where the
   bandwidth is the in-node one when the next stage sits on the same node and the cross-node one
   otherwise. The whole tensor crosses the link (conservative: shards are not assumed to overlap).
-- A pipeline of S stages running m microbatches with 1F1B takes the paper's Eq. 1-4 (Oobleck,
-  SOSP'23) with k* the rightmost slowest stage (counted from 0):
+- A pipeline of S stages running m microbatches with 1F1B is predicted by the paper's Eq. 1-4
+  (Oobleck, SOSP'23) with k* the rightmost slowest stage (counted from 0):
   ``T = sum_i w_i + (m - S + k* - 1) * w_k* + sum_{i >= k*} w_i`` (equal stages: ``(m + S - 1) w``).
-- Eq. 1-4 holds for m >= S. With fewer microbatches it undercounts, so ``pipeline_time`` uses the
-  exact longest path of the 1F1B schedule there, capped at Eq. 1-4's value at m = S so that the
-  prediction never decreases with m (the batch distribution relies on that).
+  What is true of it (checked in tests/planning/test_cost.py against ``exact_1f1b_makespan``, the
+  longest path through the schedule's 2*m*S operations): it is never above the exact makespan;
+  it equals it for equal stages; with unequal stages it is often below (stage times (2, 1),
+  m = 2: 4.0 against 4.33; a bottleneck early in the pipeline is undercounted most), by a gap that
+  does not grow with m (both grow by max(w) per extra microbatch, since the exact makespan is at
+  most ``(m + S - 1) max(w)``). Below m = S it can even go negative.
+- The planner's prediction ``pipeline_time`` is Eq. 1-4 for m >= S and, below S, the exact
+  makespan capped at Eq. 1-4's value at m = S, so it is nondecreasing in m (the batch
+  distribution relies on that) and never above the exact makespan. Template ranking, batch
+  distribution, instantiation, reconfiguration and every reported ``predicted_iteration_s`` use
+  this one function, evaluated by the same float operations (``eq14_line``), so what the planner
+  chooses by is what it reports; it is a model, comparable with the paper, not a measurement.
 - Memory of one device of stage i of S: 16 bytes per parameter (fp32 Adam: parameters, gradients
   and two moments) plus the activations of the ``S - i`` microbatches 1F1B keeps in flight there,
   divided by g (each device keeps only its share of every microbatch).
+- Copying layers to new holders (reconfiguration) moves parameters and Adam's two moments, fp32
+  (3 bytes per parameter byte; gradients are recomputed, not moved: conf/strategy/oobleck.yaml's
+  ``moved_bytes_per_param: 12``). Nodes send and receive in parallel over their own links, so a
+  set of copies takes its busiest node's cross-node bytes (in or out) over the cross-node
+  bandwidth; a copy inside a node is local and not counted (as the simulator counts it).
 - Gradient synchronisation once per iteration: a ring all-reduce of ``bytes`` over k participants
   costs ``2 (k - 1) / k * bytes / bandwidth``; inside a stage over its g devices (in-node), and of
   every layer across the k pipelines (cross-node). The two run one after the other.
@@ -24,7 +38,7 @@ Assumptions (each is used by template generation, instantiation and reconfigurat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -35,6 +49,8 @@ from oobleck.planning.profile import ModelProfile
 OPTIMIZER_BYTES_PER_PARAM = 16
 # Adam state is 4 bytes per parameter copy in LayerProfile.param_bytes (fp32), hence the factor.
 STATE_BYTES_PER_PARAM_BYTE = OPTIMIZER_BYTES_PER_PARAM // 4
+# Bytes a reconfiguration copies per fp32 parameter byte: the parameter and Adam's two moments.
+MOVED_BYTES_PER_PARAM_BYTE = 3
 # Backward of a transformer layer costs about twice its forward (Narayanan et al., SC'21).
 DEFAULT_FORWARD_FRACTION = 1.0 / 3.0
 
@@ -48,17 +64,22 @@ def bottleneck_index(stage_seconds: Sequence[float]) -> int:
     return best
 
 
-def pipeline_iteration_time(stage_seconds: Sequence[float], microbatches: int) -> float:
-    """Eq. 1-4 of the paper: ``T1 + T2 + T3`` with k* the rightmost slowest stage."""
+def eq14_line(stage_seconds: Sequence[float]) -> tuple[float, float]:
+    """Eq. 1-4 as ``intercept + slope * m``: every evaluation of it goes through this one line, so
+    a time and the capacity derived from it can never disagree by a rounding."""
     stages = len(stage_seconds)
     if stages == 0:
         raise ValueError("a pipeline needs at least one stage")
     k = bottleneck_index(stage_seconds)
-    slowest = stage_seconds[k]
-    t1 = float(sum(stage_seconds))
-    t2 = (microbatches - stages + k - 1) * slowest
-    t3 = float(sum(stage_seconds[k:]))
-    return t1 + t2 + t3
+    slope = float(stage_seconds[k])
+    intercept = float(sum(stage_seconds)) + float(sum(stage_seconds[k:])) + (k - stages - 1) * slope
+    return intercept, slope
+
+
+def pipeline_iteration_time(stage_seconds: Sequence[float], microbatches: int) -> float:
+    """Eq. 1-4 of the paper: ``T1 + T2 + T3`` with k* the rightmost slowest stage (any m)."""
+    intercept, slope = eq14_line(stage_seconds)
+    return intercept + slope * microbatches
 
 
 def exact_1f1b_makespan(
@@ -127,14 +148,15 @@ def _exact_cached(stage_seconds: tuple[float, ...], microbatches: int) -> float:
 def pipeline_time(stage_seconds: Sequence[float], microbatches: int) -> float:
     """The planner's prediction: Eq. 1-4 for m >= S, the exact makespan capped by Eq. 1-4(S) below.
 
-    Nondecreasing in m, and 0 for m = 0 (a pipeline with no work).
+    Nondecreasing in m, never above ``exact_1f1b_makespan``, and 0 for m = 0 (no work).
     """
     stages = len(stage_seconds)
     if microbatches <= 0:
         return 0.0
+    intercept, slope = eq14_line(stage_seconds)
     if microbatches >= stages:
-        return pipeline_iteration_time(stage_seconds, microbatches)
-    cap = pipeline_iteration_time(stage_seconds, stages)
+        return intercept + slope * microbatches
+    cap = intercept + slope * stages
     return min(_exact_cached(tuple(float(w) for w in stage_seconds), microbatches), cap)
 
 
@@ -143,6 +165,18 @@ def ring_allreduce_seconds(nbytes: float, participants: int, bandwidth: float) -
     if participants <= 1 or nbytes <= 0:
         return 0.0
     return 2.0 * (participants - 1) / participants * nbytes / bandwidth
+
+
+def copy_seconds(copies: Iterable[tuple[int, int, float]], inter_bandwidth: float) -> float:
+    """Seconds to carry out ``(source node, target node, parameter bytes)`` copies (see above)."""
+    into: dict[int, float] = {}
+    out: dict[int, float] = {}
+    for source, target, nbytes in copies:
+        if source != target:
+            into[target] = into.get(target, 0.0) + nbytes
+            out[source] = out.get(source, 0.0) + nbytes
+    busiest = max([*into.values(), *out.values()], default=0.0)
+    return MOVED_BYTES_PER_PARAM_BYTE * busiest / inter_bandwidth
 
 
 def stage_param_bytes(profile: ModelProfile, start: int, end: int) -> int:

@@ -11,11 +11,20 @@ is done and moves, on the busiest node, ``X`` = the largest parameter bytes one 
 chosen pipeline (every layer's gradient is reduced among the k pipelines that hold it).
 
 Batch distribution: each ``T_p`` is nondecreasing in m, so the min-max integer split is exact
-with a bisection on the finishing time followed by a greedy fill (no MINLP solver). Choosing the
-pipelines is exact and polynomial: for every pipeline count k and every cap X on bytes per node,
-a bisection on the finishing time t asks a knapsack DP "can k templates with sum of nodes N
-take M microbatches by time t?" (each template's capacity at t is its largest m with
-``T(m) + intra <= t``); no enumeration of template multisets.
+with a search on the finishing time (no MINLP solver). Choosing the pipelines is exact and
+polynomial: for every pipeline count k and every cap X on bytes per node, a search on the
+finishing time t asks a knapsack DP "can k templates with sum of nodes N take M microbatches by
+time t?" (each template's capacity at t is its largest m with ``T(m) + intra <= t``); no
+enumeration of template multisets. Both searches test feasibility only where it can change (at
+some ``T(m) + intra``), so they end on the exact optimum, at any m including m <= S; and every
+time and capacity comes from one function (``_PipelineCurve``), so they agree to the last bit.
+
+Speed without giving up exactness: the (X, k) pairs are taken best-first by lower bounds of
+their value (some pipeline runs ceil(M / K) microbatches; the Eq. 1-4 lines with fractional
+template counts, whose optimum uses at most two sizes; lazily, the same with integer
+capacities), and the search stops at the first bound that cannot beat the best plan found, so
+usually one or two pairs reach the knapsack (benchmarks/bench_planner.py measures it). The
+bounds are computed by other float operations than the times, so they carry a relative slack.
 """
 
 from __future__ import annotations
@@ -27,103 +36,167 @@ from collections.abc import Sequence
 import numpy as np
 
 from oobleck.errors import PlanningError
-from oobleck.planning.cost import (
-    _exact_cached,
-    bottleneck_index,
-    pipeline_iteration_time,
-    pipeline_time,
-    ring_allreduce_seconds,
-)
+from oobleck.planning.cost import eq14_line, pipeline_time, ring_allreduce_seconds
 from oobleck.planning.plan import ExecutionPlan, PipelineInstance, PipelineTemplate
 from oobleck.planning.templates import TemplateSet
 
-# Bisection on a finishing time stops at this relative width; the result is then made exact by
-# the greedy fill (distribution) or is optimal to within this tolerance (template choice).
-RELATIVE_TOLERANCE = 1e-12
-MAX_BISECTION_STEPS = 200
+# Relative slack on cheap lower bounds of a time that are computed by other float operations than
+# the time itself (a bound may only be used to rule things out, so it must never exceed the time).
+BOUND_SLACK = 1e-9
+# The knapsack adds up to M capacities of at most M each in int64, below its -2**60 sentinel:
+# M * M must stay under 2**58, so at most 2**29 microbatches per iteration (536,870,912).
+MAX_MICROBATCHES = 2**29
+# ``relaxed_floor`` stops bisecting at this relative width (it returns the low end: still a bound).
+RELAXED_PRECISION = 1e-6
+# A guard against a search that fails to converge (each step halves the bracket, so about 60
+# steps exhaust a double's precision); reaching it would be a bug, reported as such.
+MAX_BISECTION_STEPS = 400
 
 
 class _PipelineCurve:
-    """``T(m) + offset`` of one pipeline and its inverse (largest m finishing by a time)."""
+    """``T(m) + offset`` of one pipeline (``T = pipeline_time``) and its exact inverse.
+
+    ``time`` is the only place a pipeline's time is computed, and ``capacity`` inverts it by
+    evaluating ``time`` itself (an analytic guess is only a starting point): a capacity can never
+    disagree with the time it stands for, whatever the rounding of the inputs.
+    """
 
     def __init__(self, stage_seconds: Sequence[float], offset: float = 0.0):
         self.w = tuple(float(x) for x in stage_seconds)
         self.S = len(self.w)
-        self.offset = offset
-        k = bottleneck_index(self.w)
-        self.slope = self.w[k]
-        # Eq. 1-4 for m >= S is linear: intercept + slope * m.
-        self.intercept = sum(self.w) + (k - self.S - 1) * self.slope + sum(self.w[k:]) + offset
-        self.at_stages = pipeline_iteration_time(self.w, self.S) + offset
+        self.offset = float(offset)
+        self.intercept, self.slope = eq14_line(self.w)
+        self._below: dict[int, float] = {}  # time(m) for m < S (the exact makespan, computed lazily)
 
     def time(self, m: int) -> float:
+        if m <= 0:
+            return 0.0
         if m >= self.S:
-            return self.intercept + self.slope * m  # Eq. 1-4, linear in m
-        return pipeline_time(self.w, m) + self.offset if m > 0 else 0.0
+            return (self.intercept + self.slope * m) + self.offset  # pipeline_time's own operations
+        value = self._below.get(m)
+        if value is None:
+            value = self._below[m] = pipeline_time(self.w, m) + self.offset
+        return value
 
     def lower_bound(self, m: int) -> float:
-        """A cheap lower bound of ``time(m)`` (no schedule simulation)."""
-        if m >= self.S:
+        """A lower bound of ``time(m)`` that never simulates the schedule. Below S the makespan is
+        at least one microbatch's round trip (sum w), the slowest stage's m forwards and backwards
+        (m w*), and Eq. 1-4 (never above the makespan, cost.py), and time(m) is capped at time(S)."""
+        if m <= 0 or m >= self.S:
             return self.time(m)
-        return min(max(sum(self.w), m * self.slope), self.at_stages - self.offset) + self.offset
+        total = sum(self.w)
+        cheap = min(max(total, m * self.slope, self.intercept + self.slope * m), self.intercept + self.slope * self.S)
+        return (cheap + self.offset) * (1 - BOUND_SLACK)
 
-    def capacity(self, t: float) -> int:
-        """Largest m >= 0 with time(m) <= t."""
-        if t >= self.at_stages:
-            m = int(math.floor((t - self.intercept) / self.slope))
-            m = max(m, self.S)
-            while self.intercept + self.slope * (m + 1) <= t:  # float rounding of the division
+    def capacity(self, t: float, limit: int) -> int:
+        """The largest m in ``[0, limit]`` with ``time(m) <= t``."""
+        if limit <= 0 or self.time(1) > t:
+            return 0
+        if self.time(limit) <= t:
+            return limit
+        S = self.S
+        if limit > S and self.time(S) <= t:
+            # Eq. 1-4 is linear from S on: guess by division, then settle on time() itself.
+            guess = (t - self.offset - self.intercept) / self.slope
+            m = min(max(S, int(guess) if math.isfinite(guess) else limit), limit)
+            while m < limit and self.time(m + 1) <= t:
                 m += 1
-            while m > self.S and self.intercept + self.slope * m > t:
+            while self.time(m) > t:
                 m -= 1
             return m
-        # Below m = S: the exact 1F1B makespan, nondecreasing in m; bisect on it. Cheap bounds
-        # first: sum(w) and m * w* <= makespan <= min(m * sum(w), (m + S - 1) * w*) (the latter:
-        # every stage slowed to the slowest; a longest path only grows with durations).
-        budget = t - self.offset
-        total = sum(self.w)
-        if budget < total:
-            return 0
-        hi = min(self.S - 1, int(budget // self.slope))
-        lo = max(1, min(hi, max(int(budget // total), int(budget // self.slope) - self.S + 1)))
-        while lo > 1 and min(lo * total, (lo + self.S - 1) * self.slope) > budget:  # float safety
-            lo -= 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if _exact_cached(self.w, mid) + self.offset <= t:
+        lo, hi = 1, min(S, limit)  # time(lo) <= t < time(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.time(mid) <= t:
                 lo = mid
             else:
-                hi = mid - 1
+                hi = mid
         return lo
 
 
 def _min_max_split(curves: Sequence[_PipelineCurve], total: int) -> list[int]:
+    """The exact min-max split of ``total`` microbatches, every pipeline taking at least one.
+
+    The least finishing time t* is where ``sum_p max(1, capacity_p(t))`` first reaches ``total``;
+    it is one of the times ``time_p(m)``, so the search snaps to those (``_least_time``). At t*
+    the capacities may exceed ``total`` by increments that all finish exactly at t*; taking them
+    back, latest first, leaves a split whose slowest pipeline finishes at t*.
+    """
     P = len(curves)
     if total == P:
         return [1] * P
-    lo, hi = 0.0, max(c.time(total) for c in curves)
 
-    def start(t: float) -> list[int]:
-        return [max(1, c.capacity(t)) for c in curves]
+    def counts(t: float) -> list[int]:
+        return [max(1, c.capacity(t, total)) for c in curves]
 
-    # Invariant: sum(start(lo)) < total <= sum(start(hi)); so lo is below the optimum.
-    for _ in range(MAX_BISECTION_STEPS):
-        if hi - lo <= RELATIVE_TOLERANCE * hi:
-            break
-        mid = (lo + hi) / 2
-        if sum(start(mid)) < total:
-            lo = mid
-        else:
-            hi = mid
-    split = start(lo)
-    # Greedy fill from below the optimum is exact for a min-max of nondecreasing functions.
-    heap = [(curves[p].time(split[p] + 1), p) for p in range(P)]
+    # Every pipeline runs at least one microbatch, so nothing finishes before the slowest first one.
+    first = max(c.time(1) for c in curves)
+    best = _least_time(curves, total, counts, lambda caps: sum(caps) >= total, _line_estimate(curves, total), lo=first)
+    assert best is not None  # every pipeline at ``total`` microbatches is always feasible
+    split = counts(best)
+    excess = sum(split) - total
+    heap = [(-curves[p].time(split[p]), -p) for p in range(P) if split[p] > 1]
     heapq.heapify(heap)
-    for _ in range(total - sum(split)):
-        _, p = heapq.heappop(heap)
-        split[p] += 1
-        heapq.heappush(heap, (curves[p].time(split[p] + 1), p))
+    while excess > 0:
+        _, negative = heapq.heappop(heap)
+        p = -negative
+        split[p] -= 1
+        excess -= 1
+        if split[p] > 1:
+            heapq.heappush(heap, (-curves[p].time(split[p]), -p))
     return split
+
+
+def _line_estimate(curves: Sequence[_PipelineCurve], total: int) -> float:
+    """Where the pipelines' Eq. 1-4 lines together reach ``total`` microbatches: a first guess."""
+    rate = sum(1.0 / c.slope for c in curves)
+    return (total + sum((c.intercept + c.offset) / c.slope for c in curves)) / rate
+
+
+def _least_time(curves, limit, counts, feasible, guess: float, lo: float = 0.0, hi: float | None = None) -> float | None:
+    """The least t with ``feasible(counts(t))``, where ``counts(t)`` is a vector of the curves'
+    capacities (at most ``limit`` each), so feasibility only changes at some ``time(m)``.
+
+    After each test the bracket snaps to those times: a feasible t falls to the latest time any
+    curve needs for its count there, an infeasible one rises to the next time any count can grow.
+    The search ends on the exact least t. ``hi`` (default: every curve at ``limit``) bounds it from
+    above: None if even ``hi`` is infeasible. ``guess`` is tried first; while tests fail, the
+    next one gallops upwards from the low end (the next possible time itself, then steps of one
+    fastest microbatch, doubling), since callers' guesses and bounds are usually just below.
+    """
+
+    def latest_needed(caps: Sequence[int]) -> float:
+        return max(c.time(int(m)) for c, m in zip(curves, caps))
+
+    def next_change(caps: Sequence[int]) -> float:
+        growing = [c.time(int(m) + 1) for c, m in zip(curves, caps) if m < limit]
+        return min(growing) if growing else math.inf
+
+    if hi is None:
+        hi = max(c.time(limit) for c in curves)
+    caps = counts(hi)
+    if not feasible(caps):
+        return None
+    hi = latest_needed(caps)
+    # Gallop: the next possible time itself first (step 0), then one fastest microbatch on, doubling.
+    failures, unit, step = 0, min(c.slope for c in curves), 0.0
+    mid = guess if lo < guess < hi else lo
+    for _ in range(MAX_BISECTION_STEPS):
+        if lo >= hi:
+            return hi
+        caps = counts(mid)
+        if feasible(caps):
+            hi = latest_needed(caps)
+            step = math.inf  # bracketed: plain halving from now on
+        else:
+            lo = next_change(caps)
+            failures += 1
+            if step < math.inf:
+                step = 0.0 if failures == 1 else unit * 2 ** (failures - 2)
+        mid = min(lo + step, (lo + hi) / 2)
+        if not lo < mid < hi:  # the bracket is down to neighbouring doubles: test its low end
+            mid = lo
+    raise PlanningError(f"finishing-time search did not converge within {MAX_BISECTION_STEPS} steps (a planner bug)")
 
 
 def distribute_microbatches(
@@ -184,61 +257,142 @@ def plan_iteration_time(
 
 
 def _best_multiset(
-    templates: TemplateSet, nodes: int, microbatches: int, min_pipelines: int, sync: _Sync
+    templates: TemplateSet,
+    nodes: int,
+    microbatches: int,
+    min_pipelines: int,
+    sync: _Sync,
+    fixed: Sequence[int] = (),
 ) -> tuple[float, list[int]] | None:
-    """Exact choice of template sizes (see module docstring); None if none covers ``nodes``."""
-    sizes = [n for n in templates.sizes if n <= nodes]
-    if not sizes:
+    """The exact best choice of template sizes covering ``nodes`` with at least ``min_pipelines``
+    (and at most ``microbatches``) pipelines, always including the sizes in ``fixed``; its
+    predicted iteration time first. None if no choice exists. See the module docstring.
+
+    Every (cap X on bytes per node, count) pair gets a lower bound on its value; pairs are
+    taken in the order of their bounds, first to tighten the bound (``relaxed_floor``, cheap),
+    then to be solved exactly, and the search stops at the first bound that cannot beat the best
+    plan found (ties keep the first found, so the choice is deterministic).
+    """
+    fixed = sorted(fixed, reverse=True)
+    free = nodes - sum(fixed)
+    sizes = [n for n in templates.sizes if n <= free]
+    if free < 0 or (free > 0 and not sizes):
         return None
-    curves = {n: _PipelineCurve(templates[n].stage_seconds, sync.intra_of[n]) for n in sizes}
-    max_pipelines = min(nodes // min(sizes), microbatches)
-    node_caps = sorted(set(sync.node_bytes_of[n] for n in sizes))
-    best: tuple[float, list[int]] | None = None
-    counts = range(min_pipelines, max_pipelines + 1)
-    # Lower bound on compute time with k pipelines: some pipeline takes >= ceil(M / k).
-    floors = {k: min(curves[n].lower_bound(-(-microbatches // k)) for n in sizes) for k in counts}
-    for x in node_caps:
+    curves = {n: _PipelineCurve(templates[n].stage_seconds, sync.intra_of[n]) for n in {*sizes, *fixed}}
+    fixed_curves = [curves[n] for n in fixed]
+    fixed_bytes = max((sync.node_bytes_of[n] for n in fixed), default=0)
+    most_free = min(free // min(sizes), microbatches - len(fixed)) if free else 0
+    counts = range(max(min_pipelines - len(fixed), 1 if free else 0), most_free + 1)
+    if not counts:
+        return None
+    floors = _count_floors([curves[n] for n in sizes], sizes, fixed_curves, free, counts, microbatches)
+    node_caps = sorted({max(fixed_bytes, sync.node_bytes_of[n]) for n in sizes}) or [fixed_bytes]
+    pairs = []
+    for index, x in enumerate(node_caps):
         allowed = [n for n in sizes if sync.node_bytes_of[n] <= x]
-        candidates = [k for k in counts if best is None or sync.cross(k, x) + floors[k] < best[0]]
-        if best is not None and candidates:
-            # One DP over every count at the most generous finishing time any candidate may use
-            # (the cross-pipeline term grows with k) rules out most counts at once.
-            generous = best[0] - min(sync.cross(k, x) for k in candidates)
-            possible = _counts_reaching(curves, allowed, nodes, microbatches, max(candidates), generous)
-            candidates = [k for k in candidates if possible[k]]
-        for k in candidates:
-            cross = sync.cross(k, x)
-            if best is not None and cross + floors[k] >= best[0]:
-                continue
-            # Only a plan faster than the best so far matters: its compute must end by `limit`.
-            limit = best[0] - cross if best is not None else None
-            result = _solve_count(curves, allowed, nodes, microbatches, k, floors[k], limit)
-            if result is None:
-                continue
-            t, multiset = result
-            split_curves = [curves[n] for n in multiset]
-            split = _min_max_split(split_curves, microbatches)
-            value = max(c.time(m) for c, m in zip(split_curves, split)) + sync.cross(
-                k, max(sync.node_bytes_of[n] for n in multiset)
-            )
-            if best is None or value < best[0]:  # ties keep the first found
-                best = (value, multiset)
+        if free and not allowed:
+            continue
+        most = min(free // min(allowed), microbatches - len(fixed)) if free else 0
+        for c in counts:
+            if c <= most:
+                pairs.append((floors[c] + sync.cross(c + len(fixed), x), 0, index, c, floors[c]))
+    heapq.heapify(pairs)
+    searches: dict[int, _CountSearch] = {}
+    best: tuple[float, list[int]] | None = None
+    while pairs:
+        bound, refined, index, c, floor = heapq.heappop(pairs)
+        if best is not None and bound >= best[0]:
+            break
+        x = node_caps[index]
+        if index not in searches:
+            allowed = [n for n in sizes if sync.node_bytes_of[n] <= x]
+            searches[index] = _CountSearch([curves[n] for n in allowed], allowed, fixed_curves, free, microbatches)
+        search = searches[index]
+        cross = sync.cross(c + len(fixed), x)
+        # Only a plan faster than the best so far matters: its compute must end by `limit`.
+        limit = best[0] - cross if best is not None else None
+        if not refined:  # first a tighter bound (cheap), then back in line by it
+            tighter = search.relaxed_floor(c, floor, limit)
+            if tighter is not None:
+                heapq.heappush(pairs, (tighter + cross, 1, index, c, tighter))
+            continue
+        result = search.solve(c, floor, limit)
+        if result is None:
+            continue
+        t, chosen = result
+        multiset = sorted([*fixed, *chosen], reverse=True)
+        # The least t of this count is the min-max split time of the multiset it returns.
+        value = t + sync.cross(len(multiset), max(sync.node_bytes_of[n] for n in multiset))
+        if best is None or value < best[0]:
+            best = (value, multiset)
     return best
 
 
-def _capacities(curves: Sequence[_PipelineCurve], t: float, microbatches: int) -> np.ndarray:
-    """Microbatches each template can take by time t (at most all of them). A template that
-    cannot take one is out: every pipeline needs >= 1, so it gets a value no choice survives."""
-    caps = np.array([c.capacity(t) for c in curves], dtype=np.int64)
-    return np.where(caps >= 1, np.minimum(caps, microbatches), -(1 << 40))
+def _count_floors(
+    curves: Sequence[_PipelineCurve],
+    sizes: Sequence[int],
+    fixed: Sequence[_PipelineCurve],
+    free: int,
+    counts: range,
+    microbatches: int,
+) -> dict[int, float]:
+    """For every count c of free pipelines, a lower bound on the finishing time of any choice of
+    c templates covering ``free`` nodes (with the ``fixed`` pipelines) that takes M microbatches.
+
+    Two bounds, the larger wins. (1) Some pipeline takes at least ceil(M / K) microbatches.
+    (2) Every time is at least its Eq. 1-4 line ``a + s m`` (cost.py), so by t a pipeline takes
+    at most ``(t - a) / s``; with the counts of each size relaxed to fractions, the least t with
+    ``sum_p (t - a_p) / s_p >= M`` is a linear-fractional program whose optimum sits on a vertex
+    of {y >= 0 : sum y = c, sum n y = free} (``_two_sizes``).
+    """
+    a = np.array([c.intercept + c.offset for c in curves])
+    s = np.array([c.slope for c in curves])
+    base_u = sum(1.0 / c.slope for c in fixed)
+    base_v = sum((c.intercept + c.offset) / c.slope for c in fixed)
+    everyone = [*curves, *fixed]
+    floors = {}
+    for c in counts:
+        share = float(_lower_bounds(everyone, -(-microbatches // (c + len(fixed)))).min())
+        if c == 0:
+            relaxed = (microbatches + base_v) / base_u
+        else:
+            vertices = _two_sizes(sizes, free, c)
+            if vertices is None:
+                relaxed = math.inf
+            else:
+                below, above, y_lo, y_hi = vertices
+                rate = base_u + y_lo / s[below][:, None] + y_hi / s[above][None, :]
+                work = microbatches + base_v + y_lo * (a[below] / s[below])[:, None] + y_hi * (a[above] / s[above])[None, :]
+                relaxed = float(np.min(work / rate))
+        floors[c] = max(share, relaxed * (1 - BOUND_SLACK))
+    return floors
 
 
-def _counts_reaching(
-    curves: dict[int, _PipelineCurve], allowed: Sequence[int], nodes: int, microbatches: int, max_count: int, t: float
-) -> list[bool]:
-    """For every count c <= max_count: can c allowed templates covering ``nodes`` take all by time t?"""
-    values = _capacities([curves[n] for n in allowed], t, microbatches)
-    return [False] + [total >= microbatches for total in _Knapsack(allowed, nodes).totals(values, max_count)]
+def _lower_bounds(curves: Sequence[_PipelineCurve], m: int) -> np.ndarray:
+    """``lower_bound(m)`` of every curve at once (the same bounds, vectorised)."""
+    a = np.array([c.intercept for c in curves])
+    s = np.array([c.slope for c in curves])
+    offset = np.array([c.offset for c in curves])
+    stages = np.array([c.S for c in curves])
+    line = a + s * m
+    below = np.minimum(np.maximum(np.maximum([sum(c.w) for c in curves], m * s), line), a + s * stages)
+    return np.where(m >= stages, line + offset, below + offset) * (1 - BOUND_SLACK)
+
+
+def _two_sizes(sizes: Sequence[int], free: int, count: int):
+    """The vertices of {y >= 0 : sum y = count, sum n y = free} over template sizes n: every pair
+    of sizes on either side of free / count (a size equal to it pairs with itself), as index
+    arrays ``below``, ``above`` and weight matrices ``y_lo``, ``y_hi`` [below, above]; None if
+    no size is on one side."""
+    n = np.asarray(sizes, dtype=np.float64)
+    q = free / count
+    below, above = np.flatnonzero(n <= q), np.flatnonzero(n >= q)
+    if not (below.size and above.size):
+        return None
+    lo, hi = n[below][:, None], n[above][None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y_lo = np.where(hi > lo, count * (hi - q) / (hi - lo), float(count))
+    return below, above, y_lo, count - y_lo
 
 
 class _Knapsack:
@@ -248,7 +402,7 @@ class _Knapsack:
     NEG = -(1 << 60)
 
     def __init__(self, allowed: Sequence[int], nodes: int):
-        self.sizes = np.array(allowed)
+        self.sizes = np.array(allowed, dtype=np.int64)
         self.nodes = nodes
         # [size, total] -> total - size, or the padding slot ``nodes + 1`` (always NEG).
         index = np.arange(nodes + 1)[None, :] - self.sizes[:, None]
@@ -285,65 +439,114 @@ class _Knapsack:
         return multiset
 
 
-def _solve_count(
-    curves: dict[int, _PipelineCurve],
-    allowed: Sequence[int],
-    nodes: int,
-    microbatches: int,
-    count: int,
-    floor: float = 0.0,
-    limit: float | None = None,
-) -> tuple[float, list[int]] | None:
-    """Least finishing time t at which ``count`` allowed templates covering ``nodes`` take all
-    microbatches; ``floor`` is a known lower bound of t, and None is returned if t > ``limit``.
+class _CountSearch:
+    """For one set of allowed templates (plus ``fixed`` pipelines that are always there): the
+    least finishing time at which ``count`` allowed templates covering ``free`` nodes, together
+    with the fixed ones, take all M microbatches (``solve``).
 
-    Feasibility at t depends only on every template's capacity at t, a step function that only
-    changes where some ``T(m) + intra`` equals t. So after each test the bracket snaps to those
-    breakpoints: a feasible t falls to the latest time any template needs for its capacity there,
-    an infeasible one rises to the next time any template's capacity grows. The search ends on
-    the exact least t, usually in far fewer steps than plain bisection.
+    Feasibility at t depends only on every curve's capacity at t (at most M: more never helps),
+    so ``_least_time`` finds the exact least t. A template that cannot take one microbatch by t
+    is out (every pipeline needs at least one): the knapsack gives it a value no choice survives.
     """
-    if not allowed or (limit is not None and limit <= floor):
-        return None
-    knapsack = _Knapsack(allowed, nodes)
-    chosen = [curves[n] for n in allowed]
 
-    def capacities(t: float) -> np.ndarray:
-        return _capacities(chosen, t, microbatches)
+    def __init__(self, allowed_curves, allowed_sizes, fixed_curves, free: int, microbatches: int):
+        self.allowed = list(allowed_curves)
+        self.fixed = list(fixed_curves)
+        self.curves = self.allowed + self.fixed
+        self.free = free
+        self.M = microbatches
+        self.knapsack = _Knapsack(allowed_sizes, free) if allowed_sizes else None
 
-    def feasible(caps: np.ndarray) -> bool:
-        if count * int(caps.max()) < microbatches:
-            return False  # even the most capable template, k times, cannot take them all
-        return knapsack.totals(caps, count)[-1] >= microbatches
+    def capacities(self, t: float) -> list[int]:
+        return [c.capacity(t, self.M) for c in self.curves]
 
-    def latest_needed(caps: np.ndarray) -> float:
-        """The earliest time at which every template already has ``caps`` (a breakpoint)."""
-        return max(c.time(int(m)) if m >= 1 else 0.0 for c, m in zip(chosen, caps))
+    def _values(self, caps: Sequence[int]) -> np.ndarray:
+        values = np.array(caps[: len(self.allowed)], dtype=np.int64)
+        return np.where(values >= 1, values, _Knapsack.NEG)
 
-    def next_change(caps: np.ndarray) -> float:
-        """The earliest time at which some template's capacity exceeds ``caps``."""
-        return min(c.time(int(max(m, 0)) + 1) for c, m in zip(chosen, caps))
+    def _free_totals(self, caps: Sequence[int], count: int) -> list[int]:
+        """Best free capacity for 0..count free pipelines (NEG where none covers the free nodes)."""
+        zero = 0 if self.free == 0 else _Knapsack.NEG
+        if self.knapsack is None or count == 0:
+            return [zero]
+        return [zero, *self.knapsack.totals(self._values(caps), count)]
 
-    hi = max(curves[n].time(microbatches) for n in allowed)
-    if limit is not None:
-        hi = min(hi, limit)
-    caps = capacities(hi)
-    if not feasible(caps):
-        return None
-    hi = latest_needed(caps)
-    lo = floor * (1 - RELATIVE_TOLERANCE)  # the optimum is >= lo
-    for _ in range(MAX_BISECTION_STEPS):
-        if hi - lo <= RELATIVE_TOLERANCE * hi:
-            break
-        mid = (lo + hi) / 2
-        mid_caps = capacities(mid)
-        if feasible(mid_caps):
-            caps, hi = mid_caps, latest_needed(mid_caps)
-        else:
-            lo = next_change(mid_caps)
-            if lo >= hi:
-                break  # nothing changes between mid and hi: hi is the optimum
-    return hi, knapsack.choice(caps, count)
+    def feasible(self, caps: Sequence[int], count: int) -> bool:
+        fixed = caps[len(self.allowed) :]
+        if any(m < 1 for m in fixed):
+            return False
+        if count and max(caps[: len(self.allowed)], default=0) * count + sum(fixed) < self.M:
+            return False  # even the most capable template, count times, cannot take them all
+        return self._free_totals(caps, count)[count] + sum(fixed) >= self.M
+
+    def counts_reaching(self, t: float, max_count: int) -> list[bool]:
+        """For every count c <= max_count: can c free templates (and the fixed) take all by t?"""
+        caps = self.capacities(t)
+        fixed = caps[len(self.allowed) :]
+        if any(m < 1 for m in fixed):
+            return [False] * (max_count + 1)
+        return [total + sum(fixed) >= self.M for total in self._free_totals(caps, max_count)]
+
+    def relaxed_floor(self, count: int, floor: float, limit: float | None) -> float | None:
+        """A lower bound on ``solve``'s t, or None if it shows t > ``limit``: the least t at which
+        ``count`` templates with fractional counts (sizes summing to the free nodes) could take
+        the microbatches, each template taking at most ``floor((t - a) / s)`` by t (its Eq. 1-4
+        line; time >= line, cost.py). The integer capacities make it much tighter than
+        ``_count_floors``' bound when the microbatches do not divide evenly."""
+        allowed, fixed = self.allowed, self.fixed
+        a = np.array([c.intercept + c.offset for c in allowed + fixed])
+        s = np.array([c.slope for c in allowed + fixed])
+        k = len(allowed)
+        if count:
+            vertices = _two_sizes(self.knapsack.sizes, self.free, count)  # type: ignore[union-attr]
+            if vertices is None:
+                return None
+            lo_side, hi_side, y_lo, y_hi = vertices
+
+        def caps(t: float) -> np.ndarray:
+            # Rounded up a hair: an upper bound of every capacity whatever the rounding.
+            return np.clip(np.floor((t - a) / s * (1 + BOUND_SLACK) + BOUND_SLACK), 0, self.M)
+
+        unusable = -float(self.M + 1) * max(count, 1)  # a template that cannot take one microbatch
+
+        def reaches(c: np.ndarray) -> bool:
+            if (c[k:] < 1).any():
+                return False
+            total = float(c[k:].sum())
+            if count:
+                usable = np.where(c[:k] >= 1, c[:k], unusable)  # every pipeline takes at least one
+                total += float(np.max(y_lo * usable[lo_side][:, None] + y_hi * usable[hi_side][None, :]))
+            return total >= self.M * (1 - BOUND_SLACK)  # the fractional weights round too
+
+        hi = limit if limit is not None else max(c.time(self.M) for c in self.curves)
+        if not reaches(caps(hi)):
+            return None
+        # Bisection; a failing test moves the low end on to where some capacity bound next grows
+        # (taken a hair early, so the result stays a lower bound).
+        lo = floor
+        for _ in range(MAX_BISECTION_STEPS):
+            if hi - lo <= RELAXED_PRECISION * hi:
+                break
+            mid = (lo + hi) / 2
+            c = caps(mid)
+            if reaches(c):
+                hi = mid
+            else:
+                grow = np.where(c < self.M, a + s * (c + 1 - 2 * BOUND_SLACK) / (1 + BOUND_SLACK), np.inf)
+                lo = max(mid, min(float(grow.min()) * (1 - BOUND_SLACK), hi))
+        return lo * (1 - BOUND_SLACK)
+
+    def solve(self, count: int, floor: float, limit: float | None) -> tuple[float, list[int]] | None:
+        """The least t (at least ``floor``, a known lower bound) and the free template sizes
+        chosen there; None if that t exceeds ``limit``."""
+        if limit is not None and limit <= floor:
+            return None
+        t = _least_time(self.curves, self.M, self.capacities, lambda caps: self.feasible(caps, count), floor, floor, limit)
+        if t is None:
+            return None
+        if count == 0:
+            return t, []
+        return t, self.knapsack.choice(self._values(self.capacities(t)), count)  # type: ignore[union-attr]
 
 
 def instantiate(
@@ -367,6 +570,8 @@ def instantiate(
         raise PlanningError(f"node ids {node_ids} contain duplicates")
     N = len(node_ids)
     M = global_batch_size // microbatch_size
+    if M > MAX_MICROBATCHES:
+        raise PlanningError(microbatch_limit_message(global_batch_size, microbatch_size))
     f = fault_tolerance
     n0 = templates.min_nodes
     if N < (f + 1) * n0:
@@ -384,6 +589,14 @@ def instantiate(
             f"covers exactly {N} nodes with at most {M} microbatches; check job.fault_tolerance and the cluster size"
         )
     return build_plan(templates, chosen[1], node_ids, global_batch_size, microbatch_size, f, sync)
+
+
+def microbatch_limit_message(global_batch_size: int, microbatch_size: int) -> str:
+    return (
+        f"job.global_batch_size={global_batch_size} / job.microbatch_size={microbatch_size} = "
+        f"{global_batch_size // microbatch_size} microbatches per iteration, more than the planner's "
+        f"{MAX_MICROBATCHES}; lower job.global_batch_size or raise job.microbatch_size"
+    )
 
 
 def _resolve_bandwidths(templates: TemplateSet, intra: float | None, inter: float | None) -> tuple[float, float]:

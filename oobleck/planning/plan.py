@@ -232,13 +232,27 @@ class LayerTransfer:
 
 @dataclass(frozen=True)
 class ReconfigurationPlan:
-    """How to go from ``old`` to ``new`` after ``removed`` nodes failed and ``joined`` nodes arrived."""
+    """How to go from ``old`` to ``new`` after ``removed`` nodes failed and ``joined`` nodes arrived.
+
+    ``standby``: alive nodes the new plan leaves out (a join no template size can use, or more
+    nodes than pipelines can cover); pass them back to the next ``reconfigure`` as ``standby``.
+    ``min_bytes_moved``: the least parameter bytes any placement of the new plan's pipelines on
+    the alive nodes must copy (the assignment optimum; the plan's transfers achieve it).
+    ``replanned``: the new plan was instantiated afresh rather than regrouped around the
+    pipelines that lost no node; ``reason`` says which and the cost-model figures behind it.
+    ``new.fault_tolerance`` is what the new plan tolerates (at most the job's f): lower than the
+    job's f means fault tolerance dropped.
+    """
 
     old: ExecutionPlan
     new: ExecutionPlan
     removed: tuple[int, ...]
     joined: tuple[int, ...]
     transfers: tuple[LayerTransfer, ...]
+    standby: tuple[int, ...] = ()
+    min_bytes_moved: int = 0
+    replanned: bool = False
+    reason: str = ""
 
     @property
     def bytes_moved(self) -> int:
@@ -251,6 +265,10 @@ class ReconfigurationPlan:
             "removed": list(self.removed),
             "joined": list(self.joined),
             "transfers": [asdict(t) for t in self.transfers],
+            "standby": list(self.standby),
+            "min_bytes_moved": self.min_bytes_moved,
+            "replanned": self.replanned,
+            "reason": self.reason,
         }
 
     @classmethod
@@ -271,4 +289,21 @@ class ReconfigurationPlan:
                 )
                 for t in data["transfers"]
             ),
+            standby=tuple(data.get("standby", ())),
+            min_bytes_moved=int(data.get("min_bytes_moved", 0)),
+            replanned=bool(data.get("replanned", False)),
+            reason=str(data.get("reason", "")),
         )
+
+
+def tolerated_failures(plan: ExecutionPlan) -> int:
+    """How many node failures ``plan`` survives with every layer keeping a live replica.
+
+    The worst case kills every node holding the least-replicated layer, so it is that layer's
+    count of distinct holder nodes, minus one (k pipelines that each hold every layer: k - 1).
+    Counts every holder ``ExecutionPlan.layer_holders`` reports.
+    """
+    holders = plan.layer_holders()
+    if not holders:
+        return 0
+    return max(0, min(len({worker[0] for worker in workers}) for workers in holders.values()) - 1)

@@ -15,10 +15,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oobleck.errors import ProfileError
+from oobleck.errors import ConfigError, ProfileError
 
 PROFILE_SCHEMA_VERSION = 1
 GB = 1e9
+# Limits of physically meaningful inputs: beyond them a value is a typo, not a model or a cluster.
+# The planner computes in float64, which counts bytes exactly up to 2**53 (9 PB).
+MAX_BYTES = 2**53
+# A link slower than one byte per second (1e-9 GB/s) moves nothing a training run could use.
+MIN_BANDWIDTH_BYTES_PER_S = 1.0
+# No layer takes a day for one microbatch on any device a profile could have measured.
+MAX_LAYER_SECONDS = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -93,7 +100,7 @@ class ModelProfile:
             allreduce = tuple(AllReduceSample(**sample) for sample in data.get("allreduce", ()))
             return cls(
                 model=data["model"],
-                microbatch_size=int(data["microbatch_size"]),
+                microbatch_size=data["microbatch_size"],
                 device=data["device"],
                 layers=layers,
                 source=data.get("source", "measured"),
@@ -116,29 +123,47 @@ class ModelProfile:
     @classmethod
     def load(cls, path: str | Path) -> ModelProfile:
         path = Path(path)
+        if path.is_dir():
+            raise ProfileError(f"profile path {path} is a directory; give the profile JSON file written by python -m oobleck.profile")
         if not path.is_file():
             raise ProfileError(f"profile file {path} does not exist; write one with python -m oobleck.profile")
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise ProfileError(
+                f"{path}: not UTF-8 text (byte {error.start}), so not a profile JSON; re-create it with python -m oobleck.profile"
+            ) from None
         except json.JSONDecodeError as error:
             raise ProfileError(f"{path}: not valid JSON ({error}); re-create it with python -m oobleck.profile") from None
+        except OSError as error:
+            raise ProfileError(f"{path}: cannot be read ({error.strerror}); check the file and its permissions") from None
         return cls.from_dict(data, origin=str(path))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)  # JSON true is not 1.0 s
 
 
 def validate_profile(profile: ModelProfile) -> None:
     if not profile.layers:
         raise ProfileError(f"profile of {profile.model!r} has no layers")
-    if profile.microbatch_size <= 0:
-        raise ProfileError(f"microbatch_size={profile.microbatch_size} must be > 0")
+    if not isinstance(profile.microbatch_size, int) or isinstance(profile.microbatch_size, bool) or profile.microbatch_size <= 0:
+        raise ProfileError(f"microbatch_size={profile.microbatch_size!r} must be a positive integer")
     for index, layer in enumerate(profile.layers):
         for name in ("forward_s", "backward_s"):
             value = getattr(layer, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ProfileError(f"layer {index} ({layer.name}): {name}={value} must be a positive number of seconds")
+            if not _is_number(value) or not math.isfinite(value) or not 0 < value <= MAX_LAYER_SECONDS:
+                raise ProfileError(
+                    f"layer {index} ({layer.name}): {name}={value!r} must be a positive number of seconds "
+                    f"(at most {MAX_LAYER_SECONDS:.0f}); re-create the profile"
+                )
         for name in ("param_bytes", "activation_bytes", "output_bytes"):
             value = getattr(layer, name)
-            if not isinstance(value, int) or value < 0:
-                raise ProfileError(f"layer {index} ({layer.name}): {name}={value} must be a non-negative integer")
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_BYTES:
+                raise ProfileError(
+                    f"layer {index} ({layer.name}): {name}={value!r} must be a non-negative integer of at most "
+                    f"2**53 bytes; re-create the profile"
+                )
     for pair in profile.tied_layers:
         if len(pair) != 2 or not all(0 <= i < len(profile.layers) for i in pair):
             raise ProfileError(f"tied_layers entry {pair} must name two layer indices in 0..{len(profile.layers) - 1}")
@@ -156,7 +181,24 @@ class ClusterSpec:
 
     @classmethod
     def from_config(cls, cluster: Any) -> ClusterSpec:
-        """Build from ``cfg.cluster`` (``ClusterConfig`` or its DictConfig)."""
+        """Build from ``cfg.cluster`` (``ClusterConfig`` or its DictConfig); ``ConfigError`` names
+        the first value no cluster can have (NaN, infinite, zero, or beyond the limits above)."""
+        for key in ("nodes", "gpus_per_node"):
+            value = getattr(cluster, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"cluster.{key}={value} must be a positive integer")
+        memory = float(cluster.device_memory_gb)
+        if not math.isfinite(memory) or not 0 < memory * GB <= MAX_BYTES:
+            raise ConfigError(
+                f"cluster.device_memory_gb={cluster.device_memory_gb} must be a finite number of GB in (0, {MAX_BYTES / GB:.0f}]"
+            )
+        for key in ("intra_node_bandwidth_gbps", "inter_node_bandwidth_gbps"):
+            value = float(getattr(cluster, key))
+            if not math.isfinite(value) or value * GB < MIN_BANDWIDTH_BYTES_PER_S:
+                raise ConfigError(
+                    f"cluster.{key}={getattr(cluster, key)} must be a finite number of GB/s, at least "
+                    f"{MIN_BANDWIDTH_BYTES_PER_S / GB:g} (one byte per second)"
+                )
         return cls(
             nodes=int(cluster.nodes),
             gpus_per_node=int(cluster.gpus_per_node),

@@ -1,36 +1,157 @@
-"""Reconfiguration planning: new pipelines after nodes fail or join, and the layer copies it needs.
+"""Reconfiguration planning: the plan after nodes fail or join, where its nodes go, and the copies.
 
 Deterministic (every process computes the same plan from the same input), in this order:
 
-1. Failed nodes leave their pipelines; every layer must still have a live holder in the old plan,
-   else ``PlanningError`` names the lost layers and the nodes that held them.
-2. A pipeline that is still at least n0 nodes takes the template of its new size (or the largest
-   template that fits; its spare nodes join the free pool).
-3. A pipeline below n0 borrows nodes from the largest pipeline while that one stays >= n0 and
-   both sizes have templates; otherwise it merges with the next short pipeline (or, if none is
-   left, with the smallest pipeline).
-4. Free nodes (joined, or spare) form a new pipeline when there are n0 or more of them and a
-   template fits, else each goes to the smallest pipeline that has a template one node larger.
-5. If the local steps cannot reach sizes that all have templates, the survivors are instantiated
-   afresh (still deterministic, never idle).
-
-Inside a pipeline, nodes take template positions in the order of the first layer they held
-(new nodes last), so layers tend to stay where they are. Every (worker, layer) that the new plan
-needs and the worker did not hold gets the layer from up to ``max_sources`` surviving holders,
-as equal chunks, choosing the least-loaded sources first so no single source sends it all.
+1. Membership. ``removed`` nodes failed (a node that is both removed and joined failed and came
+   back empty); ``joined`` and ``standby`` nodes hold nothing. Every layer must still have a live
+   holder in the old plan, else ``PlanningError`` names the lost layers and the nodes that held them.
+2. Size. The new plan keeps ``f' + 1`` pipelines, ``f' = min(f, the most the alive nodes allow)``,
+   and uses as many alive nodes as template sizes cover exactly with ``f' + 1 .. M`` pipelines (each
+   pipeline needs one of the M microbatches). Alive nodes beyond that stay *standby*: a join that
+   cannot be used never fails the run, and a later reconfiguration takes standbys back in.
+3. Candidates, each an exact choice of template sizes by the cost model (instantiate's search):
+   *regroup* keeps every pipeline that lost no node as it is and picks the best sizes for the
+   other nodes (if none covers them, intact pipelines are given up, smallest first); *fresh* is
+   the best instantiation on the same number of nodes.
+4. Placement. A candidate's pipelines go on the alive nodes by a min-cost assignment
+   (``scipy.optimize.linear_sum_assignment``): a node at a pipeline position costs the parameter
+   bytes that position needs and the node does not hold (the same local rank keeps its device);
+   among equal costs, nodes that hold something come first. The optimum is ``min_bytes_moved``.
+5. Decision, by the cost model: ``replan_horizon_steps * predicted iteration time + copy time``
+   (``cost.copy_seconds`` of the copies); the cheaper candidate wins, ties go to regrouping. So
+   the new plan is never slower than a fresh instantiation unless the extra state a fresh plan
+   must copy costs more than it saves over the horizon. ``replanned`` and ``reason`` say which.
+6. Copies. Every (worker, layer) that the new plan needs and the worker does not hold gets the
+   layer from up to ``max_sources`` surviving holders, as equal chunks, choosing the least-loaded
+   sources first so no single source sends it all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Container, Mapping, Sequence
+
+import numpy as np
 
 from oobleck.errors import PlanningError
-from oobleck.planning.instantiate import _Sync, build_plan, instantiate
-from oobleck.planning.plan import ExecutionPlan, LayerTransfer, ReconfigurationPlan, Worker
+from oobleck.planning.cost import copy_seconds
+from oobleck.planning.instantiate import _best_multiset, _Sync, build_plan
+from oobleck.planning.plan import ExecutionPlan, LayerTransfer, ReconfigurationPlan, Worker, tolerated_failures
 from oobleck.planning.templates import TemplateSet
 
 # Default number of distinct surviving holders one layer copy is split across.
 DEFAULT_MAX_SOURCES = 4
+# Steps over which a faster fresh plan must repay its extra copying, for direct API callers; runs
+# pass planner.replan_horizon_steps (conf/config.yaml).
+DEFAULT_REPLAN_HORIZON_STEPS = 100
+# Assignment costs are float64: the tie-break below is only exact while costs stay below 2**52.
+_EXACT_FLOAT = 2.0**52
+
+
+@dataclasses.dataclass(frozen=True)
+class _Candidate:
+    """One way to reconfigure: a placed plan, its copies and what they cost."""
+
+    name: str  # regroup | fresh
+    plan: ExecutionPlan
+    transfers: tuple[LayerTransfer, ...]
+    min_bytes: int
+    standby: tuple[int, ...]
+    copy_s: float
+
+    def cost(self, horizon: int) -> float:
+        return horizon * self.plan.predicted_iteration_s + self.copy_s
+
+
+def reconfigure(
+    plan: ExecutionPlan,
+    templates: TemplateSet,
+    removed: Sequence[int] = (),
+    joined: Sequence[int] = (),
+    layer_param_bytes: Sequence[int] | None = None,
+    *,
+    max_sources: int = DEFAULT_MAX_SOURCES,
+    replan_horizon_steps: int = DEFAULT_REPLAN_HORIZON_STEPS,
+    standby: Sequence[int] = (),
+    fault_tolerance: int | None = None,
+) -> ReconfigurationPlan:
+    """The plan after ``removed`` nodes fail and ``joined`` nodes arrive (see module docstring).
+
+    ``standby``: alive nodes outside ``plan`` (the previous result's ``standby``); they are
+    candidates like joined nodes and may fail (be ``removed``). ``fault_tolerance``: the job's f
+    to keep (default ``plan.fault_tolerance``, which after a drop is the reduced value: pass the
+    job's f so that joins can restore it).
+    """
+    if max_sources <= 0:
+        raise PlanningError(f"planner.transfer_sources={max_sources} must be > 0")
+    if replan_horizon_steps < 0:
+        raise PlanningError(f"planner.replan_horizon_steps={replan_horizon_steps} must be >= 0")
+    layer_bytes = tuple(layer_param_bytes if layer_param_bytes is not None else templates.layer_param_bytes)
+    if len(layer_bytes) != plan.num_layers:
+        raise PlanningError(f"layer_param_bytes has {len(layer_bytes)} entries but the plan has {plan.num_layers} layers")
+    f = plan.fault_tolerance if fault_tolerance is None else fault_tolerance
+    if f < 0:
+        raise PlanningError(f"job.fault_tolerance={f} must be >= 0")
+    gone, alive = _membership(plan, removed, joined, standby)
+    live = _check_replicas(plan, gone)
+    M = plan.num_microbatches
+    used, kept_f = _plan_size(templates, len(alive), M, f, gone)
+    sync = _Sync(templates, templates.intra_node_bandwidth, templates.inter_node_bandwidth)
+    held = _held_ranges(plan, gone)
+
+    untouched = [p.nodes for p in plan.pipelines if not gone.intersection(p.nodes)]
+    intact = sorted(len(nodes) for nodes in untouched)
+    regroup = None
+    while regroup is None:
+        regroup = _best_multiset(templates, used, M, kept_f + 1, sync, fixed=intact)
+        if regroup is None:
+            if not intact:
+                raise PlanningError(f"no template sizes {list(templates.sizes)} cover {used} nodes (a planner bug)")
+            intact.pop(0)  # give up the smallest intact pipeline
+    fresh = _best_multiset(templates, used, M, kept_f + 1, sync)
+    sizes = {"regroup": regroup[1]}
+    if fresh is not None and fresh[1] != regroup[1]:
+        sizes["fresh"] = fresh[1]
+    candidates = [
+        _place(name, multiset, plan, untouched, templates, alive, held, live, layer_bytes, max_sources, f, sync)
+        for name, multiset in sizes.items()
+    ]
+    chosen = min(candidates, key=lambda c: c.cost(replan_horizon_steps))  # ties: the first (regroup)
+    return ReconfigurationPlan(
+        old=plan,
+        new=chosen.plan,
+        removed=tuple(sorted(gone)),
+        joined=tuple(sorted(set(joined))),
+        transfers=chosen.transfers,
+        standby=chosen.standby,
+        min_bytes_moved=chosen.min_bytes,
+        replanned=chosen.name == "fresh",
+        reason=_reason(chosen, candidates, replan_horizon_steps, f, len(alive)),
+    )
+
+
+def _membership(
+    plan: ExecutionPlan, removed: Sequence[int], joined: Sequence[int], standby: Sequence[int]
+) -> tuple[set[int], list[int]]:
+    """The failed nodes and the sorted alive ones, after checking the change makes sense."""
+    current, idle, gone, arrived = set(plan.nodes), set(standby), set(removed), set(joined)
+    for name, values in (("removed", removed), ("joined", joined), ("standby", standby)):
+        if len(set(values)) != len(values):
+            raise PlanningError(f"{name} nodes {sorted(values)} contain duplicates")
+    if idle & current:
+        raise PlanningError(f"standby nodes {sorted(idle & current)} are in the current plan; standby means idle")
+    unknown = sorted(gone - current - idle)
+    if unknown:
+        raise PlanningError(
+            f"removed nodes {unknown} are not in the current plan (nodes {sorted(current)}) nor standby ({sorted(idle)})"
+        )
+    already = sorted(arrived & ((current | idle) - gone))
+    if already:
+        raise PlanningError(
+            f"joined nodes {already} are already alive (in the current plan or standby); a node that "
+            "failed and came back is both removed and joined"
+        )
+    return gone, sorted(((current | idle) - gone) | arrived)
 
 
 def _check_replicas(plan: ExecutionPlan, removed: set[int]) -> dict[int, tuple[Worker, ...]]:
@@ -46,96 +167,144 @@ def _check_replicas(plan: ExecutionPlan, removed: set[int]) -> dict[int, tuple[W
     return live
 
 
-def _first_layer_held(plan: ExecutionPlan) -> dict[int, int]:
-    first: dict[int, int] = {}
-    for pipeline in plan.pipelines:
-        for stage in pipeline.template.stages:
-            node = pipeline.nodes[stage.node]
-            first[node] = min(first.get(node, stage.start), stage.start)
-    return first
+def _plan_size(templates: TemplateSet, alive: int, microbatches: int, f: int, gone: set[int]) -> tuple[int, int]:
+    """(nodes to use, failures the new plan keeps tolerating): step 2 of the module docstring.
 
-
-def _regroup(groups: list[list[int]], free: list[int], templates: TemplateSet) -> list[list[int]] | None:
-    """Steps 2-4 of the module docstring on node-id lists; None if sizes without templates remain."""
+    ``counts[n]`` is a bit set of the pipeline counts whose template sizes sum to n exactly.
+    """
     n0 = templates.min_nodes
-    sizes = set(templates.sizes)
-
-    def fitting(size: int) -> int | None:
-        fits = [s for s in sizes if s <= size]
-        return max(fits) if fits else None
-
-    # Step 2: pipelines still >= n0 take the largest template that fits; spares become free.
-    for group in groups:
-        if len(group) >= n0 and len(group) not in sizes:
-            target = fitting(len(group))
-            if target is None:
-                return None
-            while len(group) > target:
-                free.append(group.pop())
-    # Step 3: short pipelines borrow from the largest, else merge.
-    while True:
-        short = [g for g in groups if len(g) < n0]
-        if not short:
-            break
-        group = short[0]
-        need = n0 - len(group)
-        largest = max(groups, key=len)
-        if largest is not group and len(largest) - need >= n0 and len(largest) - need in sizes and n0 in sizes:
-            for _ in range(need):
-                group.append(largest.pop())
-            continue
-        if free:
-            group.append(free.pop(0))
-            continue
-        others = [g for g in short[1:]] or sorted((g for g in groups if g is not group), key=len)[:1]
-        if not others:
-            return None
-        partner = others[0]
-        group.extend(partner)
-        groups.remove(partner)
-        if len(group) >= n0 and len(group) not in sizes:
-            target = fitting(len(group))
-            if target is None or target < n0:
-                return None
-            while len(group) > target:
-                free.append(group.pop())
-    # Step 4: free nodes form a new pipeline or grow the smallest ones.
-    free.sort()
-    if len(free) >= n0:
-        target = fitting(len(free))
-        if target is not None and target >= n0:
-            groups.append(free[:target])
-            free = free[target:]
-    while free:
-        node = free.pop(0)
-        growable = sorted((g for g in groups if len(g) + 1 in sizes), key=len)
-        if not growable:
-            return None
-        growable[0].append(node)
-    if any(len(g) not in sizes for g in groups):
-        return None
-    return groups
+    if alive < n0:
+        raise PlanningError(
+            f"{alive} nodes are left after losing {sorted(gone)}, fewer than n0={n0} that one pipeline needs; "
+            "restart from a checkpoint with more nodes"
+        )
+    counts = [1] + [0] * alive
+    for n in range(1, alive + 1):
+        for size in templates.sizes:
+            if size > n:
+                break
+            counts[n] |= counts[n - size] << 1
+    usable = (1 << (min(microbatches, alive) + 1)) - 2  # 1 .. M pipelines (never more than nodes)
+    most = max((counts[n] & usable).bit_length() - 1 for n in range(alive + 1))
+    if most < 1:
+        raise PlanningError(f"no template sizes {list(templates.sizes)} fit in {alive} alive nodes; restart from a checkpoint")
+    kept = min(f, most - 1)
+    wanted = usable & ~((1 << (kept + 1)) - 1)  # kept + 1 .. M pipelines
+    used = max(n for n in range(alive + 1) if counts[n] & wanted)
+    return used, kept
 
 
-def _order_nodes(group: list[int], first_held: dict[int, int], num_layers: int) -> tuple[int, ...]:
-    return tuple(sorted(group, key=lambda n: (first_held.get(n, num_layers), n)))
+def _held_ranges(plan: ExecutionPlan, gone: set[int]) -> dict[Worker, tuple[int, int]]:
+    """The layer range every surviving worker of ``plan`` holds (one stage each)."""
+    held = {}
+    for pipeline in plan.pipelines:
+        for stage_index, stage in enumerate(pipeline.template.stages):
+            for worker in pipeline.stage_workers(stage_index):
+                if worker[0] not in gone:
+                    held[worker] = (stage.start, stage.end)
+    return held
+
+
+def _home_slots(
+    intact: Sequence[tuple[int, ...]], multiset: Sequence[int], slots: Sequence[tuple[int, int]]
+) -> dict[int, int]:
+    """Node -> the slot it keeps if the new pipeline matched to its old one (same size, in order)."""
+    unmatched = list(intact)
+    index = {slot: c for c, slot in enumerate(slots)}
+    home = {}
+    for p, size in enumerate(multiset):
+        match = next((nodes for nodes in unmatched if len(nodes) == size), None)
+        if match is not None:
+            unmatched.remove(match)
+            home.update({node: index[(p, q)] for q, node in enumerate(match)})
+    return home
+
+
+def _place(
+    name: str,
+    multiset: Sequence[int],
+    old: ExecutionPlan,
+    intact: Sequence[tuple[int, ...]],
+    templates: TemplateSet,
+    alive: Sequence[int],
+    held: dict[Worker, tuple[int, int]],
+    live: dict[int, tuple[Worker, ...]],
+    layer_bytes: Sequence[int],
+    max_sources: int,
+    f: int,
+    sync: _Sync,
+) -> _Candidate:
+    """Step 4: put ``multiset``'s pipelines on alive nodes with the fewest bytes to copy."""
+    G = templates.gpus_per_node
+    prefix = np.concatenate(([0], np.cumsum(np.asarray(layer_bytes, dtype=np.int64))))
+    slots = [(p, q) for p, n in enumerate(multiset) for q in range(n)]
+    # need[c, g] / have[r, g]: the layer range local rank g needs at slot c / holds on node r.
+    need = np.zeros((len(slots), G, 2), dtype=np.int64)
+    for c, (p, q) in enumerate(slots):
+        for stage in templates[multiset[p]].stages:
+            if stage.node == q:
+                need[c, stage.gpu_offset : stage.gpu_offset + stage.gpus] = (stage.start, stage.end)
+    have = np.zeros((len(alive), G, 2), dtype=np.int64)
+    for r, node in enumerate(alive):
+        for g in range(G):
+            have[r, g] = held.get((node, g), (0, 0))
+    needed = (prefix[need[:, :, 1]] - prefix[need[:, :, 0]]).sum(axis=1)
+    lo = np.maximum(have[:, None, :, 0], need[None, :, :, 0])
+    hi = np.minimum(have[:, None, :, 1], need[None, :, :, 1])
+    kept = np.where(hi > lo, prefix[hi] - prefix[lo], 0).sum(axis=2)
+    missing = needed[None, :] - kept  # [node, slot]: bytes the node would receive there
+    # Among placements that copy equally little, keep nodes where they were: each new pipeline is
+    # matched to an old intact pipeline of its size (in order) and a node at its own position there
+    # costs 0, another node that holds something 1, a node that holds nothing 2.
+    preference = np.where((have[:, :, 1] == have[:, :, 0]).all(axis=1), 2, 1)[:, None].repeat(len(slots), axis=1)
+    home = _home_slots(intact, multiset, slots)
+    row_of = {node: r for r, node in enumerate(alive)}
+    for node, c in home.items():
+        if node in row_of:
+            preference[row_of[node], c] = 0
+    weight = 2 * len(alive) + 1  # the preference sum of any assignment is below it
+    if missing.size and missing.max() * weight >= _EXACT_FLOAT:
+        weight, preference = 1, np.zeros_like(preference)  # bytes alone (over 2**52 / weight bytes)
+    cost = missing.astype(np.float64) * weight + preference
+    from scipy.optimize import linear_sum_assignment  # here: importing scipy.optimize takes ~1 s
+
+    rows, cols = linear_sum_assignment(cost)
+    groups: list[list[int]] = [[0] * n for n in multiset]
+    for r, c in zip(rows, cols):
+        p, q = slots[c]
+        groups[p][q] = alive[r]
+    groups.sort(key=min)  # deterministic pipeline order: by the smallest node id
+    placed = set(int(alive[r]) for r in rows)
+    new = build_plan(
+        templates, [len(g) for g in groups], groups, old.global_batch_size, old.microbatch_size, f, sync
+    )
+    new = dataclasses.replace(new, fault_tolerance=min(f, tolerated_failures(new)))
+    transfers = _transfers(new, {w: range(a, b) for w, (a, b) in held.items()}, live, layer_bytes, max_sources)
+    seconds = copy_seconds(((t.source[0], t.target[0], t.nbytes) for t in transfers), sync.inter)
+    return _Candidate(
+        name=name,
+        plan=new,
+        transfers=transfers,
+        min_bytes=int(missing[rows, cols].sum()),
+        standby=tuple(n for n in alive if n not in placed),
+        copy_s=seconds,
+    )
 
 
 def _transfers(
-    old: ExecutionPlan,
     new: ExecutionPlan,
+    held: Mapping[Worker, Container[int]],
     live_holders: dict[int, tuple[Worker, ...]],
     layer_param_bytes: Sequence[int],
     max_sources: int,
 ) -> tuple[LayerTransfer, ...]:
-    held: dict[Worker, set[int]] = {}
-    for assignment in old.assignments():
-        held.setdefault(assignment.worker, set()).update(assignment.held_layers)
+    """Copies of every layer a worker holds in ``new`` (stage layers and shadow copies) but not in
+    ``held``, each split across up to ``max_sources`` live holders, least-loaded first."""
     load: dict[Worker, int] = {}
     transfers = []
     for assignment in new.assignments():
         target = assignment.worker
-        have = held.get(target, set())
+        have = held.get(target, ())
         for layer in assignment.held_layers:
             if layer in have:
                 continue
@@ -152,72 +321,32 @@ def _transfers(
     return tuple(transfers)
 
 
-def reconfigure(
-    plan: ExecutionPlan,
-    templates: TemplateSet,
-    removed: Sequence[int] = (),
-    joined: Sequence[int] = (),
-    layer_param_bytes: Sequence[int] | None = None,
-    *,
-    max_sources: int = DEFAULT_MAX_SOURCES,
-) -> ReconfigurationPlan:
-    """The plan after ``removed`` nodes fail and ``joined`` nodes arrive (see module docstring)."""
-    if max_sources <= 0:
-        raise PlanningError(f"planner.transfer_sources={max_sources} must be > 0")
-    layer_bytes = tuple(layer_param_bytes if layer_param_bytes is not None else templates.layer_param_bytes)
-    if len(layer_bytes) != plan.num_layers:
-        raise PlanningError(
-            f"layer_param_bytes has {len(layer_bytes)} entries but the plan has {plan.num_layers} layers"
-        )
-    current = set(plan.nodes)
-    gone = set(removed)
-    unknown = sorted(gone - current)
-    if unknown:
-        raise PlanningError(f"removed nodes {unknown} are not in the current plan (nodes {sorted(current)})")
-    already = sorted(set(joined) & current)
-    if already:
-        raise PlanningError(f"joined nodes {already} are already in the current plan")
-    if len(set(joined)) != len(joined):
-        raise PlanningError(f"joined nodes {sorted(joined)} contain duplicates")
-    live = _check_replicas(plan, gone)
-    survivors = sorted((current - gone) | set(joined))
-    if len(survivors) < templates.min_nodes:
-        raise PlanningError(
-            f"{len(survivors)} nodes are left after losing {sorted(gone)}, fewer than n0={templates.min_nodes} "
-            "that one pipeline needs; restart from a checkpoint with more nodes"
-        )
-    groups = [[n for n in p.nodes if n not in gone] for p in plan.pipelines]
-    groups = [g for g in groups if g]
-    regrouped = _regroup(groups, sorted(joined), templates)
-    sync = _Sync(templates, templates.intra_node_bandwidth, templates.inter_node_bandwidth)
-    M = plan.num_microbatches
-    if regrouped is None or len(regrouped) > M:
-        new = instantiate(
-            templates, survivors, plan.global_batch_size, plan.microbatch_size, min(plan.fault_tolerance, _max_f(templates, len(survivors), M))
-        )
+def _reason(chosen: _Candidate, candidates: Sequence[_Candidate], horizon: int, f: int, alive: int) -> str:
+    """One sentence with the cost-model figures behind the decision (for events and logs)."""
+    by_name = {c.name: c for c in candidates}
+    regroup, fresh = by_name["regroup"], by_name.get("fresh")
+    if fresh is None:
+        text = "regrouped: the pipelines that lost no node stay as they are, and a fresh plan would choose the same template sizes"
     else:
-        first_held = _first_layer_held(plan)
-        ordered = [_order_nodes(g, first_held, plan.num_layers) for g in regrouped]
-        # Deterministic pipeline order: by the smallest node id each pipeline keeps.
-        ordered.sort(key=lambda g: min(g))
-        new = build_plan(
-            templates,
-            [len(g) for g in ordered],
-            ordered,
-            plan.global_batch_size,
-            plan.microbatch_size,
-            plan.fault_tolerance,
-            sync,
+        other = fresh if chosen is regroup else regroup
+        saved = horizon * (other.plan.predicted_iteration_s - chosen.plan.predicted_iteration_s)
+        extra = chosen.copy_s - other.copy_s
+        verb, versus = ("regrouped", "a fresh plan") if chosen is regroup else ("re-planned from scratch", "regrouping")
+        text = (
+            f"{verb}: {chosen.plan.predicted_iteration_s:.4g} s per iteration and {chosen.copy_s:.3g} s of copying "
+            f"({chosen.min_bytes / 1e9:.3g} GB of parameters) against {other.plan.predicted_iteration_s:.4g} s and "
+            f"{other.copy_s:.3g} s ({other.min_bytes / 1e9:.3g} GB) for {versus}: over "
+            f"planner.replan_horizon_steps={horizon} steps it saves {saved - extra:.4g} s"
         )
-    transfers = _transfers(plan, new, live, layer_bytes, max_sources)
-    return ReconfigurationPlan(
-        old=plan, new=new, removed=tuple(sorted(gone)), joined=tuple(sorted(joined)), transfers=transfers
-    )
-
-
-def _max_f(templates: TemplateSet, nodes: int, microbatches: int) -> int:
-    """The largest f the survivors can still honour (f+1 pipelines of n0 nodes)."""
-    return max(0, min(nodes // templates.min_nodes, microbatches) - 1)
+    if chosen.plan.fault_tolerance < f:
+        text += f"; it tolerates {chosen.plan.fault_tolerance} failures, fewer than job.fault_tolerance={f}"
+    if chosen.standby:
+        text += (
+            f"; nodes {list(chosen.standby)} stay standby: with {chosen.plan.fault_tolerance + 1} to "
+            f"{chosen.plan.num_microbatches} pipelines the template sizes cover {len(chosen.plan.nodes)} of the "
+            f"{alive} alive nodes, not all"
+        )
+    return text
 
 
 def check_fault_tolerance(templates: TemplateSet, nodes: int, fault_tolerance: int) -> None:
@@ -256,4 +385,8 @@ def plan_transfers(
     plans (a strategy that builds its own plans, e.g. with shadow copies, uses this); raises
     ``PlanningError`` when a layer the new plan needs has no live holder."""
     live = _check_replicas(old, set(removed))
-    return _transfers(old, new, live, layer_param_bytes, max_sources)
+    held: dict[Worker, set[int]] = {}
+    for assignment in old.assignments():
+        if assignment.worker[0] not in removed:
+            held.setdefault(assignment.worker, set()).update(assignment.held_layers)
+    return _transfers(new, held, live, layer_param_bytes, max_sources)

@@ -75,14 +75,75 @@ def multisets(sizes, total, min_parts):
     return [m for m in rec(total, max(sizes)) if len(m) >= min_parts]
 
 
-def brute_force_instantiation(templates, nodes, global_batch, microbatch, f):
-    from oobleck.planning.instantiate import build_plan
+def greedy_split(curves, total):
+    """The textbook exact min-max split of nondecreasing functions: start every pipeline at one
+    microbatch and give each further one to the pipeline that would finish it soonest.
+    ``curves`` are functions m -> time; independent of the planner's own search."""
+    split = [1] * len(curves)
+    for _ in range(total - len(curves)):
+        p = min(range(len(curves)), key=lambda q: (curves[q](split[q] + 1), q))
+        split[p] += 1
+    return max(c(m) for c, m in zip(curves, split)), split
 
+
+def _ring(nbytes, participants, bandwidth):
+    return 0.0 if participants <= 1 or nbytes <= 0 else 2.0 * (participants - 1) / participants * nbytes / bandwidth
+
+
+def plan_value(templates, combo, microbatches):
+    """Predicted iteration time of the best split over pipelines of template sizes ``combo``,
+    from the cost model's definition (module docstring of oobleck.planning.instantiate)."""
+    layer_bytes = templates.layer_param_bytes or (0,) * templates.num_layers
+    curves, node_bytes = [], []
+    for n in combo:
+        template = templates[n]
+        intra = max(
+            _ring(sum(layer_bytes[s.start : s.end]), s.gpus, templates.intra_node_bandwidth) for s in template.stages
+        )
+        per_node = [0] * template.num_nodes
+        for s in template.stages:
+            per_node[s.node] += sum(layer_bytes[s.start : s.end])
+        node_bytes.append(max(per_node))
+        curves.append(lambda m, w=template.stage_seconds, intra=intra: pipeline_time(w, m) + intra)
+    compute, _ = greedy_split(curves, microbatches)
+    return compute + _ring(max(node_bytes), len(combo), templates.inter_node_bandwidth)
+
+
+def brute_force_instantiation(templates, nodes, global_batch, microbatch, f):
+    """The best predicted iteration time over every multiset of template sizes (inf if none)."""
     best = math.inf
     M = global_batch // microbatch
     for combo in multisets(templates.sizes, len(nodes), f + 1):
-        if len(combo) > M:
-            continue
-        plan = build_plan(templates, list(combo), sorted(nodes), global_batch, microbatch, f)
-        best = min(best, plan.predicted_iteration_s)
+        if len(combo) <= M:
+            best = min(best, plan_value(templates, combo, M))
     return best
+
+
+def brute_force_min_bytes(old, removed, alive, templates, sizes, layer_bytes):
+    """The least parameter bytes any placement of pipelines of ``sizes`` on ``alive`` nodes copies
+    (every assignment of nodes to pipeline positions tried; local rank g keeps device g)."""
+    held = {}
+    for a in old.assignments():
+        if a.worker[0] not in removed:
+            held[a.worker] = set(a.layers)
+    slots = [(n, q) for n in sizes for q in range(n)]
+    best = math.inf
+    for nodes in itertools.permutations(alive, len(slots)):
+        total = 0
+        for node, (n, q) in zip(nodes, slots):
+            for stage in templates[n].stages:
+                if stage.node == q:
+                    for g in range(stage.gpu_offset, stage.gpu_offset + stage.gpus):
+                        have = held.get((node, g), set())
+                        total += sum(layer_bytes[layer] for layer in stage.layers if layer not in have)
+        best = min(best, total)
+    return best
+
+
+def coverable(templates, alive, microbatches, f):
+    """(nodes a new plan uses, failures it keeps tolerating) by enumeration: the most pipelines
+    up to f + 1, then the most nodes template sizes cover with that many pipelines (<= M)."""
+    counts = {n: {len(m) for m in multisets(templates.sizes, n, 1) if len(m) <= microbatches} for n in range(1, alive + 1)}
+    kept = min(f, max(max(c, default=0) for c in counts.values()) - 1)
+    used = max(n for n, c in counts.items() if any(k >= kept + 1 for k in c))
+    return used, kept

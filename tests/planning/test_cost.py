@@ -37,6 +37,30 @@ def test_prediction_is_nondecreasing_in_m(w, m):
     assert pipeline_time(w, 0) == 0.0
 
 
+def test_eq14_undercounts_an_early_bottleneck():
+    # Issue 12: with m >= S Eq. 1-4 is not the 1F1B makespan; here it is a third of w0 short.
+    assert pipeline_iteration_time([2, 1], 2) == 4.0
+    assert exact_1f1b_makespan([2, 1], 2) == pytest.approx(13 / 3)
+
+
+@settings(max_examples=80, deadline=None)
+@given(stage_times, st.integers(min_value=1, max_value=16))
+def test_what_cost_py_says_of_eq14_is_true(w, m):
+    """Eq. 1-4 never exceeds the exact makespan; the gap to it is bounded independently of m;
+    the planner's prediction is nondecreasing and never above the exact makespan."""
+    exact = exact_1f1b_makespan(w, m)
+    assert pipeline_iteration_time(w, m) <= exact + 1e-9
+    assert pipeline_time(w, m) <= exact + 1e-9
+    S, W = len(w), max(w)
+    assert exact <= (m + S - 1) * W + 1e-9  # every stage raised to the slowest: the gap cannot grow with m
+    if m >= S:
+        assert pipeline_time(w, m) == pipeline_iteration_time(w, m)  # the same float operations
+
+
+def test_equal_stages_are_exact():
+    assert pipeline_time([0.3] * 4, 9) == pytest.approx(exact_1f1b_makespan([0.3] * 4, 9), rel=1e-12)
+
+
 @settings(max_examples=60, deadline=None)
 @given(stage_times, st.integers(min_value=1, max_value=12))
 def test_exact_makespan_bounds(w, m):

@@ -90,6 +90,15 @@ def test_bad_input_is_one_line(tmp_path, tiny_profile, overrides, message):
     _one_line_error(result, message)
 
 
+def test_one_microbatch_per_pipeline_plans(tmp_path, tiny_profile):
+    # Issue 12: 5 nodes, f=0, global batch 2 (one microbatch) once raised "no combination ...".
+    result = run_plan(tmp_path, "profile.source=file", f"profile.path={tiny_profile}", "cluster.nodes=5",
+                      "job.fault_tolerance=0", "job.global_batch_size=2")
+    assert result.returncode == 0, result.stderr
+    plan = ExecutionPlan.from_dict(json.loads((tmp_path / "run" / "plan.json").read_text())["plan"])
+    assert plan.nodes == (0, 1, 2, 3, 4) and sum(p.microbatches for p in plan.pipelines) == 1
+
+
 def test_bad_profile_is_one_line(tmp_path):
     good = synthetic_profile(6, seed=0, model="gpt3_tiny", microbatch_size=2)
     data = good.to_dict()

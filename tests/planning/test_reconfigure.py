@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from conftest import cluster
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from planning_brute import brute_force_min_bytes, coverable
 
 from oobleck.errors import PlanningError
+from oobleck.planning.cost import copy_seconds
 from oobleck.planning.instantiate import build_plan, instantiate
-from oobleck.planning.plan import ReconfigurationPlan, StageSpec
+from oobleck.planning.profile import LayerProfile, ModelProfile
+from oobleck.planning.plan import ReconfigurationPlan, StageSpec, tolerated_failures
 from oobleck.planning.reconfigure import check_fault_tolerance, reconfigure
 from oobleck.planning.synthetic import synthetic_profile
 from oobleck.planning.templates import TemplateSet, generate_templates, make_template
@@ -44,10 +51,11 @@ def authors():
     return template_set, plan
 
 
-def _assert_valid(result: ReconfigurationPlan, templates: TemplateSet):
+def _assert_valid(result: ReconfigurationPlan, templates: TemplateSet, standby: Sequence[int] = ()):
     old, new = result.old, result.new
-    expected_nodes = sorted((set(old.nodes) - set(result.removed)) | set(result.joined))
-    assert list(new.nodes) == expected_nodes  # every survivor used once, no idle node
+    alive = ((set(old.nodes) | set(standby)) - set(result.removed)) | set(result.joined)
+    assert list(new.nodes) == sorted(alive - set(result.standby))  # every node used once or standby
+    assert set(result.standby) <= alive
     assert all(len(p.nodes) in templates.sizes and len(p.nodes) >= templates.min_nodes for p in new.pipelines)
     assert sum(p.microbatches for p in new.pipelines) == old.num_microbatches
     assert [p.first_microbatch for p in new.pipelines] == [
@@ -55,7 +63,8 @@ def _assert_valid(result: ReconfigurationPlan, templates: TemplateSet):
     ]
     old_held = {}
     for a in old.assignments():
-        old_held.setdefault(a.worker, set()).update(a.layers)
+        if a.worker[0] not in result.removed:  # a node that failed (even if it came back) holds nothing
+            old_held.setdefault(a.worker, set()).update(a.layers)
     received = {}
     for t in result.transfers:
         assert t.source[0] not in result.removed and t.layer in old_held[t.source]  # a live, real holder
@@ -70,6 +79,8 @@ def _assert_valid(result: ReconfigurationPlan, templates: TemplateSet):
             assert sorted(c.chunk for c in chunks) == list(range(chunks[0].chunks))
             assert len({c.source for c in chunks}) == len(chunks)  # distinct sources
             assert sum(c.nbytes for c in chunks) == templates.layer_param_bytes[layer]
+    assert result.bytes_moved == result.min_bytes_moved
+    assert new.fault_tolerance == min(new.fault_tolerance, tolerated_failures(new))
 
 
 @pytest.mark.parametrize(
@@ -82,12 +93,18 @@ def test_authors_failure_cases(authors, lost):
     assert reconfigure(plan, templates, removed=lost) == result  # deterministic
 
 
-def test_losing_one_node_keeps_other_pipelines_in_place(authors):
+def test_regrouping_keeps_intact_pipelines_in_place(authors):
     templates, plan = authors
-    result = reconfigure(plan, templates, removed=[2])
-    assert [list(p.nodes) for p in result.new.pipelines] == [[0, 1], [3, 4], [5, 6, 7, 8], [9, 10, 11, 12, 13]]
-    moved_to = {t.target[0] for t in result.transfers}
-    assert moved_to <= {3, 4}
+    # With no horizon only copy time counts: the three pipelines that lost nothing stay as they were.
+    result = reconfigure(plan, templates, removed=[12, 13], replan_horizon_steps=0)
+    assert not result.replanned and result.reason.startswith("regrouped")
+    assert [list(p.nodes) for p in result.new.pipelines] == [[0, 1], [2, 3, 4], [5, 6, 7, 8], [9, 11, 10]]
+    assert {t.target[0] for t in result.transfers} <= {9, 10, 11}
+    # Over a long horizon the faster fresh plan repays its copying, and the reason says so.
+    later = reconfigure(plan, templates, removed=[12, 13], replan_horizon_steps=100)
+    assert later.replanned and later.reason.startswith("re-planned from scratch")
+    assert later.new.predicted_iteration_s == instantiate(templates, later.new.nodes, 64, 2, 3).predicted_iteration_s
+    assert later.new.predicted_iteration_s < result.new.predicted_iteration_s
 
 
 @pytest.mark.parametrize("joined", [[20], [20, 21], [20, 21, 22]])
@@ -95,8 +112,8 @@ def test_joins_grow_or_add_pipelines(authors, joined):
     templates, plan = authors
     result = reconfigure(plan, templates, joined=joined)
     _assert_valid(result, templates)
-    if len(joined) >= templates.min_nodes:
-        assert len(result.new.pipelines) == len(plan.pipelines) + 1
+    assert result.standby == () and result.new.fault_tolerance == 3
+    assert result.new.predicted_iteration_s < plan.predicted_iteration_s  # more nodes, faster here
 
 
 def test_failure_and_join_together(authors):
@@ -115,8 +132,87 @@ def test_bad_membership_changes(authors):
     templates, plan = authors
     with pytest.raises(PlanningError, match="not in the current plan"):
         reconfigure(plan, templates, removed=[99])
-    with pytest.raises(PlanningError, match="already in the current plan"):
+    with pytest.raises(PlanningError, match=r"joined nodes \[3\] are already alive"):
         reconfigure(plan, templates, joined=[3])
+    with pytest.raises(PlanningError, match=r"standby nodes \[3\] are in the current plan"):
+        reconfigure(plan, templates, standby=[3])
+    with pytest.raises(PlanningError, match="replan_horizon_steps=-1"):
+        reconfigure(plan, templates, removed=[3], replan_horizon_steps=-1)
+
+
+def test_a_node_that_fails_and_rejoins_in_one_event(authors):
+    templates, plan = authors
+    result = reconfigure(plan, templates, removed=[3], joined=[3])
+    _assert_valid(result, templates)
+    assert 3 in result.new.nodes and result.removed == (3,) and result.joined == (3,)
+    # It came back empty: it is never a source, and whatever it runs now is copied to it.
+    assert all(t.source[0] != 3 for t in result.transfers)
+    assert any(t.target[0] == 3 for t in result.transfers)
+
+
+def test_a_join_that_cannot_be_used_is_a_standby():
+    # Issue 12: templates of only 1 node, f=3, 4 microbatches: a fifth pipeline has no microbatch.
+    profile = synthetic_profile(4, seed=0)
+    templates = generate_templates(profile, cluster(4), 3)
+    assert templates.sizes == (1,)
+    plan = instantiate(templates, range(4), 4, 1, 3)
+    result = reconfigure(plan, templates, joined=[4])
+    assert result.standby == (4,) and result.new.nodes == (0, 1, 2, 3) and not result.transfers
+    assert "nodes [4] stay standby" in result.reason
+    # A later change takes the standby in: a failure leaves room for it (and it copies the model).
+    later = reconfigure(result.new, templates, removed=[2], standby=result.standby, fault_tolerance=3)
+    assert later.new.nodes == (0, 1, 3, 4) and later.standby == () and later.new.fault_tolerance == 3
+    assert {t.target[0] for t in later.transfers} == {4}
+    # A standby that fails just goes away.
+    assert reconfigure(result.new, templates, removed=[4], standby=[4]).new == result.new
+
+
+@pytest.mark.parametrize("microbatches,standby", [(1, (1,)), (2, ())])
+def test_a_one_node_job_that_gains_a_node(microbatches, standby):
+    profile = synthetic_profile(4, seed=0)
+    templates = generate_templates(profile, cluster(1), 0)
+    plan = instantiate(templates, [0], microbatches, 1, 0)
+    result = reconfigure(plan, templates, joined=[1])
+    assert result.standby == standby and len(result.new.nodes) == 2 - len(standby)
+    assert result.new.fault_tolerance == 0
+
+
+def test_joins_that_slow_a_pipeline_are_replanned():
+    # Issue 12: two layers and a 1 GB boundary tensor: a 2-node pipeline pays 2 GB of transfer per
+    # microbatch, so joiners must not form one; the new plan is as fast as a fresh one.
+    profile = synthetic_profile(2, seed=0, output_bytes=1_000_000_000, param_bytes=1_000_000)
+    templates = generate_templates(profile, cluster(5), 1)
+    plan = instantiate(templates, range(3), 16, 1, 1)
+    result = reconfigure(plan, templates, joined=[3, 4])
+    assert all(len(p.nodes) == 1 for p in result.new.pipelines)
+    assert result.new.predicted_iteration_s == instantiate(templates, range(5), 16, 1, 1).predicted_iteration_s
+    assert result.new.predicted_iteration_s < plan.predicted_iteration_s
+
+
+def test_fault_tolerance_is_what_the_new_plan_tolerates(authors):
+    templates, plan = authors
+    # Losing 3 of [3, 1, 1, 1] (f=3) leaves 3 nodes: 3 one-node pipelines tolerate 2 failures.
+    profile = synthetic_profile(4, seed=0)
+    small = generate_templates(profile, cluster(6), 3)
+    assert small.sizes[0] == 1 and 3 in small.sizes
+    start = build_plan(small, [3, 1, 1, 1], [[0, 1, 2], [3], [4], [5]], 16, 1, 3)
+    result = reconfigure(start, small, removed=[0, 3, 4])
+    assert sorted(len(p.nodes) for p in result.new.pipelines) == [1, 1, 1]
+    assert result.new.fault_tolerance == 2 == tolerated_failures(result.new)
+    assert "tolerates 2 failures, fewer than job.fault_tolerance=3" in result.reason
+    # One pipeline left: it tolerates nothing, and says so.
+    alone = reconfigure(start, small, removed=[0, 1, 2, 3, 4])
+    assert len(alone.new.pipelines) == 1 and alone.new.fault_tolerance == 0
+    # Nodes coming back restore the job's f (passed explicitly: the plan's own f is the reduced one).
+    back = reconfigure(result.new, small, joined=[6, 7, 8], fault_tolerance=3)
+    assert back.new.fault_tolerance == 3 and len(back.new.pipelines) >= 4
+    assert tolerated_failures(plan) == 3
+
+
+def test_tolerated_failures_counts_the_least_replicated_layer(authors):
+    templates, plan = authors
+    assert tolerated_failures(build_plan(templates, [2], [[0, 1]], 8, 1, 0)) == 0
+    assert tolerated_failures(build_plan(templates, [2, 2, 3], [[0, 1], [2, 3], [4, 5, 6]], 8, 1, 0)) == 2
 
 
 def test_transfers_spread_over_sources():
@@ -148,3 +244,91 @@ def test_multi_gpu_nodes_and_round_trip(lost):
     result = reconfigure(plan, templates, removed=lost)
     _assert_valid(result, templates)
     assert ReconfigurationPlan.from_dict(result.to_dict()) == result
+
+
+def test_nodes_are_placed_to_copy_the_least():
+    # Issue 12: a 3 -> 4 node join. Layer 1 is tiny; the old middle node holds layers 1 and 2.
+    # New nodes last (0, 1, 2, 3) would copy layers 2 and 3 (40,000,008 bytes); (0, 3, 1, 2) copies 4.
+    sizes = (20_000_000, 4, 20_000_004, 20_000_004)
+    layers = tuple(LayerProfile(f"l{i}", 0.1, 0.2, b, 0, 0) for i, b in enumerate(sizes))
+    profile = ModelProfile(model="m", microbatch_size=1, device="cpu", layers=layers)
+    spec = cluster(4)
+    layouts = {3: [(0, 1), (1, 3), (3, 4)], 4: [(0, 1), (1, 2), (2, 3), (3, 4)]}
+    templates = TemplateSet(
+        min_nodes=3,
+        max_nodes=4,
+        templates={
+            n: make_template(profile, spec, [StageSpec(a, b, node, 0, 1) for node, (a, b) in enumerate(layout)], 4)
+            for n, layout in layouts.items()
+        },
+        num_layers=4,
+        layer_param_bytes=sizes,
+    )
+    plan = build_plan(templates, [3], [[0, 1, 2]], 8, 1, 0)
+    result = reconfigure(plan, templates, joined=[3])
+    assert result.new.pipelines[0].nodes == (0, 3, 1, 2)
+    assert result.bytes_moved == result.min_bytes_moved == 4
+
+
+events = st.fixed_dictionaries(
+    {
+        "seed": st.integers(min_value=0, max_value=10_000),
+        "layers": st.integers(min_value=2, max_value=6),
+        "nodes": st.integers(min_value=2, max_value=6),
+        "gpus": st.sampled_from([1, 1, 2]),
+        "f": st.integers(min_value=0, max_value=2),
+        "microbatches": st.sampled_from([2, 3, 5, 8, 16]),
+        "param_bytes": st.sampled_from([4_000_000, 400_000_000]),
+        "output_bytes": st.sampled_from([0, 4_000_000, 1_000_000_000]),
+        "lose": st.integers(min_value=0, max_value=2),
+        "join": st.integers(min_value=0, max_value=2),
+        "rejoin": st.booleans(),
+        "horizon": st.sampled_from([0, 3, 100, 10_000]),
+    }
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events)
+def test_reconfigured_plan_is_as_good_as_a_fresh_one(case):
+    """The goal of issue 12: never more than 3% slower than a fresh instantiation on the same
+    nodes, unless the extra copying of the fresh plan costs more than it saves over the horizon;
+    always valid, on as many nodes as template sizes can cover, placed to copy the least."""
+    profile = synthetic_profile(
+        case["layers"], seed=case["seed"], jitter=0.6, param_bytes=case["param_bytes"], output_bytes=case["output_bytes"]
+    )
+    spec = cluster(case["nodes"] + 2, case["gpus"], memory=4e9, inter=1e9)
+    f, M, H = case["f"], case["microbatches"], case["horizon"]
+    try:
+        templates = generate_templates(profile, spec, f)
+        plan = instantiate(templates, range(case["nodes"]), M, 1, f)
+    except PlanningError:
+        return
+    removed = list(plan.nodes[: min(case["lose"], f)])
+    joined = [100 + i for i in range(case["join"])] + (removed[:1] if case["rejoin"] else [])
+    try:
+        result = reconfigure(plan, templates, removed=removed, joined=joined, replan_horizon_steps=H, fault_tolerance=f)
+    except PlanningError as error:
+        assert "no live replica" in str(error) or "fewer than n0" in str(error)
+        return
+    _assert_valid(result, templates)
+    alive = sorted((set(plan.nodes) - set(removed)) | set(joined))
+    used, kept = coverable(templates, len(alive), M, f)
+    assert len(result.new.nodes) == used and len(result.new.pipelines) >= kept + 1
+    fresh = instantiate(templates, result.new.nodes, M, 1, kept)
+    eager = reconfigure(plan, templates, removed=removed, joined=joined, replan_horizon_steps=10**12, fault_tolerance=f)
+    assert eager.new.predicted_iteration_s == fresh.predicted_iteration_s  # the fresh candidate is exact
+
+    def copying(r: ReconfigurationPlan) -> float:
+        return copy_seconds(((t.source[0], t.target[0], t.nbytes) for t in r.transfers), templates.inter_node_bandwidth)
+
+    slower = H * (result.new.predicted_iteration_s - fresh.predicted_iteration_s)
+    assert result.new.predicted_iteration_s <= 1.03 * fresh.predicted_iteration_s or slower <= copying(eager) - copying(result)
+    # The decision is the cost model's: nothing cheaper over the horizon among the candidates.
+    lazy = reconfigure(plan, templates, removed=removed, joined=joined, replan_horizon_steps=0, fault_tolerance=f)
+    for other in (eager, lazy):
+        assert H * result.new.predicted_iteration_s + copying(result) <= H * other.new.predicted_iteration_s + copying(other) + 1e-9
+    if len(alive) <= 6:
+        sizes = [len(p.nodes) for p in result.new.pipelines]
+        layer_bytes = templates.layer_param_bytes
+        assert result.min_bytes_moved == brute_force_min_bytes(plan, set(removed), alive, templates, sizes, layer_bytes)
