@@ -59,24 +59,25 @@ class Oobleck(Strategy):
 
         layout = state.layout
         working = set(layout.nodes)
-        removed = tuple(sorted(n for n in state.removed if n in working))
-        idle = tuple(sorted(n for n in state.alive if n not in working))
-        arrived = [n for n in state.joined if n in state.alive]
-        if not removed and not arrived:
-            return Decision(Kind.CONTINUE, plan_layout(layout.plan, idle))  # only an idle node left
+        alive = set(state.alive)
+        removed = tuple(sorted(n for n in state.removed if n in working or n in layout.standby))
+        arrived = tuple(sorted(n for n in state.joined if n in alive))
+        if not (set(removed) & working) and not arrived:
+            # Only a standby left: the running plan goes on.
+            return Decision(Kind.CONTINUE, plan_layout(layout.plan, [n for n in layout.standby if n in alive]))
         ctx = self.context
         try:
-            # Joined nodes and nodes that stood by are candidates alike.
             result = reconfigure(
-                layout.plan, ctx.templates(), removed=removed, joined=idle,
+                layout.plan, ctx.templates(), removed=removed, joined=arrived,
                 layer_param_bytes=ctx.layer_param_bytes, max_sources=ctx.transfer_sources,
+                replan_horizon_steps=ctx.replan_horizon_steps, standby=layout.standby,
+                fault_tolerance=ctx.fault_tolerance,
             )  # fmt: skip
         except PlanningError as error:
-            if not removed:  # nothing was lost: the running plan goes on, the new nodes stand by
-                return Decision(Kind.CONTINUE, plan_layout(layout.plan, idle), reason=f"joined nodes stand by: {error}")
             return self._beyond_in_place(state, str(error))
-        standby = tuple(n for n in state.alive if n not in result.new.nodes)
-        return Decision(Kind.RECONFIGURE, plan_layout(result.new, standby), transfers=result.transfers)
+        if result.new == layout.plan and not result.transfers:
+            return Decision(Kind.CONTINUE, plan_layout(layout.plan, result.standby), reason=result.reason)
+        return Decision(Kind.RECONFIGURE, plan_layout(result.new, result.standby), transfers=result.transfers, reason=result.reason)
 
     def _beyond_in_place(self, state: RunState, why: str) -> Decision:
         if state.step == 0:

@@ -152,6 +152,9 @@ class StrategyContext:
     reference_microbatches_per_stage: int = 4
     max_gpus_per_stage: int | None = None
     transfer_sources: int = 4  # a layer copy is split across up to this many live holders
+    # A reconfiguration re-plans from scratch when that saves more over this many steps than the
+    # extra state copy costs (planner.replan_horizon_steps; oobleck.planning.reconfigure).
+    replan_horizon_steps: int = 100
     _templates: dict[int, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -166,6 +169,7 @@ class StrategyContext:
             reference_microbatches_per_stage=int(cfg.planner.reference_microbatches_per_stage),
             max_gpus_per_stage=cfg.planner.max_gpus_per_stage,
             transfer_sources=int(cfg.planner.transfer_sources),
+            replan_horizon_steps=int(cfg.planner.replan_horizon_steps),
         )
 
     @property

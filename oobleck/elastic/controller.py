@@ -48,21 +48,14 @@ from oobleck.elastic.protocol import new_secret
 from oobleck.errors import OobleckError, RunError
 from oobleck.faults.injector import Injector
 from oobleck.faults.schedule import FaultEvent
-from oobleck.planning.plan import ExecutionPlan, ReconfigurationPlan
+from oobleck.planning.plan import ExecutionPlan, ReconfigurationPlan, tolerated_failures
 from oobleck.runtime import keys
 from oobleck.strategy import Decision, Kind, Layout, RunState, Strategy, checkpoint_every_steps
 
 LOOP_TICK_S = 0.002
 STOP_GRACE_S = 5.0
 
-__all__ = ["Controller", "Outcome", "summarize", "tolerated_failures"]
-
-
-def tolerated_failures(plan: ExecutionPlan) -> int:
-    """Node failures the plan survives in place: every layer keeps a live holder as long as fewer
-    nodes fail than the fewest distinct nodes holding any one layer."""
-    holders = plan.layer_holders()
-    return min(len({worker[0] for worker in workers}) for workers in holders.values()) - 1
+__all__ = ["Controller", "Outcome", "summarize"]
 
 
 @dataclass
@@ -71,7 +64,8 @@ class Recovery:
 
     kind: str  # reconfiguration | failover | restart
     generation: int
-    reason: str
+    reason: str  # what caused it: failure | join
+    decision: str  # the strategy's reason for what it decided
     removed: tuple[int, ...]
     joined: tuple[int, ...]
     failure_time: float  # wall clock of the earliest cause (kill, or join ready)
@@ -481,7 +475,8 @@ class Controller:
         recovery = Recovery(
             kind=kind,
             generation=self.ledger.generation + 1,
-            reason=decision.reason or ("failure" if state.removed else "join"),
+            reason="failure" if state.removed else "join",
+            decision=decision.reason,
             removed=state.removed,
             joined=state.joined,
             failure_time=min(self.causes) if self.causes else started,
@@ -553,6 +548,7 @@ class Controller:
         row: dict[str, Any] = {
             "generation": r.generation,
             "reason": r.reason,
+            "decision": r.decision,
             "removed": list(r.removed),
             "joined": list(r.joined),
             "resume_step": r.resume_step,

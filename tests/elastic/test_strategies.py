@@ -54,7 +54,7 @@ def test_varuna_morphs_onto_joined_nodes_then_restarts_from_its_checkpoint(varun
     cfg, outcome, summary, run_dir = varuna_run
     assert_matches_reference(cfg, outcome, run_dir)
     morph, restart = [r for r in outcome.recoveries if r["kind"] == "restart"]
-    assert morph["joined"] == [2, 3] and morph["rolled_back_steps"] == 0 and "morph" in morph["reason"]
+    assert morph["joined"] == [2, 3] and morph["rolled_back_steps"] == 0 and "morph" in morph["decision"]
     assert restart["removed"] == [1] and restart["resume_step"] % 5 == 0
     killed_at = next(e["step"] for e in outcome_events(run_dir) if e["kind"] == "failure" and e["node"] == 1)
     assert restart["rolled_back_steps"] == killed_at - restart["resume_step"] >= 0
@@ -145,7 +145,7 @@ def test_oobleck_beyond_f_restarts_from_its_checkpoint(tmp_path):
     plan = hand_plan([(two_stages, (0, 1), 4), (two_stages, (2, 3), 4)], batch=16, micro=2, layers=6, f=1, gpus=1)
     outcome, summary = launch(cfg, tmp_path / "run", initial_plan=plan)
     (restart,) = outcome.recoveries
-    assert restart["kind"] == "restart" and restart["resume_step"] == 4 and "no live replica" in restart["reason"]
+    assert restart["kind"] == "restart" and restart["resume_step"] == 4 and "no live replica" in restart["decision"]
     assert outcome.steps[-1]["nodes"] == 2
     assert_matches_reference(cfg, outcome, tmp_path / "run")
 
