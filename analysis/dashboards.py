@@ -30,11 +30,15 @@ from typing import Any
 from oobleck.errors import report_errors
 from oobleck.metrics.recorder import WANDB_AXES
 from oobleck.metrics.simulation import SIM_TIME
+from oobleck.strategy import ACTIONS
 
 STEP, TIME = WANDB_AXES["train/"], WANDB_AXES["event/"]
 EVENT_MARKERS = ("fault_injected", "join_started", "reconfiguration", "failover", "restart", "checkpoint", "stop")
 RECOVERY_TIMES = ("reconfiguration", "failover", "restart")
 BREAKDOWN_SHARES = ("useful", "redundant", "checkpoint", "restart", "reconfiguration", "lost", "idle")
+# Simulated events: membership changes and the strategies' reactions that cost time (oobleck.strategy).
+SIM_REACTIONS = tuple(a for a in ACTIONS if a not in ("none", "start", "oom", "stop"))
+SIM_EVENTS = ("failure", "join", *SIM_REACTIONS, "oom", "stop")
 
 
 def _libraries() -> tuple[Any, Any]:
@@ -83,7 +87,7 @@ def strategy_workspace(entity: str, project: str, group: str, *, name: str | Non
         sections=sections,
         settings=ws.WorkspaceSettings(x_axis=TIME, max_runs=20),
         runset_settings=ws.RunsetSettings(
-            filters=[ws.Metric("Group") == group, ws.Tags().isin(["real"])],
+            filters=ws.And(ws.Metric("Group") == group, ws.Tags().isin(["real"])),
             groupby=[ws.Metric("JobType")],
             pinned_columns=["config:strategy.name", "config:cluster.nodes", "config:failures_label", "summary:samples"],
         ),
@@ -97,10 +101,8 @@ def paper_workspace(entity: str, project: str, experiment: str, *, name: str | N
         ws.Section(name="Over simulated time", is_open=True, panels=[
             wr.LinePlot(x=SIM_TIME, y=["sim/samples_per_s"], title="samples/s over simulated time (h)"),
             wr.LinePlot(x=SIM_TIME, y=["sim/nodes_alive", "sim/nodes_used"], title="nodes alive and used"),
-            wr.LinePlot(x=SIM_TIME, y=[f"event/{k}" for k in ("failure", "join", "reconfiguration", "failover", "restart")],
-                        title="events so far"),
-            wr.LinePlot(x=SIM_TIME, y=[f"event/{k}/downtime_s" for k in ("reconfiguration", "failover", "restart")],
-                        title="downtime per reaction (s)"),
+            wr.LinePlot(x=SIM_TIME, y=[f"event/{k}" for k in SIM_EVENTS], title="events so far"),
+            wr.LinePlot(x=SIM_TIME, y=[f"event/{k}/downtime_s" for k in SIM_REACTIONS], title="downtime per reaction (s)"),
         ]),
         ws.Section(name="Totals", is_open=True, panels=[
             wr.BarPlot(metrics=[wr.SummaryMetric("throughput")], title="throughput (samples/s)", groupby=wr.Config("model.name")),
@@ -116,7 +118,7 @@ def paper_workspace(entity: str, project: str, experiment: str, *, name: str | N
         sections=sections,
         settings=ws.WorkspaceSettings(x_axis=SIM_TIME, max_runs=100),
         runset_settings=ws.RunsetSettings(
-            filters=[ws.Metric("Group") == experiment, ws.Tags().isin(["simulation"]), ws.Metric("JobType") != "figures"],
+            filters=ws.And(ws.Metric("Group") == experiment, ws.Tags().isin(["simulation"]), ws.Metric("JobType") != "figures"),
             groupby=[ws.Metric("JobType"), ws.Config("model.name")],
             pinned_columns=["config:model.name", "config:failures.trace", "summary:throughput", "summary:oom"],
         ),

@@ -10,8 +10,9 @@
   memory is drawn as a hatched "out of memory" bar, not as idle time.
 
 Every figure is written as PNG and PDF (vector, for the paper) side by side; facet titles use
-readable names ("GPT-3 2.7B", "EC2 p3 spot"). ``write_figures`` draws all that apply to a result
-set into a directory and returns the paths.
+readable names ("GPT-3 2.7B", "EC2 p3 spot"). Each ``<name>(..., path)`` writes the figure that
+``<name>_figure(...)`` builds; ``write_figures`` draws all that apply to a result set into a
+directory and returns the paths.
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ def strategy_legend(fig: plt.Figure, strategies: list[str], extra: list[Patch] |
 
 
 def throughput_vs_frequency(summary: pd.DataFrame, path: Path) -> list[Path]:
+    return save(throughput_vs_frequency_figure(summary), path)
+
+
+def throughput_vs_frequency_figure(summary: pd.DataFrame) -> plt.Figure:
     data = summary.assign(interval=summary["trace"].map(frequency_label), oom=summary["oom"].astype(bool))
     order = [f for f in FREQUENCY_ORDER if f in set(data["interval"])] + sorted(set(data["interval"]) - set(FREQUENCY_ORDER))
     strategies = strategies_in(data)
@@ -88,10 +93,14 @@ def throughput_vs_frequency(summary: pd.DataFrame, path: Path) -> list[Path]:
             ax.set_visible(False)
         fig.tight_layout()
         strategy_legend(fig, strategies)
-    return save(fig, path)
+    return fig
 
 
 def throughput_over_time(segments: pd.DataFrame, path: Path, bin_s: float, summary: pd.DataFrame | None = None) -> list[Path]:
+    return save(throughput_over_time_figure(segments, bin_s, summary), path)
+
+
+def throughput_over_time_figure(segments: pd.DataFrame, bin_s: float, summary: pd.DataFrame | None = None) -> plt.Figure:
     """``summary`` (optional) names the runs that did not fit in memory: their panels say so."""
     data = timeline(segments, bin_s)
     oom = set()
@@ -132,10 +141,14 @@ def throughput_over_time(segments: pd.DataFrame, path: Path, bin_s: float, summa
                 ax.set_ylabel("samples/s" if column == 0 else "")
         fig.tight_layout()
         strategy_legend(fig, strategies, [Patch(color="0.85", label="nodes alive")])
-    return save(fig, path)
+    return fig
 
 
 def effective_time_breakdown(summary: pd.DataFrame, path: Path) -> list[Path]:
+    return save(effective_time_breakdown_figure(summary), path)
+
+
+def effective_time_breakdown_figure(summary: pd.DataFrame) -> plt.Figure:
     long = breakdown(summary)
     oom = summary.set_index(["model", "trace", "strategy"])["oom"].astype(bool).to_dict()
     long = long.assign(
@@ -170,7 +183,7 @@ def effective_time_breakdown(summary: pd.DataFrame, path: Path) -> list[Path]:
         handles.append(Patch(facecolor="white", edgecolor=OOM_COLOUR, hatch="///", label="out of memory"))
         fig.tight_layout()
         fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False)
-    return save(fig, path)
+    return fig
 
 
 def write_figures(segments: pd.DataFrame, summary: pd.DataFrame, run_dir: Path, *, bin_s: float = 300.0) -> list[Path]:

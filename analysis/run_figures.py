@@ -6,11 +6,12 @@
   failover, restart: from the failure to the end of the first step after it) shaded, every
   checkpoint a dotted line. Nothing is clipped: a step whose measured time is short shows as the
   spike it is.
-- ``recovery_breakdown``: each recovery as a horizontal bar split into its phases.
-- ``time_lost_figure``: each run's training span split into useful steps, recovery, checkpoint
+- ``recovery_breakdown_plot``: each recovery as a horizontal bar split into its phases.
+- ``time_lost_plot``: each run's training span split into useful steps, recovery, checkpoint
   stalls and other lost time (``analysis.comparison.time_lost``).
 
-Like ``analysis.figures``, each is written as PNG and PDF and returns both paths.
+Like ``analysis.figures``, each writes PNG and PDF and returns both paths; the ``*_figure``
+function beside it builds the figure.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ def step_path(rows: pd.DataFrame) -> tuple[list[float], list[float]]:
 
 
 def throughput_timeline(runs: RunSet, path: Path) -> list[Path]:
+    return save(throughput_timeline_figure(runs), path)
+
+
+def throughput_timeline_figure(runs: RunSet) -> plt.Figure:
     metrics, events = runs.metrics, runs.events
     labels = list(runs.runs["label"])
     names = list(runs.runs["run"])
@@ -106,17 +111,21 @@ def throughput_timeline(runs: RunSet, path: Path) -> list[Path]:
         fig.tight_layout()
         if handles:
             fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(handles), frameon=False)
-    return save(fig, path)
+    return fig
 
 
-def recovery_breakdown_figure(runs: RunSet, path: Path) -> list[Path]:
+def recovery_breakdown_plot(runs: RunSet, path: Path) -> list[Path]:
+    return save(recovery_breakdown_figure(runs), path)
+
+
+def recovery_breakdown_figure(runs: RunSet) -> plt.Figure:
     long = recovery_breakdown(runs)
     with sns.axes_style("whitegrid"):
         if long.empty:
             fig, ax = plt.subplots(figsize=(6, 1.5))
             ax.text(0.5, 0.5, "no reconfiguration, failover or restart in these runs", ha="center", va="center")
             ax.set_axis_off()
-            return save(fig, path)
+            return fig
         long = long.assign(bar=long["label"] + "\n" + long["kind"] + " #" + long["recovery"].astype(str))
         bars = list(dict.fromkeys(long["bar"]))
         phases = [p for p in PHASE_COLOURS if p in set(long["phase"])]
@@ -131,14 +140,18 @@ def recovery_breakdown_figure(runs: RunSet, path: Path) -> list[Path]:
         ax.set_xlabel("seconds (failure to the end of the first step after it)")
         fig.tight_layout()
         fig.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(len(phases), 5), frameon=False)
-    return save(fig, path)
+    return fig
 
 
 TIME_PARTS = (("useful_s", "useful steps", "#1b9e77"), ("recovery_s", "recovery", "#58d68d"),
               ("checkpoint_s", "checkpoint stalls", "0.6"), ("other_lost_s", "other lost", "#e74c3c"))
 
 
-def time_lost_figure(table: pd.DataFrame, path: Path) -> list[Path]:
+def time_lost_plot(table: pd.DataFrame, path: Path) -> list[Path]:
+    return save(time_lost_figure(table), path)
+
+
+def time_lost_figure(table: pd.DataFrame) -> plt.Figure:
     with sns.axes_style("whitegrid"):
         fig, ax = plt.subplots(figsize=(9, 0.6 * len(table) + 1.4))
         left = pd.Series(0.0, index=table.index)
@@ -152,5 +165,5 @@ def time_lost_figure(table: pd.DataFrame, path: Path) -> list[Path]:
         ax.set_xlabel("seconds of the training span (first step to last commit)")
         fig.tight_layout()
         fig.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(TIME_PARTS), frameon=False)
-    return save(fig, path)
+    return fig
 

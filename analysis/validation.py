@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -48,13 +49,20 @@ METRIC_TITLES = {
 }
 
 
-def ratio_figure(table: pd.DataFrame, path: Path) -> list[Path]:
+def ratio_plot(table: pd.DataFrame, path: Path) -> list[Path]:
+    """``ratio_figure`` as PNG and PDF."""
+    from analysis.figures import save
+
+    return save(ratio_figure(table), path)
+
+
+def ratio_figure(table: pd.DataFrame) -> Any:
     """Simulated over measured per metric (log scale), one dot per run and model, the target
-    band shaded around 1; PNG and PDF."""
+    band shaded around 1."""
     import seaborn as sns
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    from analysis.figures import plt, save
+    from analysis.figures import plt
 
     metrics = [m for m in METRIC_TITLES if m in set(table["metric"])] + sorted(set(table["metric"]) - set(METRIC_TITLES))
     models = [m for m in MODEL_ORDER if m in set(table["model"])]
@@ -76,7 +84,7 @@ def ratio_figure(table: pd.DataFrame, path: Path) -> list[Path]:
             ax.set_xlabel("")
             ax.set_ylabel("simulated / measured" if ax is axes[0][0] else "")
         fig.tight_layout()
-    return save(fig, path)
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,7 @@ from IPython.display import Image, display
 
 from analysis.comparison import recovery_breakdown, time_lost
 from analysis.load import load_run_set
-from analysis.run_figures import recovery_breakdown_figure, throughput_timeline, time_lost_figure
+from analysis.run_figures import recovery_breakdown_plot, throughput_timeline, time_lost_plot
 
 assert run_dirs or sweep_dirs, "give run_dirs or sweep_dirs"
 runs = load_run_set(run_dirs, sweep_dirs)
@@ -64,7 +64,7 @@ for path in throughput_timeline(runs, out / "throughput_timeline.png"):
 # %%
 phases = recovery_breakdown(runs)
 phases.to_csv(out / "recovery_breakdown.csv", index=False)
-for path in recovery_breakdown_figure(runs, out / "recovery_breakdown.png"):
+for path in recovery_breakdown_plot(runs, out / "recovery_breakdown.png"):
     if path.suffix == ".png":
         display(Image(filename=str(path)))
 phases.pivot_table(index=["label", "kind", "recovery"], columns="phase", values="seconds", sort=False) if not phases.empty else phases
@@ -77,7 +77,7 @@ phases.pivot_table(index=["label", "kind", "recovery"], columns="phase", values=
 # %%
 lost = time_lost(runs)
 lost.to_csv(out / "time_lost.csv", index=False)
-for path in time_lost_figure(lost, out / "time_lost.png"):
+for path in time_lost_plot(lost, out / "time_lost.png"):
     if path.suffix == ".png":
         display(Image(filename=str(path)))
 lost.set_index("label")[["span_s", "useful_s", "recovery_s", "checkpoint_s", "other_lost_s", "redone_steps", "goodput"]].round(3)

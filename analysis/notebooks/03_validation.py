@@ -37,7 +37,7 @@ import pandas as pd
 from IPython.display import Image, display
 
 from analysis.load import load_sweep
-from analysis.validation import ratio_figure, validation_table
+from analysis.validation import ratio_plot, validation_table
 from oobleck.sim.validate import validate_run
 
 for sweep in sweep_dirs:
@@ -65,7 +65,7 @@ table[["run", "model", "metric", "measured", "simulated", "ratio", "target", "wi
 # One dot per run and model; the shaded band is the target around exact agreement (1x).
 
 # %%
-for path in ratio_figure(table, out / "validation_ratios.png"):
+for path in ratio_plot(table, out / "validation_ratios.png"):
     if path.suffix == ".png":
         display(Image(filename=str(path)))
 

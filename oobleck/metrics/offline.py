@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ BLOCK = 32 * 1024
 CHUNK_HEADER = 7  # crc32 (4 bytes), length (2), type (1)
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 ARTIFACT_SCHEME = "wandb-client-artifact://"
+POLL_S = 0.05  # how often a reader waiting for a run to finish looks at its file again
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ class OfflineRun:
     group: str = ""
     job_type: str = ""
     tags: tuple[str, ...] = ()
-    resume: str = ""  # the resume mode the run was started with ("allow")
+    resume: bool = False  # started with a resume mode (resume="allow"): continues its id if it exists
     config: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
@@ -129,16 +131,38 @@ def _config(updates: Any, into: dict[str, Any]) -> None:
     into.pop("_wandb", None)
 
 
-def read_offline_run(path: str | Path) -> OfflineRun:
-    """Read ``offline-run-*/`` (or the ``.wandb`` file in it)."""
-    from wandb.proto import wandb_internal_pb2 as pb
+def read_offline_run(path: str | Path, *, complete_within_s: float = 0.0) -> OfflineRun:
+    """Read ``offline-run-*/`` (or the ``.wandb`` file in it).
 
+    wandb's service writes the file asynchronously: ``run.finish()`` can return before the last
+    records (or even the first) are on disk. ``complete_within_s`` > 0 waits, at most that long,
+    until the file holds the run's exit record, and raises ``RunError`` if it never does.
+    """
     path = Path(path)
     if path.is_dir():
         files = sorted(path.glob("*.wandb"))
         if len(files) != 1:
             raise RunError(f"{path}: expected one .wandb file, found {len(files)}")
         path = files[0]
+    deadline = time.monotonic() + complete_within_s
+    while True:
+        try:
+            run, finished = _read(path)
+        except RunError:
+            if time.monotonic() >= deadline:
+                raise
+            finished = False
+        if finished or time.monotonic() >= deadline:
+            if complete_within_s > 0 and not finished:
+                raise RunError(f"{path}: no exit record after {complete_within_s:g} s (the run did not finish)")
+            return run
+        time.sleep(POLL_S)
+
+
+def _read(path: Path) -> tuple[OfflineRun, bool]:
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    finished = False
     run = OfflineRun(path=path)
     for payload in _records(path):
         record = pb.Record()
@@ -148,7 +172,7 @@ def read_offline_run(path: str | Path) -> OfflineRun:
             r = record.run
             run.run_id, run.project, run.name = r.run_id, r.project, r.display_name
             run.group, run.job_type, run.tags = r.run_group, r.job_type, tuple(r.tags)
-            run.resume = str(r.resume)
+            run.resume = bool(r.resume)
             _config(r.config.update, run.config)
         elif kind == "config":
             _config(record.config.update, run.config)
@@ -167,9 +191,20 @@ def read_offline_run(path: str | Path) -> OfflineRun:
             a = record.artifact
             files = {entry.path: entry.local_path for entry in a.manifest.contents}
             run.artifacts.append(OfflineArtifact(a.name, a.type, files, a.client_id))
-    return run
+        elif kind == "exit":
+            finished = True
+    return run, finished
 
 
-def find_offline_runs(root: str | Path) -> list[OfflineRun]:
+def find_offline_runs(root: str | Path, *, complete_within_s: float = 0.0) -> list[OfflineRun]:
     """Every offline run under ``root`` (a run dir's ``wandb/`` folder or anything above it)."""
-    return [read_offline_run(p) for p in sorted(Path(root).rglob("offline-run-*")) if p.is_dir() and not p.is_symlink()]
+    folders = sorted(p for p in Path(root).rglob("offline-run-*") if p.is_dir() and not p.is_symlink())
+    return [read_offline_run(p, complete_within_s=complete_within_s) for p in folders]
+
+
+def private_wandb_dirs(root: str | Path) -> dict[str, str]:
+    """Environment that keeps wandb's own folders (artifact staging, cache, settings) under
+    ``root`` instead of the home directory: for tests and throwaway runs."""
+    root = Path(root)
+    return {name: str(root / folder) for name, folder in
+            (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config"))}
