@@ -151,16 +151,14 @@ def _only(frame: pd.DataFrame, names: set[str]) -> pd.DataFrame:
 
 
 def _run_names(paths: list[Path]) -> list[str]:
-    """Unique, short run ids: the directory name where that is unique, else the path below the
-    deepest common parent (``2026-12-01_10-00-00/0`` for two sweeps' job 0)."""
-    names = [p.name for p in paths]
-    if len(set(names)) == len(names):
-        return names
-    resolved = [p.resolve() for p in paths]
-    common = Path(*resolved[0].parts[: min(len(r.parts) for r in resolved)])
-    while any(common not in r.parents for r in resolved):
-        common = common.parent
-    return [r.relative_to(common).as_posix() for r in resolved]
+    """Unique, short run ids: the shortest tail of the paths that tells them apart (the directory
+    name where that is unique, ``<sweep>/0`` for job 0 of two sweeps)."""
+    parts = [p.resolve().parts for p in paths]
+    for depth in range(1, max(len(p) for p in parts) + 1):
+        names = ["/".join(p[-depth:]) for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    raise RunError(f"the same run dir is given twice: {sorted(str(p) for p in paths)}")
 
 
 def _runs_from(datas: list[RunData], extra: list[dict[str, Any]]) -> RunSet:
