@@ -1,7 +1,8 @@
 """Figures of real runs (``python -m oobleck.run``), for comparing strategies under one failure schedule.
 
 - ``throughput_timeline``: per-step throughput over wall time, one panel per run on a shared time
-  axis: each step a short horizontal bar at its rate over the interval it took (``step_time_s``
+  axis (from each run's first step, so that one failure schedule lines up across runs that
+  took different times to start): each step a short horizontal bar at its rate over the interval it took (``step_time_s``
   up to its commit), every injected failure and join marked, every recovery (reconfiguration,
   failover, restart: from the failure to the end of the first step after it) shaded, every
   checkpoint a dotted line. Nothing is clipped: a step whose measured time is short shows as the
@@ -63,11 +64,22 @@ def step_path(rows: pd.DataFrame) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
-def throughput_timeline(runs: RunSet, path: Path) -> list[Path]:
-    return save(throughput_timeline_figure(runs), path)
+def training_start(rows: pd.DataFrame) -> float:
+    """When a run's first step began (its commit time minus its step time): runs start up at
+    different speeds, so the same schedule lines up only on this clock."""
+    if rows.empty:
+        return 0.0
+    first = rows.sort_values("time_s", kind="stable").iloc[0]
+    seconds = float(first["step_time_s"]) if "step_time_s" in rows and pd.notna(first["step_time_s"]) else 0.0
+    return float(first["time_s"]) - seconds
 
 
-def throughput_timeline_figure(runs: RunSet) -> plt.Figure:
+def throughput_timeline(runs: RunSet, path: Path, *, align: bool = True) -> list[Path]:
+    return save(throughput_timeline_figure(runs, align=align), path)
+
+
+def throughput_timeline_figure(runs: RunSet, *, align: bool = True) -> plt.Figure:
+    """``align``: time from each run's first step (``training_start``), else from its launch."""
     metrics, events = runs.metrics, runs.events
     labels = list(runs.runs["label"])
     names = list(runs.runs["run"])
@@ -76,6 +88,8 @@ def throughput_timeline_figure(runs: RunSet) -> plt.Figure:
         seen: dict[str, object] = {}
         for ax, name, label in zip(axes[:, 0], names, labels):
             rows = metrics[metrics["run"] == name].sort_values("time_s", kind="stable")
+            offset = training_start(rows) if align else 0.0
+            rows = rows.assign(time_s=rows["time_s"] - offset)
             strategy = str(rows["strategy"].iloc[0]) if not rows.empty else ""
             colour = PALETTE.get(strategy, "k")
             xs, ys = step_path(rows)
@@ -86,7 +100,7 @@ def throughput_timeline_figure(runs: RunSet) -> plt.Figure:
             ax.set_ylabel("samples/s")
             own = events[events["run"] == name] if not events.empty else events
             for event in own.to_dict(orient="records") if not own.empty else []:
-                kind, at = event.get("kind"), float(event.get("time_s"))
+                kind, at = event.get("kind"), float(event.get("time_s")) - offset
                 if kind in INSTANTS:
                     col, style, text = INSTANTS[kind]
                     seen[text] = ax.axvline(at, color=col, linestyle=style, linewidth=1.3)
@@ -96,7 +110,7 @@ def throughput_timeline_figure(runs: RunSet) -> plt.Figure:
                     seen[text] = ax.axvspan(at - total, at, color=col, alpha=0.45, linewidth=0)
                 elif kind == "checkpoint":
                     seen[CHECKPOINT[1]] = ax.axvline(at, color=CHECKPOINT[0], linestyle=(0, (1, 2)), linewidth=0.9)
-        axes[-1, 0].set_xlabel("time since launch (s)")
+        axes[-1, 0].set_xlabel("time since the first step started (s)" if align else "time since launch (s)")
         handles = []
         for text in dict.fromkeys([*(v[2] for v in INSTANTS.values()), *(v[1] for v in SPANS.values()), CHECKPOINT[1]]):
             if text not in seen:

@@ -11,7 +11,7 @@ import pytest
 from analysis.comparison import recovery_breakdown, time_lost
 from analysis.dashboards import EVENT_MARKERS, spec, strategy_workspace
 from analysis.load import load_run_set, load_runs, load_sweep
-from analysis.run_figures import step_path, throughput_timeline, throughput_timeline_figure
+from analysis.run_figures import step_path, throughput_timeline, throughput_timeline_figure, training_start
 from oobleck.errors import RunError
 from oobleck.metrics.offline import find_offline_runs
 
@@ -99,8 +99,9 @@ def test_throughput_timeline_marks_failures_and_recoveries(sweep, restart_run, t
     assert legend == ["failure injected", "reconfiguration", "restart", "checkpoint"]
     for ax, run in zip(panels, runs.runs["run"]):
         events = runs.events[runs.events["run"] == run]
+        start = training_start(runs.metrics[runs.metrics["run"] == run])
         lines = [line.get_xdata()[0] for line in ax.get_lines() if len(line.get_xdata()) == 2 and line.get_xdata()[0] == line.get_xdata()[1]]
-        injected = events[events["kind"] == "fault_injected"]["time_s"].tolist()
+        injected = (events[events["kind"] == "fault_injected"]["time_s"] - start).tolist()
         assert injected and all(any(abs(x - t) < 1e-9 for x in lines) for t in injected)
         assert ax.get_ylim()[1] >= runs.metrics[runs.metrics["run"] == run]["samples_per_s"].max()
     assert [p.suffix for p in throughput_timeline(runs, tmp_path / "timeline.png")] == [".png", ".pdf"]
