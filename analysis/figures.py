@@ -1,13 +1,18 @@
 """The paper's simulator figures drawn with seaborn from the simulator's tidy tables.
 
 - ``throughput_vs_frequency``: bars of throughput per failure interval, one panel per model, one
-  colour per strategy (the paper's failure-frequency figure); OOM runs are marked.
-- ``throughput_over_time``: step lines of binned throughput over the trace, one panel per (model,
-  trace) (the paper's spot-instance figures), with the live node count underneath.
+  colour per strategy (the paper's failure-frequency figure); a run out of memory reads "OOM".
+- ``throughput_over_time``: binned throughput over the trace as step lines, a grid of panels
+  (one row per trace, one column per model) with the live node count shaded behind and one
+  shared legend (the paper's spot-instance figures); a strategy out of memory is named in its panel.
 - ``effective_time_breakdown``: stacked shares of node time (useful, redundant, checkpoint,
-  restart, reconfiguration, lost, idle) per strategy and trace.
+  restart, reconfiguration, lost, idle) per strategy and trace; a strategy that does not fit in
+  memory is drawn as a hatched "out of memory" bar, not as idle time.
 
-``write_figures`` draws all that apply to a result set into a run dir and returns the paths.
+Every figure is written as PNG and PDF (vector, for the paper) side by side; facet titles use
+readable names ("GPT-3 2.7B", "EC2 p3 spot"). Each ``<name>(..., path)`` writes the figure that
+``<name>_figure(...)`` builds; ``write_figures`` draws all that apply to a result set into a
+directory and returns the paths.
 """
 
 from __future__ import annotations
@@ -24,113 +29,172 @@ logging.getLogger("matplotlib").setLevel(logging.WARNING)
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
+from analysis.labels import model_label, strategy_label, trace_label  # noqa: E402
 from analysis.load import BREAKDOWN, FREQUENCY_ORDER, breakdown, frequency_label, timeline  # noqa: E402
 
-STRATEGY_ORDER = ("oobleck", "varuna", "bamboo")
-PALETTE = {"oobleck": "#1b9e77", "varuna": "#d95f02", "bamboo": "#7570b3"}
+STRATEGY_ORDER = ("oobleck", "varuna", "bamboo", "torchft")
+PALETTE = {"oobleck": "#1b9e77", "varuna": "#d95f02", "bamboo": "#7570b3", "torchft": "#e7298a"}
+OOM_COLOUR = "0.55"
+DPI = 150  # PNG resolution; the PDF beside it is vector
+FORMATS = (".png", ".pdf")
 
 
-def _strategies(frame: pd.DataFrame) -> list[str]:
+def strategies_in(frame: pd.DataFrame) -> list[str]:
     present = list(dict.fromkeys(frame["strategy"]))
     return [s for s in STRATEGY_ORDER if s in present] + [s for s in present if s not in STRATEGY_ORDER]
 
 
-def throughput_vs_frequency(summary: pd.DataFrame, path: Path) -> Path:
-    data = summary.assign(interval=summary["trace"].map(frequency_label))
-    order = [f for f in FREQUENCY_ORDER if f in set(data["interval"])] + sorted(
-        set(data["interval"]) - set(FREQUENCY_ORDER)
-    )
-    strategies = _strategies(data)
+def save(fig: plt.Figure, path: Path) -> list[Path]:
+    """Write ``path`` as PNG and PDF (whatever suffix it has) and close the figure."""
+    written = []
+    for suffix in FORMATS:
+        target = Path(path).with_suffix(suffix)
+        fig.savefig(target, dpi=DPI, bbox_inches="tight")
+        written.append(target)
+    plt.close(fig)
+    return written
+
+
+def strategy_legend(fig: plt.Figure, strategies: list[str], extra: list[Patch] | None = None, *, y: float = 1.0) -> None:
+    handles = [Patch(color=PALETTE.get(s, "k"), label=strategy_label(s)) for s in strategies] + list(extra or [])
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, y), ncol=len(handles), frameon=False)
+
+
+def throughput_vs_frequency(summary: pd.DataFrame, path: Path) -> list[Path]:
+    return save(throughput_vs_frequency_figure(summary), path)
+
+
+def throughput_vs_frequency_figure(summary: pd.DataFrame) -> plt.Figure:
+    data = summary.assign(interval=summary["trace"].map(frequency_label), oom=summary["oom"].astype(bool))
+    order = [f for f in FREQUENCY_ORDER if f in set(data["interval"])] + sorted(set(data["interval"]) - set(FREQUENCY_ORDER))
+    strategies = strategies_in(data)
+    models = list(dict.fromkeys(data["model"]))
+    columns = min(3, len(models))
+    rows = -(-len(models) // columns)
     with sns.axes_style("whitegrid"):
-        grid = sns.catplot(
-            data=data,
-            kind="bar",
-            x="interval",
-            y="throughput",
-            hue="strategy",
-            col="model",
-            col_wrap=min(3, data["model"].nunique()),
-            order=order,
-            hue_order=strategies,
-            palette=PALETTE,
-            sharey=False,
-            height=3.2,
-            aspect=1.2,
-        )
-        grid.set_axis_labels("one node lost every", "throughput (samples/s)")
-        for model, ax in grid.axes_dict.items():
-            oom = data[(data["model"] == model) & data["oom"].astype(bool)]
-            for _, row in oom.iterrows():
-                x = order.index(row["interval"]) + (strategies.index(row["strategy"]) - (len(strategies) - 1) / 2) * 0.8 / len(strategies)
-                ax.text(x, 0, "OOM", rotation=90, ha="center", va="bottom", fontsize=8, color=PALETTE.get(row["strategy"], "k"))
-        grid.figure.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(grid.figure)
-    return path
+        fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.2 * rows), squeeze=False)
+        width = 0.8 / len(strategies)
+        for ax, model in zip(axes.flat, models):
+            panel = data[data["model"] == model]
+            for index, strategy in enumerate(strategies):
+                rows_s = panel[panel["strategy"] == strategy].set_index("interval")
+                xs = [order.index(i) + (index - (len(strategies) - 1) / 2) * width for i in rows_s.index]
+                ax.bar(xs, rows_s["throughput"], width=width, color=PALETTE.get(strategy, "k"))
+                for x, oom in zip(xs, rows_s["oom"]):
+                    if oom:
+                        ax.text(x, 0, "OOM", rotation=90, ha="center", va="bottom", fontsize=8, color=PALETTE.get(strategy, "k"))
+            ax.set_xticks(range(len(order)), order)
+            ax.set_title(model_label(model))
+            ax.set_xlabel("one node lost every")
+            ax.set_ylabel("throughput (samples/s)")
+        for ax in list(axes.flat)[len(models):]:
+            ax.set_visible(False)
+        fig.tight_layout()
+        strategy_legend(fig, strategies)
+    return fig
 
 
-def throughput_over_time(segments: pd.DataFrame, path: Path, bin_s: float) -> Path:
+def throughput_over_time(segments: pd.DataFrame, path: Path, bin_s: float, summary: pd.DataFrame | None = None) -> list[Path]:
+    return save(throughput_over_time_figure(segments, bin_s, summary), path)
+
+
+def throughput_over_time_figure(segments: pd.DataFrame, bin_s: float, summary: pd.DataFrame | None = None) -> plt.Figure:
+    """``summary`` (optional) names the runs that did not fit in memory: their panels say so."""
     data = timeline(segments, bin_s)
-    panels = data.groupby(["model", "trace"], sort=False).size().index.tolist()
-    strategies = _strategies(data)
+    oom = set()
+    if summary is not None and "oom" in summary:
+        oom = {tuple(k) for k in summary[summary["oom"].astype(bool)][["model", "trace", "strategy"]].to_numpy()}
+    traces = list(dict.fromkeys(data["trace"]))
+    models = list(dict.fromkeys(data["model"]))
+    strategies = strategies_in(data)
     with sns.axes_style("whitegrid"):
         fig, axes = plt.subplots(
-            2 * len(panels), 1, figsize=(8, 3.6 * len(panels)), sharex=False, squeeze=False,
-            gridspec_kw={"height_ratios": [3, 1] * len(panels)},
+            len(traces), len(models), figsize=(4.2 * len(models), 2.9 * len(traces)), squeeze=False, sharex="row"
         )
-        for index, (model, trace) in enumerate(panels):
-            top, bottom = axes[2 * index][0], axes[2 * index + 1][0]
-            panel = data[(data["model"] == model) & (data["trace"] == trace)]
-            sns.lineplot(
-                data=panel, x="time_h", y="samples_per_s", hue="strategy", hue_order=strategies,
-                palette=PALETTE, drawstyle="steps-post", ax=top,
-            )
-            top.set_title(f"{model} on {trace}", loc="left")
-            top.set_xlabel("")
-            top.set_ylabel("samples/s")
-            nodes = panel[panel["strategy"] == strategies[0]]
-            sns.lineplot(data=nodes, x="time_h", y="nodes_alive", color="0.3", drawstyle="steps-post", ax=bottom)
-            bottom.set_xlabel("time (h)")
-            bottom.set_ylabel("nodes")
+        for row, trace in enumerate(traces):
+            for column, model in enumerate(models):
+                ax = axes[row][column]
+                panel = data[(data["model"] == model) & (data["trace"] == trace)]
+                # Nodes alive, shaded behind the throughput lines on their own (right) axis.
+                nodes = panel[panel["strategy"] == strategies[0]] if not panel.empty else panel
+                twin = ax.twinx()
+                twin.fill_between(nodes["time_h"], nodes["nodes_alive"], step="post", color="0.85", zorder=0, linewidth=0)
+                twin.set_ylim(0, max(1.0, float(data["nodes_alive"].max())) * 1.05)
+                twin.grid(False)
+                twin.tick_params(axis="y", labelsize=7, colors="0.45")
+                if column == len(models) - 1:
+                    twin.set_ylabel("nodes alive", color="0.45", fontsize=8)
+                ax.set_zorder(twin.get_zorder() + 1)
+                ax.patch.set_visible(False)
+                for strategy in strategies:
+                    line = panel[panel["strategy"] == strategy]
+                    ax.step(line["time_h"], line["samples_per_s"], where="post", color=PALETTE.get(strategy, "k"), linewidth=1.4)
+                ax.set_ylim(bottom=0)
+                missing = [strategy_label(s) for s in strategies if (model, trace, s) in oom]
+                if missing:
+                    ax.text(0.98, 0.04, f"{', '.join(missing)}: out of memory", transform=ax.transAxes, ha="right",
+                            va="bottom", fontsize=8, color="0.2", bbox={"facecolor": "white", "edgecolor": "0.7", "pad": 2})
+                ax.set_title(f"{model_label(model)}, {trace_label(trace)}", fontsize=10)
+                ax.set_xlabel("time (h)" if row == len(traces) - 1 else "")
+                ax.set_ylabel("samples/s" if column == 0 else "")
         fig.tight_layout()
-        fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+        strategy_legend(fig, strategies, [Patch(color="0.85", label="nodes alive")])
+    return fig
 
 
-def effective_time_breakdown(summary: pd.DataFrame, path: Path) -> Path:
+def effective_time_breakdown(summary: pd.DataFrame, path: Path) -> list[Path]:
+    return save(effective_time_breakdown_figure(summary), path)
+
+
+def effective_time_breakdown_figure(summary: pd.DataFrame) -> plt.Figure:
     long = breakdown(summary)
-    long = long.assign(run=long["strategy"] + "\n" + long["trace"].map(frequency_label))
+    oom = summary.set_index(["model", "trace", "strategy"])["oom"].astype(bool).to_dict()
+    long = long.assign(
+        run=long["strategy"].map(strategy_label) + "\n" + long["trace"].map(lambda t: trace_label(t, short=True)),
+        oom=[oom.get(k, False) for k in zip(long["model"], long["trace"], long["strategy"])],
+    )
     models = list(dict.fromkeys(long["model"]))
     colours = dict(zip(BREAKDOWN, sns.color_palette("Set2", len(BREAKDOWN))))
     with sns.axes_style("whitegrid"):
-        fig, axes = plt.subplots(len(models), 1, figsize=(max(6, 0.55 * long["run"].nunique() + 2), 3.4 * len(models)), squeeze=False)
+        fig, axes = plt.subplots(
+            len(models), 1, figsize=(max(6, 0.6 * long["run"].nunique() + 2), 3.2 * len(models)), squeeze=False
+        )
         for ax, model in zip(axes[:, 0], models):
-            wide = long[long["model"] == model].pivot_table(index="run", columns="category", values="fraction", sort=False)
+            panel = long[long["model"] == model]
+            wide = panel.pivot_table(index="run", columns="category", values="fraction", sort=False)
             wide = wide[[c for c in BREAKDOWN if c in wide]]
+            out_of_memory = panel.groupby("run", sort=False)["oom"].any()
+            # A run that never started has all its node time idle: that is not what happened.
+            wide.loc[out_of_memory[out_of_memory].index] = 0.0
             wide.plot(kind="bar", stacked=True, ax=ax, color=[colours[c] for c in wide.columns], width=0.8, legend=False)
-            ax.set_title(model, loc="left")
+            for x, run in enumerate(wide.index):
+                if out_of_memory[run]:
+                    ax.bar(x, 1.0, width=0.8, color="white", edgecolor=OOM_COLOUR, hatch="///", linewidth=0.8)
+                    ax.text(x, 0.5, "out of\nmemory", ha="center", va="center", fontsize=7, color="0.25",
+                            bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+            ax.set_title(model_label(model), loc="left")
             ax.set_ylabel("share of node time")
             ax.set_xlabel("")
             ax.set_ylim(0, 1)
             ax.tick_params(axis="x", labelsize=7, rotation=0)
-        handles, labels = axes[0, 0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="upper center", ncol=len(labels), frameon=False)
-        fig.tight_layout(rect=(0, 0, 1, 0.95))
-        fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+        handles = [Patch(color=colours[c], label=c) for c in BREAKDOWN]
+        handles.append(Patch(facecolor="white", edgecolor=OOM_COLOUR, hatch="///", label="out of memory"))
+        fig.tight_layout()
+        fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False)
+    return fig
 
 
 def write_figures(segments: pd.DataFrame, summary: pd.DataFrame, run_dir: Path, *, bin_s: float = 300.0) -> list[Path]:
-    """All figures for this result set into ``run_dir``; returns the written paths."""
+    """All figures for this result set into ``run_dir`` (PNG and PDF each); returns the paths."""
     run_dir = Path(run_dir)
     written: list[Path] = []
     if summary.empty:
         return written
-    if summary["trace"].str.startswith("synthetic/").any():
-        synthetic = summary[summary["trace"].str.startswith("synthetic/")]
-        written.append(throughput_vs_frequency(synthetic, run_dir / "throughput_vs_frequency.png"))
-    written.append(throughput_over_time(segments, run_dir / "throughput_over_time.png", bin_s))
-    written.append(effective_time_breakdown(summary, run_dir / "effective_time_breakdown.png"))
+    synthetic = summary[summary["trace"].astype(str).str.startswith("synthetic/")]
+    if not synthetic.empty:
+        written += throughput_vs_frequency(synthetic, run_dir / "throughput_vs_frequency.png")
+    written += throughput_over_time(segments, run_dir / "throughput_over_time.png", bin_s, summary)
+    written += effective_time_breakdown(summary, run_dir / "effective_time_breakdown.png")
     return written

@@ -1,15 +1,19 @@
-"""Load real run dirs and simulator outputs into tidy pandas tables.
+"""Load real run dirs, Hydra sweeps and simulator outputs into tidy pandas tables.
 
-A real run dir (``python -m oobleck.run``) holds ``metrics.csv`` (one row per step), ``events.csv``,
-``summary.json``, ``plan.json`` and ``.hydra/config.yaml``; a simulation dir
-(``python -m oobleck.simulate``) holds ``sim_metrics.csv`` (one row per period of constant state),
-``sim_events.csv``, ``sim_summary.csv`` and ``summary.json``. Missing or malformed files raise
-``RunError`` naming the file.
+A real run dir (``python -m oobleck.run``) holds ``metrics.csv`` (one row per committed step),
+``events.csv``, ``summary.json``, ``plan.json`` and ``.hydra/config.yaml``; a Hydra multirun
+(``-m``) is ``multirun/<date>/<job.num>/`` run dirs beside ``multirun.yaml``. Runs are labelled by
+their config (strategy, model, failure schedule, nodes), never by their directory name, which
+sweeps repeat ("0", "1", ...). A simulation dir (``python -m oobleck.simulate``) holds
+``sim_metrics.csv`` (one row per period of constant state), ``sim_events.csv``,
+``sim_summary.csv`` and ``summary.json``. Missing or malformed files raise ``RunError`` naming
+the file.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,10 +21,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.labels import model_label, strategy_label
 from oobleck.errors import RunError
+from oobleck.metrics.wandb_run import failures_label
 
 BREAKDOWN = ("useful", "redundant", "checkpoint", "restart", "reconfiguration", "lost", "idle")
 FREQUENCY_ORDER = ("6h", "3h", "1h", "30m", "10m", "5m")
+LABEL_COLUMNS = ("run", "strategy", "model", "failures", "nodes", "label")
 
 
 def _csv(path: Path, required: bool = True) -> pd.DataFrame:
@@ -47,6 +54,31 @@ def _json(path: Path, required: bool = True) -> dict[str, Any]:
         raise RunError(f"{path}: not valid JSON ({error})") from None
 
 
+def _yaml(path: Path) -> Any:
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except Exception as error:  # omegaconf raises several yaml/grammar errors
+        raise RunError(f"{path}: not readable YAML ({error})") from None
+
+
+@dataclass(frozen=True)
+class RunLabels:
+    """What a run is, from its config: the keys a comparison groups and filters by."""
+
+    strategy: str
+    model: str
+    failures: str
+    nodes: int | None
+    experiment: str
+
+    def text(self) -> str:
+        """"Oobleck, GPT-3 tiny, 4 nodes, remove1@8": a legend entry."""
+        nodes = f"{self.nodes} nodes" if self.nodes is not None else "? nodes"
+        return ", ".join([strategy_label(self.strategy), model_label(self.model), nodes, self.failures])
+
+
 @dataclass
 class RunData:
     """One real run: per-step metrics, events, summary, plan and resolved config."""
@@ -58,15 +90,29 @@ class RunData:
     plan: dict[str, Any]
     config: dict[str, Any]
 
+    @property
+    def labels(self) -> RunLabels:
+        """From ``.hydra/config.yaml``; a run dir without one falls back on its own rows."""
+        cfg = self.config
+        strategy = (cfg.get("strategy") or {}).get("name") or self.summary.get("strategy")
+        if strategy is None and "strategy" in self.metrics:
+            strategy = self.metrics["strategy"].iloc[0] if not self.metrics.empty else None
+        nodes = (cfg.get("cluster") or {}).get("nodes")
+        if nodes is None and "nodes" in self.metrics and not self.metrics.empty:
+            nodes = self.metrics["nodes"].iloc[0]
+        return RunLabels(
+            strategy=str(strategy or "unknown"),
+            model=str((cfg.get("model") or {}).get("name", "unknown")),
+            failures=failures_label(cfg.get("failures")) if cfg else "unknown",
+            nodes=int(nodes) if nodes is not None and str(nodes).isdigit() else None,
+            experiment=str(cfg.get("experiment", "default")),
+        )
+
 
 def load_run(run_dir: str | Path) -> RunData:
     path = Path(run_dir)
-    config: dict[str, Any] = {}
     hydra_cfg = path / ".hydra" / "config.yaml"
-    if hydra_cfg.is_file():
-        from omegaconf import OmegaConf
-
-        config = OmegaConf.to_container(OmegaConf.load(hydra_cfg), resolve=False)  # type: ignore[assignment]
+    config: dict[str, Any] = _yaml(hydra_cfg) if hydra_cfg.is_file() else {}
     return RunData(
         path=path,
         metrics=_csv(path / "metrics.csv"),
@@ -77,18 +123,124 @@ def load_run(run_dir: str | Path) -> RunData:
     )
 
 
-def load_runs(run_dirs: list[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Metrics and events of several real runs, with a ``run`` column (the dir name)."""
-    metrics, events = [], []
-    for run_dir in run_dirs:
-        data = load_run(run_dir)
-        metrics.append(data.metrics.assign(run=data.path.name))
+@dataclass
+class RunSet:
+    """Several real runs as tidy tables, each row carrying its run's labels (``LABEL_COLUMNS``).
+
+    ``runs``: one row per run (labels, path, sweep job and overrides when swept, and the run's
+    summary.json totals); ``metrics`` and ``events``: every run's rows with its labels.
+    """
+
+    runs: pd.DataFrame
+    metrics: pd.DataFrame
+    events: pd.DataFrame
+
+    def select(self, **labels: Any) -> "RunSet":
+        """The runs whose label columns equal the given values, e.g. ``select(failures="remove1@8")``."""
+        keep = self.runs
+        for column, value in labels.items():
+            if column not in keep:
+                raise RunError(f"select({column}=...): runs have no column {column!r}; use one of {list(keep.columns)}")
+            keep = keep[keep[column] == value]
+        names = set(keep["run"])
+        return RunSet(keep, _only(self.metrics, names), _only(self.events, names))
+
+
+def _only(frame: pd.DataFrame, names: set[str]) -> pd.DataFrame:
+    return frame[frame["run"].isin(names)] if not frame.empty else frame
+
+
+def _run_names(paths: list[Path]) -> list[str]:
+    """Unique, short run ids: the shortest tail of the paths that tells them apart (the directory
+    name where that is unique, ``<sweep>/0`` for job 0 of two sweeps)."""
+    parts = [p.resolve().parts for p in paths]
+    for depth in range(1, max(len(p) for p in parts) + 1):
+        names = ["/".join(p[-depth:]) for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    raise RunError(f"the same run dir is given twice: {sorted(str(p) for p in paths)}")
+
+
+def _runs_from(datas: list[RunData], extra: list[dict[str, Any]]) -> RunSet:
+    if not datas:
+        raise RunError("no run dirs given")
+    names = _run_names([d.path for d in datas])
+    rows, metrics, events = [], [], []
+    for name, data, more in zip(names, datas, extra):
+        labels = data.labels
+        tags = {"run": name, "strategy": labels.strategy, "model": labels.model, "failures": labels.failures,
+                "nodes": labels.nodes, "label": labels.text()}
+        summary = {k: v for k, v in data.summary.items() if not isinstance(v, (dict, list)) and k not in tags}
+        rows.append({**tags, "experiment": labels.experiment, "path": str(data.path), **more, **summary})
+        metrics.append(data.metrics.assign(**tags))
         if not data.events.empty:
-            events.append(data.events.assign(run=data.path.name))
-    return (
-        pd.concat(metrics, ignore_index=True) if metrics else pd.DataFrame(),
-        pd.concat(events, ignore_index=True) if events else pd.DataFrame(),
+            events.append(data.events.assign(**tags))
+    # Duplicate labels (a sweep over something the labels do not show, e.g. the seed) stay
+    # apart in legends: the run id is appended.
+    table = pd.DataFrame(rows)
+    repeated = table["label"].duplicated(keep=False)
+    if repeated.any():
+        relabel = dict(zip(table["run"], np.where(repeated, table["label"] + " [" + table["run"] + "]", table["label"])))
+        table["label"] = table["run"].map(relabel)
+        metrics = [m.assign(label=relabel[m["run"].iloc[0]]) if not m.empty else m for m in metrics]
+        events = [e.assign(label=relabel[e["run"].iloc[0]]) for e in events]
+    return RunSet(
+        runs=table,
+        metrics=pd.concat(metrics, ignore_index=True) if metrics else pd.DataFrame(columns=list(LABEL_COLUMNS)),
+        events=pd.concat(events, ignore_index=True) if events else pd.DataFrame(columns=[*LABEL_COLUMNS, "kind", "time_s"]),
     )
+
+
+def load_run_set(run_dirs: Iterable[str | Path] = (), sweeps: Iterable[str | Path] = ()) -> RunSet:
+    """Real run dirs and Hydra sweeps (``load_sweep``) as one ``RunSet``."""
+    datas = [load_run(d) for d in run_dirs]
+    extra: list[dict[str, Any]] = [{} for _ in datas]
+    for root in sweeps:
+        more, more_extra = _sweep_runs(root)
+        datas += more
+        extra += more_extra
+    return _runs_from(datas, extra)
+
+
+def load_runs(run_dirs: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Metrics and events of several real runs, each row labelled (``LABEL_COLUMNS``)."""
+    runs = load_run_set(run_dirs)
+    return runs.metrics, runs.events
+
+
+def sweep_dirs(root: str | Path) -> list[Path]:
+    """Every Hydra multirun under ``root`` (a ``multirun/`` folder, one date, or one sweep): the
+    folders holding a ``multirun.yaml``."""
+    root = Path(root)
+    if not root.is_dir():
+        raise RunError(f"{root} is not a directory (expected a Hydra multirun/ folder)")
+    found = sorted(p.parent for p in root.rglob("multirun.yaml"))
+    if not found:
+        raise RunError(f"{root}: no multirun.yaml below it; is it the output of a Hydra sweep (-m)?")
+    return found
+
+
+def _sweep_runs(root: str | Path) -> tuple[list[RunData], list[dict[str, Any]]]:
+    datas, extra = [], []
+    for sweep in sweep_dirs(root):
+        jobs = sorted((p for p in sweep.iterdir() if p.is_dir() and (p / "metrics.csv").is_file()), key=_job_order)
+        for job in jobs:
+            overrides_file = job / ".hydra" / "overrides.yaml"
+            overrides = _yaml(overrides_file) if overrides_file.is_file() else []
+            datas.append(load_run(job))
+            extra.append({"sweep": sweep.name, "job": job.name, "overrides": ",".join(map(str, overrides or []))})
+    if not datas:
+        raise RunError(f"{root}: its sweeps have no job dir with a metrics.csv yet")
+    return datas, extra
+
+
+def load_sweep(root: str | Path) -> RunSet:
+    """All jobs of all sweeps under ``root``, with columns ``sweep``, ``job`` and ``overrides``."""
+    return load_run_set(sweeps=[root])
+
+
+def _job_order(path: Path) -> tuple[int, str]:
+    return (int(path.name), "") if path.name.isdigit() else (1 << 30, path.name)
 
 
 @dataclass
@@ -171,7 +323,42 @@ def breakdown(summary: pd.DataFrame) -> pd.DataFrame:
 def throughput_table(summary: pd.DataFrame) -> pd.DataFrame:
     """Throughput (samples/s) per model and trace, one column per strategy, plus Oobleck's ratios."""
     table = summary.pivot_table(index=["model", "trace"], columns="strategy", values="throughput", sort=False)
-    for baseline in ("varuna", "bamboo"):
+    for baseline in BASELINES:
         if "oobleck" in table and baseline in table:
             table[f"oobleck/{baseline}"] = table["oobleck"] / table[baseline].replace(0.0, np.nan)
     return table
+
+
+BASELINES = ("varuna", "bamboo")
+
+
+def throughput_cells(summary: pd.DataFrame, *, digits: int = 3) -> pd.DataFrame:
+    """``throughput_table`` as text for printing: a strategy that ran out of memory reads "OOM"
+    (not 0), and so does Oobleck's ratio over it (not ``inf``); a baseline that fit but made no
+    progress reads "no progress"."""
+    numbers = throughput_table(summary)
+    oom = summary.assign(oom=summary["oom"].astype(bool) if "oom" in summary else False).pivot_table(
+        index=["model", "trace"], columns="strategy", values="oom", aggfunc="any", sort=False
+    )
+    cells = pd.DataFrame(index=numbers.index, columns=numbers.columns, dtype=object)
+    for key in numbers.index:
+        for column in numbers.columns:
+            value = numbers.loc[key, column]
+            strategy = column.split("/", 1)[1] if "/" in str(column) else column
+            if strategy in oom.columns and bool(oom.loc[key, strategy]):
+                cells.loc[key, column] = "OOM"
+            elif "/" in str(column) and pd.isna(value):
+                cells.loc[key, column] = "no progress" if strategy in numbers.columns and numbers.loc[key, strategy] == 0 else "-"
+            else:
+                cells.loc[key, column] = "-" if pd.isna(value) else _significant(float(value), digits)
+    return cells
+
+
+def _significant(value: float, digits: int) -> str:
+    """``digits`` significant digits without an exponent: 1430, 61.6, 0.012."""
+    return f"{value:.0f}" if abs(value) >= 10 ** (digits - 1) else f"{value:.{digits}g}"
+
+
+def format_throughput_table(summary: pd.DataFrame) -> str:
+    """Throughput per (model, trace) and strategy with Oobleck's ratios, as aligned text."""
+    return throughput_cells(summary).to_string()

@@ -4,8 +4,10 @@
 
 Each SIM_RUN_DIR is a run dir of ``python -m oobleck.simulate`` (e.g. of
 ``experiment=paper_failure_frequency`` and ``experiment=paper_spot``); their tables are merged,
-the figures of ``analysis.figures`` are drawn into OUT_DIR, and ``paper_table.md`` there holds
-Oobleck's throughput ratio over each baseline beside the paper's headline figure.
+the figures of ``analysis.figures`` are drawn into OUT_DIR (PNG and PDF), and ``paper_table.md``
+there holds Oobleck's throughput ratio over each baseline ("OOM" where a baseline does not fit
+in memory) beside the paper's headline figure. The notebook ``analysis/notebooks/01_paper_figures.py``
+does the same interactively.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.figures import write_figures
-from analysis.load import frequency_label, load_sim, throughput_table
+from analysis.labels import model_label, strategy_label, trace_label
+from analysis.load import load_sim, throughput_cells
 from oobleck.errors import report_errors
 
 # The paper's headline (Oobleck, SOSP'23 abstract and section 7): up to 13.9x Varuna's throughput
@@ -26,20 +29,20 @@ PAPER_HEADLINE = {("gpt3_6_7b", "synthetic/10m", "varuna"): 13.9}
 
 
 def markdown_table(summary: pd.DataFrame) -> str:
-    table = throughput_table(summary).reset_index()
-    columns = [c for c in table.columns if c not in ("model", "trace")]
+    """Throughput per model and trace (samples/s) and Oobleck's ratios; "OOM" where a strategy does
+    not fit in memory, with the paper's headline beside the row it reports."""
+    cells = throughput_cells(summary).reset_index()
+    columns = [c for c in cells.columns if c not in ("model", "trace")]
+    header = [strategy_label(c) if "/" not in str(c) else "/".join(strategy_label(p) for p in str(c).split("/")) for c in columns]
     lines = [
-        "| model | trace | " + " | ".join(str(c) for c in columns) + " | paper |",
+        "| model | trace | " + " | ".join(header) + " | paper |",
         "| --- | --- | " + " | ".join("---:" for _ in columns) + " | ---: |",
     ]
-    for _, row in table.iterrows():
+    for _, row in cells.iterrows():
         paper = PAPER_HEADLINE.get((row["model"], row["trace"], "varuna"))
-        cells = []
-        for column in columns:
-            value = row[column]
-            cells.append("OOM/0" if pd.isna(value) else f"{value:.3g}")
         lines.append(
-            f"| {row['model']} | {frequency_label(row['trace'])} | " + " | ".join(cells) + f" | {'' if paper is None else f'{paper}x vs varuna'} |"
+            f"| {model_label(row['model'])} | {trace_label(row['trace'], short=True)} | " + " | ".join(str(row[c]) for c in columns)
+            + f" | {'' if paper is None else f'{paper}x vs Varuna'} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -36,6 +37,54 @@ def validation_table(calibration: list[str | Path], runs: list[str | Path]) -> p
     out = pd.concat(frames, ignore_index=True)
     out.attrs["runtime"] = runtime
     return out
+
+
+MODEL_ORDER = ("planner", "calibrated", "predicted")
+MODEL_COLOURS = {"planner": "#7f8c8d", "calibrated": "#2980b9", "predicted": "#c0392b"}
+METRIC_TITLES = {
+    "steady_iteration_s": "step time, first layout",
+    "later_iteration_s": "step time, after the change",
+    "throughput": "throughput over the run",
+    "recovery_s": "recovery time",
+}
+
+
+def ratio_plot(table: pd.DataFrame, path: Path) -> list[Path]:
+    """``ratio_figure`` as PNG and PDF."""
+    from analysis.figures import save
+
+    return save(ratio_figure(table), path)
+
+
+def ratio_figure(table: pd.DataFrame) -> Any:
+    """Simulated over measured per metric (log scale), one dot per run and model, the target
+    band shaded around 1."""
+    import seaborn as sns
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    from analysis.figures import plt
+
+    metrics = [m for m in METRIC_TITLES if m in set(table["metric"])] + sorted(set(table["metric"]) - set(METRIC_TITLES))
+    models = [m for m in MODEL_ORDER if m in set(table["model"])]
+    ratio = FuncFormatter(lambda value, _: f"{value:g}x")
+    with sns.axes_style("whitegrid"):
+        fig, axes = plt.subplots(1, len(metrics), figsize=(3.3 * len(metrics), 3.3), squeeze=False)
+        for ax, metric in zip(axes[0], metrics):
+            rows = table[table["metric"] == metric]
+            target = float(rows["target"].iloc[0])
+            ax.axhspan(1 - target, 1 + target, color="0.88", zorder=0, label="target")
+            ax.axhline(1.0, color="0.4", linewidth=0.8)
+            sns.stripplot(data=rows, x="model", y="ratio", hue="model", order=models, hue_order=models,
+                          palette=MODEL_COLOURS, ax=ax, size=7, legend=False, jitter=0.15)
+            ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(ratio)
+            ax.yaxis.set_minor_formatter(NullFormatter())
+            ax.set_title(METRIC_TITLES.get(metric, metric), fontsize=10)
+            ax.set_xlabel("")
+            ax.set_ylabel("simulated / measured" if ax is axes[0][0] else "")
+        fig.tight_layout()
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,9 @@
 Runs every (model, trace, strategy) of the ``sim:`` section (``experiment=paper_failure_frequency``
 or ``experiment=paper_spot`` set it up like the paper), then writes to the Hydra run dir:
 ``sim_metrics.csv`` (throughput over time), ``sim_events.csv``, ``sim_summary.csv``,
-``summary.json`` and, unless ``sim.figures=false``, the seaborn figures of ``analysis.figures``.
+``summary.json`` and, unless ``sim.figures=false``, the seaborn figures of ``analysis.figures``
+(PNG and PDF); unless ``logger.wandb.mode=disabled``, one wandb run per (model, trace, strategy)
+(``oobleck.metrics.simulation``).
 Examples::
 
     python -m oobleck.simulate experiment=paper_failure_frequency
@@ -25,42 +27,11 @@ PROGRAM = "oobleck.simulate"
 
 
 def summary_table(summary) -> str:
-    """A compact text table: throughput per (model, trace) and strategy, plus Oobleck's speedups."""
-    if summary.empty:
-        return "(no runs)"
-    table = summary.pivot_table(index=["model", "trace"], columns="strategy", values="throughput", sort=False)
-    if "oobleck" in table and "varuna" in table:
-        table["oobleck/varuna"] = table["oobleck"] / table["varuna"]
-    if "oobleck" in table and "bamboo" in table:
-        table["oobleck/bamboo"] = table["oobleck"] / table["bamboo"]
-    return table.to_string(float_format=lambda v: f"{v:.3g}")
+    """A compact text table: throughput per (model, trace) and strategy, plus Oobleck's speedups
+    (``OOM`` where a baseline does not fit in memory)."""
+    from analysis.load import format_throughput_table
 
-
-def log_wandb(cfg: DictConfig, result, figures: list[Path], run_dir: Path, config: dict) -> None:
-    """One wandb run per simulation experiment: the summary and event tables and the figures."""
-    import wandb  # imported lazily: slow, and only needed when logging is on
-
-    settings = cfg.logger.wandb
-    run = wandb.init(
-        project=settings.project,
-        entity=settings.entity,
-        group=settings.group or cfg.experiment,
-        tags=["simulation", *cfg.sim.strategies, *list(settings.tags or [])],
-        config=config,
-        dir=str(run_dir),
-        mode=str(settings.mode),
-        name=f"sim-{cfg.experiment}-{run_dir.name}",
-        reinit="create_new",
-    )
-    try:
-        run.log(
-            {
-                "summary": wandb.Table(dataframe=result.summary.astype(str)),
-                **{f"figures/{p.stem}": wandb.Image(str(p)) for p in figures},
-            }
-        )
-    finally:
-        run.finish()
+    return format_throughput_table(summary) if not summary.empty else "(no runs)"
 
 
 def run(cfg: DictConfig, run_dir: Path) -> dict:
@@ -85,7 +56,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
 
         figures = write_figures(result.metrics, result.summary, run_dir, bin_s=float(cfg.sim.timeline_bin_s))
     if cfg.logger.wandb.mode != "disabled":
-        log_wandb(cfg, result, figures, run_dir, config)
+        from oobleck.metrics.simulation import log_simulation
+
+        log_simulation(cfg, result, figures, run_dir, config)
     print(summary_table(result.summary), flush=True)
     print(f"{PROGRAM}: {total} simulations in {result.seconds:.1f} s; outputs in {run_dir}", flush=True)
     return {k: str(v) for k, v in paths.items()}

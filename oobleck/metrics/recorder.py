@@ -2,8 +2,9 @@
 
 Only the controller (or the simulator) owns a ``RunRecorder``, so outputs survive the loss of any
 worker's node (DESIGN section 7). Rows are appended to the CSV files as they arrive (a killed run
-still leaves what it had), wandb gets the same rows (offline by default), and a tqdm bar shows
-step, loss and samples/s while the run goes on.
+still leaves what it had), wandb gets the same rows (offline by default; the layout, names and
+artifacts are ``oobleck.metrics.wandb_run``'s), and a tqdm bar shows step, loss and samples/s
+while the run goes on.
 """
 
 from __future__ import annotations
@@ -19,17 +20,30 @@ from typing import Any
 
 from tqdm import tqdm
 
+from oobleck.metrics.wandb_run import WandbRun, config_yaml, failures_label, run_dir_files, run_identity, sweep_job
+
 STEP_COLUMNS = ("step", "time_s", "samples", "samples_per_s", "loss", "generation", "pipelines", "attempts", "strategy")
 EVENT_COLUMNS = ("time_s", "kind", "generation", "step")
+# History prefixes and their x-axes: per-step values against the step, events against wall time.
+WANDB_AXES = {"train/": "step", "event/": "time_s"}
+# Run-dir files saved as the run's artifact (with .hydra/ and the resolved config.yaml).
+RUN_FILES = ("plan.json", "metrics.csv", "events.csv", "summary.json", "probes.json")
 
 
 class CsvTable:
-    """An append-only CSV file whose header grows when a row brings a new column."""
+    """An append-only CSV file whose header grows when a row brings a new column.
 
-    def __init__(self, path: Path, columns: tuple[str, ...]) -> None:
+    ``keep=True`` continues an existing file (its rows are read back, as text)."""
+
+    def __init__(self, path: Path, columns: tuple[str, ...], *, keep: bool = False) -> None:
         self.path = path
         self.columns = list(columns)
         self.rows: list[dict[str, Any]] = []
+        if keep and path.is_file():
+            with path.open(newline="") as handle:
+                reader = csv.DictReader(handle)
+                self.columns = list(dict.fromkeys([*columns, *(reader.fieldnames or [])]))
+                self.rows = [{k: _cell(v) for k, v in row.items() if v != ""} for row in reader]
         self._write_all()
 
     def append(self, row: Mapping[str, Any]) -> None:
@@ -49,6 +63,25 @@ class CsvTable:
             writer.writerows(self.rows)
 
 
+def _cell(text: str) -> Any:
+    """A CSV cell back as the value that was written: number, bool, list, or the text itself."""
+    if text in ("True", "False"):
+        return text == "True"
+    for parse in (int, float, json.loads):
+        try:
+            return parse(text)
+        except ValueError:
+            continue
+    return text
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value) if value not in (None, "") else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -63,7 +96,9 @@ class RunRecorder:
     """Collects per-step metrics and events of one run and writes them to the run dir and wandb.
 
     ``wandb`` is the ``logger.wandb`` config section (mode offline|online|disabled, project, entity,
-    group, tags) or None to skip wandb.
+    group, tags) or None to skip wandb. ``resume=True`` keeps the rows already in the run dir's
+    CSV files (a requeued job continuing in the same run dir); wandb continues the same run
+    whenever the run dir is the same (its id is stored there).
     """
 
     def __init__(
@@ -77,38 +112,39 @@ class RunRecorder:
         progress_bar: bool = True,
         metrics_name: str = "metrics.csv",
         events_name: str = "events.csv",
+        resume: bool = False,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.strategy = strategy
+        self.config = dict(config)
         self.started = time.monotonic()
-        self.metrics = CsvTable(self.run_dir / metrics_name, STEP_COLUMNS)
-        self.events = CsvTable(self.run_dir / events_name, EVENT_COLUMNS)
-        self._wandb_mode = str(wandb.mode) if wandb is not None else "disabled"
-        self._wandb_run = self._start_wandb(wandb, config) if wandb is not None else None
+        self.metrics = CsvTable(self.run_dir / metrics_name, STEP_COLUMNS, keep=resume)
+        self.events = CsvTable(self.run_dir / events_name, EVENT_COLUMNS, keep=resume)
+        self._samples_total = sum(_number(row.get("samples")) for row in self.metrics.rows)
+        enabled = wandb is not None and str(wandb.mode) != "disabled"
+        self._wandb = self._start_wandb(wandb) if enabled else None
         self._bar = tqdm(total=total_steps, desc=strategy, unit="step", dynamic_ncols=True, disable=not progress_bar)
 
-    def _start_wandb(self, settings: Any, config: Mapping[str, Any]) -> Any:
-        mode = str(settings.mode)
-        if mode == "disabled":
-            return None
-        import wandb  # imported lazily: it is slow to import and only the writer needs it
-
-        model = config.get("model", {}).get("name", "model")
-        cluster = config.get("cluster", {})
-        tags = [self.strategy, str(model), f"nodes={cluster.get('nodes', '?')}", *list(settings.tags or [])]
-        return wandb.init(
-            project=settings.project,
-            entity=settings.entity,
-            group=settings.group or config.get("experiment", "default"),
-            tags=tags,
-            config=dict(config),
-            dir=str(self.run_dir),
-            mode=mode,
-            settings=wandb.Settings(silent=True),
-            name=f"{self.strategy}-{model}-{self.run_dir.name}",
-            reinit="create_new",
+    def _start_wandb(self, settings: Any) -> WandbRun:
+        config = self.config
+        cluster = config.get("cluster") or {}
+        failures = failures_label(config.get("failures"))
+        sweep = sweep_job(self.run_dir)
+        identity = run_identity(
+            strategy=self.strategy,
+            model=str((config.get("model") or {}).get("name", "model")),
+            nodes=cluster.get("nodes", "?"),
+            failures=failures,
+            experiment=config.get("experiment"),
+            group=settings.group,
+            tags=list(settings.tags or []),
+            sweep=sweep,
         )
+        labels: dict[str, Any] = {"run_dir": str(self.run_dir), "failures_label": failures}
+        if sweep is not None:
+            labels.update(sweep_job_num=sweep.num, sweep_overrides=sweep.override_dirname, sweep_dir=sweep.sweep_dir)
+        return WandbRun(settings, identity, {**config, **labels}, self.run_dir, axes=WANDB_AXES, time_key="time_s")
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -125,9 +161,13 @@ class RunRecorder:
         row.setdefault("strategy", self.strategy)
         row.setdefault("time_s", round(self.elapsed(), 4))
         self.metrics.append(row)
-        if self._wandb_run is not None:
-            numeric = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
-            self._wandb_run.log(numeric, step=int(row["step"]))
+        self._samples_total += _number(row.get("samples"))
+        if self._wandb is not None:
+            # This step's values go under train/ ("train/samples" is the step's batch). The run's
+            # totals (summary "samples") are set once at the end; no history key shares their name.
+            history = {f"train/{k}": v for k, v in row.items() if k not in ("step", "time_s")}
+            history["train/samples_total"] = self._samples_total
+            self._wandb.log({"step": row.get("step"), "time_s": row["time_s"], **history})
         self._bar.update(1)
         postfix = {k: row[k] for k in ("loss", "samples_per_s", "generation") if row.get(k) is not None}
         self._bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items()})
@@ -136,12 +176,8 @@ class RunRecorder:
         fields.setdefault("time_s", round(self.elapsed(), 4))
         row = {"kind": kind, **fields}
         self.events.append(row)
-        if self._wandb_run is not None:
-            numeric = {f"event/{kind}/{k}": v for k, v in fields.items() if isinstance(v, (int, float))}
-            if numeric:
-                # commit=False attaches the event to the current step instead of advancing
-                # wandb's step counter (which would make the next step's row look out of order).
-                self._wandb_run.log(numeric, commit=False)
+        if self._wandb is not None:
+            self._wandb.event(kind, float(fields["time_s"]), {k: v for k, v in fields.items() if k != "time_s"})
         self._bar.write(f"[{row['time_s']:8.2f}s] {kind}: " + ", ".join(f"{k}={v}" for k, v in fields.items() if k != "time_s"))
 
     def finish(self, **summary: Any) -> dict[str, Any]:
@@ -152,25 +188,16 @@ class RunRecorder:
         summary.setdefault("run_dir", str(self.run_dir))
         self.write_json("summary.json", summary)
         print(format_table(summary), flush=True)
-        if self._wandb_run is not None:
-            self._wandb_run.summary.update(_jsonable({k: v for k, v in summary.items() if not isinstance(v, Mapping)}))
+        if self._wandb is not None:
+            run, self._wandb = self._wandb, None
             try:
-                import wandb
-
-                self._wandb_run.log({"events": wandb.Table(dataframe=_events_frame(self.events))})
+                run.table("events", self.events.rows, self.events.columns)
+                files = run_dir_files(self.run_dir, RUN_FILES)
+                run.artifact(f"run-files-{run.run.id}", "run-files", files, {"config.yaml": config_yaml(self.config)})
             finally:
-                run_path = Path(self._wandb_run.dir).parent
-                self._wandb_run.finish()
-            self._wandb_run = None
-            hint = f"; upload it with: wandb sync {run_path}" if self._wandb_mode == "offline" else ""
-            print(f"wandb: run saved in {run_path}{hint}", flush=True)
+                local = run.finish(_jsonable(summary))
+            print(run.sync_hint(local), flush=True)
         return summary
-
-
-def _events_frame(table: CsvTable) -> Any:
-    import pandas as pd
-
-    return pd.DataFrame(table.rows, columns=table.columns).astype(str)
 
 
 def format_table(summary: Mapping[str, Any], title: str = "summary") -> str:

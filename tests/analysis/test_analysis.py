@@ -1,4 +1,4 @@
-"""analysis/: tidy tables from simulator rows, the figures, and loading run dirs."""
+"""analysis/: tidy tables from simulator rows, the simulator figures, labels and the ratio tables."""
 
 from __future__ import annotations
 
@@ -8,37 +8,61 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.figures import write_figures
-from analysis.load import BREAKDOWN, breakdown, load_run, load_sim, throughput_table, timeline
+from analysis.figures import (
+    effective_time_breakdown_figure,
+    throughput_over_time_figure,
+    throughput_vs_frequency_figure,
+    write_figures,
+)
+from analysis.labels import model_label, strategy_label, trace_label
+from analysis.load import BREAKDOWN, breakdown, format_throughput_table, load_run, load_sim, throughput_cells, throughput_table, timeline
 from analysis.paper_figures import main as paper_figures_main
 from oobleck.errors import RunError
 
 PNG_MAGIC = b"\x89PNG"
+PDF_MAGIC = b"%PDF"
 
 
-def _segments() -> pd.DataFrame:
-    base = {"model": "m", "trace": "synthetic/10m"}
-    rows = [
-        {**base, "strategy": "oobleck", "t_start_s": 0, "t_end_s": 90, "phase": "running", "nodes_alive": 4, "samples_per_s": 10.0},
-        {**base, "strategy": "oobleck", "t_start_s": 90, "t_end_s": 120, "phase": "recovering", "nodes_alive": 3, "samples_per_s": 0.0},
-        {**base, "strategy": "varuna", "t_start_s": 0, "t_end_s": 120, "phase": "running", "nodes_alive": 4, "samples_per_s": 5.0},
-    ]
-    return pd.DataFrame(rows)
-
-
-def _summary() -> pd.DataFrame:
+def _segments(models=("gpt3_2_7b",), traces=("synthetic/10m",)) -> pd.DataFrame:
     rows = []
-    for strategy, throughput, useful in (("oobleck", 7.5, 0.9), ("varuna", 5.0, 0.5), ("bamboo", 0.0, 0.0)):
-        for trace in ("synthetic/10m", "synthetic/1h"):
-            row = {"model": "m", "trace": trace, "strategy": strategy, "throughput": throughput, "oom": strategy == "bamboo"}
-            shares = {k: 0.0 for k in BREAKDOWN}
-            shares["useful"] = useful
-            shares["idle"] = 1.0 - useful
-            for key, share in shares.items():
-                row[f"{key}_fraction"] = share
-                row[f"{key}_node_s"] = share * 3600.0
-            rows.append(row)
+    for model in models:
+        for trace in traces:
+            base = {"model": model, "trace": trace}
+            rows += [
+                {**base, "strategy": "oobleck", "t_start_s": 0, "t_end_s": 90, "phase": "running", "nodes_alive": 4, "samples_per_s": 10.0},
+                {**base, "strategy": "oobleck", "t_start_s": 90, "t_end_s": 120, "phase": "recovering", "nodes_alive": 3, "samples_per_s": 0.0},
+                {**base, "strategy": "varuna", "t_start_s": 0, "t_end_s": 120, "phase": "running", "nodes_alive": 4, "samples_per_s": 5.0},
+                {**base, "strategy": "bamboo", "t_start_s": 0, "t_end_s": 120, "phase": "stopped", "nodes_alive": 4, "samples_per_s": 0.0},
+            ]
     return pd.DataFrame(rows)
+
+
+def _summary(models=("gpt3_2_7b",), traces=("synthetic/10m", "synthetic/1h")) -> pd.DataFrame:
+    rows = []
+    for model in models:
+        for strategy, throughput, useful in (("oobleck", 7.5, 0.9), ("varuna", 5.0, 0.5), ("bamboo", 0.0, 0.0)):
+            for trace in traces:
+                row = {"model": model, "trace": trace, "strategy": strategy, "throughput": throughput, "oom": strategy == "bamboo"}
+                shares = {k: 0.0 for k in BREAKDOWN}
+                shares["useful"] = useful
+                shares["idle"] = 1.0 - useful  # what the engine reports for a run that never started
+                for key, share in shares.items():
+                    row[f"{key}_fraction"] = share
+                    row[f"{key}_node_s"] = share * 3600.0
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _texts(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes for t in ax.texts] + [t.get_text() for t in fig.texts]
+
+
+def test_labels_are_readable():
+    assert [model_label(m) for m in ("gpt3_2_7b", "gpt3_6_7b", "gpt3_1_3b", "gpt3_medium", "gpt2_small", "llama")] == [
+        "GPT-3 2.7B", "GPT-3 6.7B", "GPT-3 1.3B", "GPT-3 medium", "GPT-2 small", "llama"]
+    assert trace_label("synthetic/10m") == "node lost every 10m" and trace_label("synthetic/10m", short=True) == "10m"
+    assert trace_label("spot/ec2_p3_scaled") == "EC2 p3 spot" and trace_label("spot/ec2_g4dn_raw") == "EC2 g4dn spot (raw)"
+    assert trace_label("/data/my_trace.csv") == "my_trace" and strategy_label("varuna") == "Varuna"
 
 
 def test_timeline_is_a_time_weighted_mean_per_bin():
@@ -55,16 +79,64 @@ def test_breakdown_and_throughput_tables():
     shares = long.groupby(["trace", "strategy"])["fraction"].sum()
     assert shares.tolist() == pytest.approx([1.0] * len(shares))
     table = throughput_table(_summary())
-    assert table.loc[("m", "synthetic/10m"), "oobleck/varuna"] == pytest.approx(1.5)
-    assert pd.isna(table.loc[("m", "synthetic/10m"), "oobleck/bamboo"])  # bamboo OOM: no ratio
+    assert table.loc[("gpt3_2_7b", "synthetic/10m"), "oobleck/varuna"] == pytest.approx(1.5)
+    assert pd.isna(table.loc[("gpt3_2_7b", "synthetic/10m"), "oobleck/bamboo"])  # bamboo OOM: no ratio
 
 
-def test_figures_are_written(tmp_path: Path):
+def test_ratio_table_prints_oom_not_inf():
+    summary = _summary()
+    summary.loc[(summary["strategy"] == "varuna") & (summary["trace"] == "synthetic/1h"), "throughput"] = 0.0
+    text = format_throughput_table(summary)
+    assert "inf" not in text and "nan" not in text.lower() and "OOM" in text
+    cells = throughput_cells(summary)
+    columns = ["oobleck", "varuna", "bamboo", "oobleck/varuna", "oobleck/bamboo"]
+    assert cells.loc[("gpt3_2_7b", "synthetic/10m"), columns].tolist() == ["7.5", "5", "OOM", "1.5", "OOM"]
+    # Varuna fit in memory but made no progress: not OOM, not inf.
+    assert cells.loc[("gpt3_2_7b", "synthetic/1h"), columns].tolist() == ["7.5", "0", "OOM", "no progress", "OOM"]
+
+
+def test_figures_are_written_as_png_and_pdf(tmp_path: Path):
     written = write_figures(_segments(), _summary(), tmp_path, bin_s=60.0)
     names = sorted(p.name for p in written)
-    assert names == ["effective_time_breakdown.png", "throughput_over_time.png", "throughput_vs_frequency.png"]
+    stems = ["effective_time_breakdown", "throughput_over_time", "throughput_vs_frequency"]
+    assert names == sorted(f"{s}{suffix}" for s in stems for suffix in (".pdf", ".png"))
     for path in written:
-        assert path.read_bytes()[:4] == PNG_MAGIC and path.stat().st_size > 10_000
+        magic = PNG_MAGIC if path.suffix == ".png" else PDF_MAGIC
+        assert path.read_bytes()[: len(magic)] == magic and path.stat().st_size > 10_000
+
+
+def test_facet_titles_are_readable_and_legends_shared():
+    fig = throughput_vs_frequency_figure(_summary(models=("gpt3_2_7b", "gpt3_6_7b")))
+    titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
+    assert titles == ["GPT-3 2.7B", "GPT-3 6.7B"]
+    assert "OOM" in _texts(fig) and len(fig.legends) == 1 and all(ax.get_legend() is None for ax in fig.axes)
+
+
+def test_throughput_over_time_is_a_grid_with_one_legend():
+    models, traces = ("gpt3_2_7b", "gpt3_6_7b"), ("synthetic/10m", "spot/ec2_p3_scaled")
+    fig = throughput_over_time_figure(_segments(models, traces), 60.0, _summary(models, traces))
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == [
+        "GPT-3 2.7B, node lost every 10m", "GPT-3 6.7B, node lost every 10m", "GPT-3 2.7B, EC2 p3 spot", "GPT-3 6.7B, EC2 p3 spot"]
+    assert len(fig.legends) == 1 and [t.get_text() for t in fig.legends[0].get_texts()] == ["Oobleck", "Varuna", "Bamboo", "nodes alive"]
+    assert all(ax.get_legend() is None for ax in fig.axes)
+    assert _texts(fig).count("Bamboo: out of memory") == 4
+    width, height = fig.get_size_inches()
+    assert width / height < 2.5  # a grid, not one tall strip of panels
+
+
+def test_breakdown_marks_out_of_memory_instead_of_idle():
+    fig = effective_time_breakdown_figure(_summary())
+    (ax,) = fig.axes
+    assert ax.get_title(loc="left") == "GPT-3 2.7B"
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels == ["Oobleck\n10m", "Oobleck\n1h", "Varuna\n10m", "Varuna\n1h", "Bamboo\n10m", "Bamboo\n1h"]
+    assert _texts(fig).count("out of\nmemory") == 2
+    # The stacked bars of the Bamboo columns are empty (height 0): no idle share is drawn for them.
+    stacked = [p for p in ax.patches if p.get_hatch() is None]
+    bamboo = [p for p in stacked if round(p.get_x() + p.get_width() / 2) in (4, 5)]
+    assert bamboo and all(p.get_height() == 0 for p in bamboo)
+    assert "out of memory" in [t.get_text() for t in fig.legends[0].get_texts()]
 
 
 def test_paper_figures_regenerate_from_a_sim_dir(tmp_path: Path):
@@ -74,7 +146,9 @@ def test_paper_figures_regenerate_from_a_sim_dir(tmp_path: Path):
     _summary().to_csv(sim / "sim_summary.csv", index=False)
     assert paper_figures_main([str(tmp_path / "out"), str(sim), "--bin-s", "60"]) == 0
     table = (tmp_path / "out" / "paper_table.md").read_text()
-    assert "| m | 10m |" in table and "OOM/0" in table
+    assert "| GPT-3 2.7B | 10m | 7.5 | 5 | OOM | 1.5 | OOM | 13.9x vs Varuna |" not in table  # headline is 6.7B's
+    assert "| GPT-3 2.7B | 10m | 7.5 | 5 | OOM | 1.5 | OOM |  |" in table and "inf" not in table
+    assert (tmp_path / "out" / "throughput_over_time.pdf").is_file()
     assert load_sim(sim).summary.shape[0] == 6
 
 
@@ -85,6 +159,7 @@ def test_load_run_reads_files_and_names_missing_ones(tmp_path: Path):
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 2}))
     run = load_run(tmp_path)
     assert run.metrics["samples"].sum() == 16 and run.summary == {"steps": 2} and run.events.empty
+    assert run.labels.strategy == "unknown" and run.labels.model == "unknown"
     (tmp_path / "plan.json").write_text("{not json")
     with pytest.raises(RunError, match="plan.json: not valid JSON"):
         load_run(tmp_path)
