@@ -30,14 +30,14 @@ from typing import Any
 from oobleck.errors import report_errors
 from oobleck.metrics.recorder import WANDB_AXES
 from oobleck.metrics.simulation import SIM_TIME
-from oobleck.strategy import ACTIONS
+from oobleck.sim.engine import DOWNTIME_EVENTS
 
 STEP, TIME = WANDB_AXES["train/"], WANDB_AXES["event/"]
 EVENT_MARKERS = ("fault_injected", "join_started", "reconfiguration", "failover", "restart", "checkpoint", "stop")
 RECOVERY_TIMES = ("reconfiguration", "failover", "restart")
 BREAKDOWN_SHARES = ("useful", "redundant", "checkpoint", "restart", "reconfiguration", "lost", "idle")
 # Simulated events: membership changes and the strategies' reactions that cost time (oobleck.strategy).
-SIM_REACTIONS = tuple(a for a in ACTIONS if a not in ("none", "start", "oom", "stop"))
+SIM_REACTIONS = DOWNTIME_EVENTS
 SIM_EVENTS = ("failure", "join", *SIM_REACTIONS, "oom", "stop")
 
 

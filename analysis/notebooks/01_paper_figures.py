@@ -43,7 +43,7 @@ out.mkdir(parents=True, exist_ok=True)
 if not sim_dirs:
     from hydra import compose, initialize_config_dir
 
-    from oobleck.sim.params import CONF_DIR
+    from oobleck.config import CONF_DIR
     from oobleck.simulate import run as run_simulation
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -39,11 +39,11 @@ def run_config(cfg: Any, config: Mapping[str, Any], model: str, trace: str, stra
     real run's config has them, so one dashboard filter or grouping works for both."""
     from omegaconf import OmegaConf
 
-    from oobleck.sim.experiment import model_config, params_for
+    from oobleck.sim.experiment import model_config, strategy_settings
 
     out = dict(config)
     out["model"] = OmegaConf.to_container(model_config(model), resolve=True)
-    out["strategy"] = {"name": strategy, "params": params_for(cfg, strategy)}
+    out["strategy"] = strategy_settings(cfg, strategy)
     out["failures"] = {"kind": "trace", "trace": trace}
     out["sim_run"] = {"model": model, "trace": trace, "strategy": strategy}
     return out

@@ -39,6 +39,8 @@ EVENT_KIND = {
     Kind.RESTART: "restart",
     Kind.STOP: "stop",
 }
+# Event kinds that charge downtime (each has ``downtime_s``).
+DOWNTIME_EVENTS = ("reconfiguration", "failover", "restart")
 
 
 def decision_downtime(decision: Decision, strategy: Strategy, *, restarting: bool = False) -> tuple[float, tuple[tuple[str, float], ...]]:

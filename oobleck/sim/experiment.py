@@ -99,6 +99,15 @@ def sim_overrides(cfg: Any, name: str) -> dict[str, Any]:
     return OmegaConf.to_container(overrides, resolve=True) if isinstance(overrides, DictConfig) else dict(overrides)  # type: ignore[return-value]
 
 
+def strategy_settings(cfg: Any, name: str) -> dict[str, Any]:
+    """Strategy ``name``'s typed settings as the simulator runs it, as a plain dict (for logs)."""
+    import dataclasses
+
+    from oobleck.strategy import strategy_config
+
+    return dataclasses.asdict(strategy_config(strategy_section(cfg, name), sim_overrides(cfg, name)))
+
+
 def simulated_strategy(cfg: Any, name: str, context: StrategyContext, extra: dict[str, Any] | None = None) -> Strategy:
     """Strategy ``name`` as the simulator runs it: its config, ``sim.params.<name>``, then ``extra``."""
     overrides = OmegaConf.merge(sim_overrides(cfg, name), extra or {})

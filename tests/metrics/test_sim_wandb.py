@@ -10,7 +10,7 @@ import pytest
 from analysis.dashboards import SIM_EVENTS, SIM_REACTIONS, paper_workspace, spec
 from oobleck.metrics.offline import find_offline_runs
 from oobleck.metrics.simulation import SIM_TIME
-from oobleck.sim.params import CONF_DIR
+from oobleck.config import CONF_DIR
 from oobleck.simulate import run as simulate
 
 # wandb's service writes the run file after finish() returns: a hang guard, not a speed target.
