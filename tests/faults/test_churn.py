@@ -108,5 +108,11 @@ def test_survivor_resources_flat(churn_run):
     # descriptor per generation would add 15+ over the 15 generations between the windows.
     for key, slack in (("threads", 8), ("fds", 12)):
         assert max(p[key] for p in late) <= max(p[key] for p in early) + slack, (key, early, late)
-    assert max(p["groups"] + p["parked"] for p in late) <= max(p["groups"] + p["parked"] for p in early) + 8
+    # Abandoned groups wait in the reaper until their peers release them or the group timeout
+    # passes: how many are parked at one probe depends on timing, so compare window means; a leak
+    # of one group per generation would raise the late mean by 15.
+    def mean_held(window):
+        return sum(p["groups"] + p["parked"] for p in window) / len(window)
+
+    assert mean_held(late) <= mean_held(early) + 8, (early, late)
     assert max(p["rss_kb"] for p in late) - max(p["rss_kb"] for p in early) < 40_000
