@@ -45,7 +45,7 @@ from oobleck.elastic.firing import FaultFiring
 from oobleck.elastic.ledger import Outcome, StepLedger
 from oobleck.elastic.membership import Membership
 from oobleck.elastic.protocol import new_secret
-from oobleck.errors import OobleckError, RunError
+from oobleck.errors import EXIT_REQUEUE, OobleckError, RunError, Stopped
 from oobleck.faults.injector import Injector
 from oobleck.faults.schedule import FaultEvent
 from oobleck.planning.plan import ExecutionPlan, ReconfigurationPlan, tolerated_failures
@@ -124,7 +124,9 @@ class Controller:
         self.planned: Optional[tuple[Decision, int]] = None  # a restart waiting for its checkpoint
         self.tolerance: Optional[int] = None
         self.finished = False
-        self.stop_requested: Optional[str] = None
+        self.stop_requested: Optional[tuple[str, int]] = None  # (why, exit code)
+        self.checkpoint_stop: Optional[str] = None  # why: checkpoint the next boundary, then stop
+        self.checkpoint_stop_at: Optional[int] = None
         self._outcome = Outcome()
 
     # ------------------------------------------------------------------ outputs
@@ -262,7 +264,10 @@ class Controller:
             self.checkpoints.adopt(resume_step, self.resume.step_dir)
             assert self.ledger is not None
             self.ledger.next_step = resume_step
-            self._event("resume", checkpoint=checkpoint, resume_step=resume_step)
+            skipped = [entry.describe() for entry in self.resume.skipped]
+            self._event("resume", checkpoint=checkpoint, resume_step=resume_step, skipped="; ".join(skipped))
+            for line in skipped:
+                print(f"oobleck: warning: {line}", flush=True)
         self._fire_faults()
         self._publish(0, layout, resume_step, checkpoint=checkpoint)
         self.train_started = time.time()
@@ -322,8 +327,7 @@ class Controller:
             self._after_commits()
             if ledger.next_step >= self.steps:
                 break
-            if self.stop_requested is not None:
-                raise RunError(self.stop_requested)
+            self._check_stop_requests()
             self._fire_faults()
             if membership.pending() and (membership.lost_pending() or not membership.booting()):
                 self._on_change()
@@ -573,9 +577,31 @@ class Controller:
         self.recovery = None
 
     # ------------------------------------------------------------------ stopping
-    def request_stop(self, reason: str) -> None:
-        """Stop at the next loop tick (signal handlers call this)."""
-        self.stop_requested = reason
+    def request_stop(self, reason: str, exit_code: int) -> None:
+        """Stop at the next loop tick (a signal handler calls this): workers stop, outputs are written."""
+        self.stop_requested = (reason, exit_code)
+
+    def request_checkpoint_stop(self, reason: str) -> None:
+        """Checkpoint the next step boundary, then stop so the job can be requeued and resumed
+        (Slurm's warning signal before a time limit or a preemption)."""
+        self.checkpoint_stop = reason
+
+    def _check_stop_requests(self) -> None:
+        if self.stop_requested is not None:
+            raise Stopped(*self.stop_requested)
+        if self.checkpoint_stop is None or self.ledger is None or self.checkpoints is None:
+            return
+        if self.checkpoint_stop_at is None:
+            self.checkpoint_stop_at = self.ledger.next_step + 1
+            self.checkpoints.request(self.checkpoint_stop_at)
+            self._event("checkpoint_requested", checkpoint_step=self.checkpoint_stop_at, reason=self.checkpoint_stop)
+        latest = self.checkpoints.latest_step()
+        if latest is not None and latest >= self.checkpoint_stop_at:
+            raise Stopped(
+                f"{self.checkpoint_stop}: checkpointed after step {latest - 1} in {self.checkpoints.path(latest)}; "
+                "requeue the job and resume it with job.resume=auto (slurm/run.sbatch does both)",
+                EXIT_REQUEUE,
+            )
 
     def stop_message(self, message: str) -> None:
         if self.store is None:
