@@ -473,9 +473,11 @@ class Controller:
 
     def _recovery(self, kind: str, decision: Decision, state: RunState, resume: int, plan_s: float, started: float) -> Recovery:
         assert self.ledger is not None
+        carried = 0
         if self.recovery is not None:
             self._event(f"{self.recovery.kind}_superseded", superseded_generation=self.recovery.generation, by=self.ledger.generation + 1)
             self.causes.append(self.recovery.failure_time)
+            carried = self.recovery.rolled_back_steps  # steps the superseded restart already rolled back
         recovery = Recovery(
             kind=kind,
             generation=self.ledger.generation + 1,
@@ -489,6 +491,7 @@ class Controller:
             started=started,
             resume_step=resume,
             bytes_moved=decision.bytes_moved,
+            rolled_back_steps=carried,
         )
         self.causes.clear()
         self.detects.clear()
@@ -534,7 +537,7 @@ class Controller:
         alive = list(membership.alive())
         membership.restart_workers(alive)
         recovery = self._recovery("restart", decision, state, rollback, plan_s, started)
-        recovery.rolled_back_steps = lost
+        recovery.rolled_back_steps += lost
         recovery.restart_nodes = tuple(alive)
         checkpoint = str(checkpoints.path(rollback)) if rollback > 0 else None
         self._publish(ledger.generation + 1, decision.layout, rollback, checkpoint=checkpoint)

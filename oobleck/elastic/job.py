@@ -111,6 +111,7 @@ def launch(
     strategy = make_strategy(cfg)
     initial = initial_decision(strategy, int(cfg.cluster.nodes), initial_plan)
     config_dict = to_container(cfg)
+    save_resolved_config(config_dict, run_dir)
     rec = None
     if recorder:
         from oobleck.metrics import RunRecorder
@@ -141,6 +142,18 @@ def launch(
         rec.write_json("probes.json", {str(g): {str(r): p for r, p in ranks.items()} for g, ranks in outcome.probes.items()})
         summary = rec.finish(**summary)
     return outcome, summary
+
+
+def save_resolved_config(config: dict[str, Any], run_dir: Path) -> None:
+    """``.hydra/config.yaml`` as Hydra writes it, for a run launched without Hydra's CLI (tests,
+    benchmarks), so every run dir can be loaded (``analysis.load``) and validated alike."""
+    path = run_dir / ".hydra" / "config.yaml"
+    if path.exists():
+        return
+    from omegaconf import OmegaConf
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(config), path)
 
 
 def save_final_params(controller: Controller, path: Path) -> None:
