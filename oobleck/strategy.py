@@ -257,7 +257,7 @@ def _as_dict(section: Mapping[str, Any] | DictConfig) -> dict[str, Any]:
 
 def strategy_class(section: Mapping[str, Any] | DictConfig) -> type[Strategy]:
     """The class a strategy section's ``_target_`` names (one clear error if it names none)."""
-    from hydra.utils import get_class
+    import importlib
 
     name = section.get("name", "?")
     target = section.get("_target_")
@@ -266,10 +266,11 @@ def strategy_class(section: Mapping[str, Any] | DictConfig) -> type[Strategy]:
             f"strategy={name} has no _target_; conf/strategy/<name>.yaml must name the strategy class, "
             "e.g. _target_: oobleck.policy.Oobleck"
         )
+    module, _, attribute = str(target).rpartition(".")
     try:
-        cls = get_class(str(target))
-    except Exception as error:  # ImportError, AttributeError or Hydra's wrapper of them
-        raise ConfigError(f"strategy._target_={target} cannot be imported ({str(error).splitlines()[0]}); check the class path") from None
+        cls = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ConfigError(f"strategy._target_={target} cannot be imported ({error}); check the class path") from None
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
         raise ConfigError(f"strategy._target_={target} is not an oobleck.strategy.Strategy subclass")
     return cls

@@ -139,7 +139,7 @@ def test_bamboo_runs_the_redundant_forward_for_real(bamboo_run):
 def test_oobleck_beyond_f_restarts_from_its_checkpoint(tmp_path):
     """Two 2-node pipelines; both first stages die after step 4 commits: no live replica of their
     layers, so the run restarts from step 4's checkpoint on the two survivors."""
-    from oobleck.runtime.testing import hand_plan, template
+    from oobleck.runtime.testing import two_pipelines_of_two_nodes
 
     cfg = tiny_config(**{
         "cluster.nodes": 4,
@@ -149,8 +149,7 @@ def test_oobleck_beyond_f_restarts_from_its_checkpoint(tmp_path):
         "failures.kind": "explicit",
         "failures.events": [{"action": "remove", "step": 5, "nodes": [0, 2]}],
     })
-    two_stages = template([(0, 3, 0, 0, 1), (3, 6, 1, 0, 1)])
-    plan = hand_plan([(two_stages, (0, 1), 4), (two_stages, (2, 3), 4)], batch=16, micro=2, layers=6, f=1, gpus=1)
+    plan = two_pipelines_of_two_nodes()
     outcome, summary = launch(cfg, tmp_path / "run", initial_plan=plan)
     (restart,) = outcome.recoveries
     assert restart["kind"] == "restart" and restart["resume_step"] == 4 and "no live replica" in restart["decision"]
