@@ -16,6 +16,7 @@ with papermill on that ``.ipynb``.
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,14 @@ def _assigned(source: str) -> set[str]:
             for target in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(target, ast.Name)}
 
 
+def _kernel_environment() -> dict[str, str]:
+    """The kernel's environment: ours, with this checkout first on ``PYTHONPATH`` so a notebook
+    imports the same ``analysis`` and ``oobleck`` as the caller, installed or not."""
+    root = str(HERE.parents[1])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root if not path else os.pathsep.join([root, path])}
+
+
 def execute(name: str, parameters: Mapping[str, Any] | None = None, *, out: str | Path | None = None,
             cwd: str | Path | None = None, timeout_s: float = 600.0) -> Any:
     """Run the notebook headless in ``cwd``; write the executed notebook to ``out`` if given.
@@ -85,7 +94,7 @@ def execute(name: str, parameters: Mapping[str, Any] | None = None, *, out: str 
     client = NotebookClient(notebook, kernel_name="python3", timeout=timeout_s,
                             resources={"metadata": {"path": str(Path(cwd or ".").resolve())}})
     try:
-        client.execute()
+        client.execute(env=_kernel_environment())
     except CellExecutionError as error:
         raise RunError(f"notebook {name} failed: {str(error).strip().splitlines()[-1]}") from None
     finally:
