@@ -26,20 +26,17 @@ then loops until ``job.steps`` updates committed:
 Faults armed at a phase (``strike/<node>``) fire at the same points as in the harness's own worker
 (forward, backward, all-reduce, optimizer of the update in flight). At the end every replica
 leaves a final record (checksums, attempts, votes, heals; ``baselines.torchft.service``).
-A worker that raises writes its traceback to ``error/<node>/<local rank>`` and exits 1.
+A worker that raises writes its traceback to ``error/<node>/<local rank>`` and exits 1
+(``oobleck.runtime.entry``, shared with the harness's own worker).
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
-import signal
 import socket
-import sys
 import time
-import traceback
 import warnings
 from datetime import timedelta
 from typing import Any, Optional
@@ -56,16 +53,13 @@ from oobleck.errors import RunError
 from oobleck.models import build_reference_model, loss_fn
 from oobleck.runtime import keys
 from oobleck.runtime.comm import make_store
+from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, run_worker
 from oobleck.runtime.state import crc32, learning_rate
 from oobleck.strategy import strategy_config
 
 # Per participant in the all-reduced tensor: node id + 1, healed this attempt (0/1), seconds the
 # heal took (quorum and state transfer), seconds from registering to that heal (a fresh joiner).
 SLOT = 4
-
-
-class InjectedFault(Exception):
-    """Raised on purpose by a ``raise`` fault event (tests the error path)."""
 
 
 def host_group_store(addr: str) -> tuple[dist.TCPStore, socket.socket]:
@@ -114,7 +108,7 @@ class TorchftWorker:
         self.batches_drawn = 0  # attempts so far: the batch index of the next attempt
         self.last_committed_batch = -1
         self.healed_at: Optional[float] = None
-        self.registered_at = time.time()
+        self.registered_at = 0.0
         self.attempts = self.commits = self.failed_votes = self.failed_since_commit = 0
         self.heals: list[dict[str, float]] = []
         self.strike: Optional[dict[str, Any]] = None
@@ -176,11 +170,7 @@ class TorchftWorker:
         if strike is None or strike["phase"] != phase or step < int(strike["step"]):
             return
         self.strike = None
-        self.store.set(keys.strike_time(self.node), repr(time.time()))
-        if strike["action"] == "raise":
-            raise InjectedFault(f"injected failure on node {self.node} at step {step}, phase {phase}")
-        # A node failure: the whole process group of the node (agent and worker) goes at once.
-        os.killpg(os.getpgrp(), signal.SIGSTOP if strike["action"] == "freeze" else signal.SIGKILL)
+        carry_out_strike(strike, self.store, self.node, f"step {step}, phase {phase}")
 
     def _time(self, name: str, seconds: float) -> None:
         self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + seconds
@@ -188,6 +178,7 @@ class TorchftWorker:
     # ------------------------------------------------------------------ training
     def run(self) -> bool:
         """Train until ``job.steps`` updates committed (True) or the run stops (False)."""
+        self.registered_at = time.time()  # run_worker registered this worker just now
         self.store.wait([keys.GEN], timedelta(seconds=float(self.cfg.cluster.startup_timeout_s)))
         self.generation = int(self.store.get(keys.GEN))
         document = json.loads(self.store.get(keys.plan(self.generation)))
@@ -314,6 +305,9 @@ class TorchftWorker:
             result[str(index)] = crc32(torch.cat(pieces))
         return result
 
+    def close(self) -> None:
+        self.manager.shutdown(wait=False)
+
     def publish_final(self) -> None:
         if self.cfg.runtime.save_final_params:
             for index, layer in enumerate(self.model):
@@ -332,40 +326,11 @@ class TorchftWorker:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="baselines.torchft.worker", description=__doc__.splitlines()[0])
-    parser.add_argument("--store", required=True, help="HOST:PORT of the controller's TCPStore")
-    parser.add_argument("--node-id", type=int, required=True)
-    parser.add_argument("--local-rank", type=int, required=True)
-    parser.add_argument("--incarnation", type=int, default=0, help="how many times this node's workers were restarted")
-    parser.add_argument("--run-id", default="", help="a tag of the run (lets tools find its processes)")
-    args = parser.parse_args(argv)
-    host, _, port = args.store.rpartition(":")
-    store = None
-    worker = None
-    try:
-        worker = TorchftWorker(host, int(port), args.node_id, args.local_rank, args.incarnation)
-        store = worker.store
-        worker.registered_at = time.time()
-        store.set(keys.worker_registered(args.node_id, args.local_rank, args.incarnation), json.dumps({"pid": os.getpid()}))
-        worker.run()
-        return 0
-    except BaseException:
-        text = traceback.format_exc()
-        try:
-            store = store if store is not None else make_store(host, int(port), 10.0)
-            store.set(keys.worker_error(args.node_id, args.local_rank), text)
-        except Exception:
-            pass
-        print(text, file=sys.stderr, flush=True)
-        return 1
-    finally:
-        if worker is not None:
-            worker.manager.shutdown(wait=False)
+    def build(args: WorkerArgs) -> TorchftWorker:
+        return TorchftWorker(args.host, args.port, args.node, args.local_rank, args.incarnation)
+
+    return run_worker("baselines.torchft.worker", __doc__.splitlines()[0], build, argv)
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip interpreter teardown: torchft's and gloo's threads may still hold sockets.
-    os._exit(code)
+    exit_now(main())
