@@ -139,6 +139,7 @@ class RunInfo:
     store_address: str  # HOST:PORT of the run's TCPStore
     run_id: str
     run_dir: Path
+    config: Mapping[str, Any] = field(default_factory=dict)  # the resolved run config (as the workers get it)
 
 
 @dataclass
@@ -259,8 +260,8 @@ class Strategy(ABC):
 
     def services(self, run: RunInfo) -> contextlib.AbstractContextManager[dict[str, Any]]:
         """Servers the workers need for the whole run, as a context manager: entered before any node
-        starts, left at shutdown after the workers; the JSON-serialisable dict it yields is published
-        to the workers (``keys.SERVICES``). Default: none."""
+        starts (so it may still refuse the run's settings), left at shutdown after the workers; the
+        JSON-serialisable dict it yields is published to the workers (``keys.SERVICES``). Default: none."""
         return contextlib.nullcontext({})
 
     def restart(self, state: RunState, reason: str) -> Decision:

@@ -200,7 +200,7 @@ class Controller:
             self.checkpoints.completed_rows = self.ledger.outcome.checkpoints
             self.firing = FaultFiring(Injector(list(self.schedule), seed=int(self.cfg.failures.seed)), self.store, self.membership, self._event)
             self.firing.next_node_id = int(self.cfg.cluster.nodes)
-            run = RunInfo(str(self.cfg.cluster.master_addr), self.store_address, self.run_id, self.run_dir)
+            run = RunInfo(str(self.cfg.cluster.master_addr), self.store_address, self.run_id, self.run_dir, self.config_dict)
             self.store.set(keys.SERVICES, json.dumps(self._services.enter_context(self.strategy.services(run))))
             self.membership.launcher = self._launcher()
             for node in range(int(self.cfg.cluster.nodes)):
