@@ -1,7 +1,8 @@
 """The controller's side of torchft: the lighthouse, and the run's torchft.json at the end.
 
 ``lighthouse_service`` is what ``Torchft.services`` returns: the controller enters it before any
-node starts (a ``torchft._torchft.LighthouseServer`` bound to ``cluster.master_addr``, loopback on a
+node starts (it first refuses the harness's checkpoints, which torchft neither writes nor resumes;
+then it starts a ``torchft._torchft.LighthouseServer`` bound to ``cluster.master_addr``, loopback on a
 local cluster, on a free port) and leaves it after the workers are gone. It yields the address the
 workers' Managers dial. On the way out it reads the final record each replica left in the store
 (``FINAL_COUNT``/``final_record``: its checksums, attempts, votes, heals) and writes
@@ -13,10 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
+from oobleck.errors import ConfigError
 from oobleck.strategy import RunInfo
 
 # Store keys of the replicas' final records (one namespace, away from oobleck.runtime.keys).
@@ -28,10 +30,23 @@ def final_record(index: int) -> str:
     return f"torchft/final/{index}"
 
 
+def refuse_checkpoints(run_config: Mapping[str, Any]) -> None:
+    """torchft heals from live peers: the harness's checkpoints (writing or resuming) do not apply."""
+    checkpoint, job = run_config.get("checkpoint") or {}, run_config.get("job") or {}
+    settings = {"checkpoint.every_steps": checkpoint.get("every_steps"), "checkpoint.every_s": checkpoint.get("every_s"), "job.resume": job.get("resume")}
+    for key, value in settings.items():
+        if value:
+            raise ConfigError(
+                f"strategy=torchft neither writes nor resumes the harness's checkpoints (torchft heals from live peers), "
+                f"but {key}={value}; set {key}=null"
+            )
+
+
 @contextlib.contextmanager
 def lighthouse_service(config: Any, run: RunInfo) -> Iterator[dict[str, Any]]:
     from baselines.torchft.policy import require_torchft
 
+    refuse_checkpoints(run.config)
     require_torchft(config.log_level)
     from torchft.coordination import LighthouseServer
 

@@ -180,13 +180,9 @@ class TorchftWorker:
         """Train until ``job.steps`` updates committed (True) or the run stops (False)."""
         self.registered_at = time.time()  # run_worker registered this worker just now
         self.store.wait([keys.GEN], timedelta(seconds=float(self.cfg.cluster.startup_timeout_s)))
+        # torchft needs no new generation; its steps are reported under the first (checkpoints,
+        # which would need one, are refused before launch: baselines.torchft.service).
         self.generation = int(self.store.get(keys.GEN))
-        document = json.loads(self.store.get(keys.plan(self.generation)))
-        if document.get("load_checkpoint") or int(document["checkpoint"]["every_steps"]) > 0:
-            raise RunError(
-                "strategy=torchft neither writes nor resumes the harness's checkpoints (torchft heals from live "
-                "peers): set checkpoint=none and job.resume=null"
-            )
         while self.manager.current_step() < self.steps:
             if self.store.check([keys.STOP]):
                 return False

@@ -175,6 +175,14 @@ def test_layouts_torchft_cannot_run_are_refused_with_the_fix():
         make_strategy(tiny_config("strategy=torchft", **{"strategy.pg_timeout_s": 0}))
 
 
+def test_harness_checkpoints_are_refused_before_any_node_starts(tmp_path):
+    with pytest.raises(ConfigError, match=r"checkpoint.every_steps=5; set checkpoint.every_steps=null"):
+        launch(tiny_config("strategy=torchft", **{"checkpoint.every_steps": 5}), tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 0 and "neither writes nor resumes" in summary["stopped"]
+    assert not (tmp_path / "run" / "torchft.json").exists()  # the lighthouse never started
+
+
 def test_missing_torchft_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchft", None)  # what an environment without it imports
     with pytest.raises(ConfigError, match=r"pip install -e '\.\[peers\]' \(torchft==0\.2\.0\)"):
