@@ -40,10 +40,13 @@ def tiny_profile(tmp_path_factory) -> Path:
 
 
 def _one_line_error(result: subprocess.CompletedProcess, text: str) -> None:
+    """Exit status 2 and one error line naming the problem, the last thing printed (progress lines
+    such as "planning: ..." may come before it), without a traceback."""
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines == [f"oobleck.plan: error: {text}"] or (len(lines) == 1 and text in lines[0]), result.stderr
+    errors = [line for line in lines if line.startswith("oobleck.plan: error:")]
+    assert errors == lines[-1:] and (errors == [f"oobleck.plan: error: {text}"] or text in errors[0]), result.stderr
 
 
 def test_plan_from_profile_file(tmp_path, tiny_profile):
