@@ -25,7 +25,7 @@ def main(cfg: DictConfig) -> None:
     from oobleck.elastic.job import launch
 
     with entry(PROGRAM) as run_dir:
-        launch(cfg, run_dir)
+        launch(cfg, run_dir, handle_signals=True)
 
 
 def cli() -> None:
