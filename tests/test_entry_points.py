@@ -121,7 +121,9 @@ def test_the_toy_simulation_says_what_it_is():
 @pytest.mark.parametrize(
     ("command", "line", "expected"),
     [("oobleck-simulate", "oobleck-simulate experiment=pap", {"experiment=paper_spot", "experiment=paper_failure_frequency"}),
-     ("oobleck-run", "oobleck-run model=gpt3_t", {"model=gpt3_tiny"})],
+     ("oobleck-run", "oobleck-run model=gpt3_t", {"model=gpt3_tiny"}),
+     ("oobleck-plan", "oobleck-plan gpu=h", {"gpu=h100_80gb", "gpu=h200"}),
+     ("oobleck-profile", "oobleck-profile job.microbatch_s", {"job.microbatch_size="})],
 )
 def test_tab_completion_of_the_console_scripts(tmp_path, command, line, expected):
     if shutil.which(command, path=str(BIN)) is None:
