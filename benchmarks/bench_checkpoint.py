@@ -39,14 +39,11 @@ WAIT_S = 3600.0  # bound on any one write here (gigabytes on a slow disk)
 
 
 def build_layers(model: str):
-    from omegaconf import OmegaConf
-
-    from oobleck.config import Config
-    from oobleck.models import load_model_config, num_layers
+    from oobleck.models import num_layers
     from oobleck.runtime.state import new_layer_state
+    from oobleck.runtime.testing import compose_run_config
 
-    cfg = OmegaConf.structured(Config)
-    cfg.model = load_model_config(model)
+    cfg = compose_run_config(f"model={model}")
     return cfg, [new_layer_state(cfg.model, cfg.job, index, 0, "cpu") for index in range(num_layers(cfg.model))]
 
 

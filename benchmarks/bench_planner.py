@@ -183,8 +183,9 @@ def _paper_shrink(model: str, stop: int) -> list[tuple[int, float, float]]:
     from oobleck.planning.templates import generate_templates
     from oobleck.profiling.analytic import analytic_profile
 
-    conf = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf")
-    with initialize_config_dir(config_dir=os.path.abspath(conf), version_base="1.3"):
+    from oobleck.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["experiment=paper_failure_frequency", f"model={model}", "cluster.nodes=30"])
     profile = analytic_profile(cfg.model, cfg.cluster.gpu, int(cfg.job.microbatch_size))
     f, B, b = int(cfg.job.fault_tolerance), int(cfg.job.global_batch_size), int(cfg.job.microbatch_size)

@@ -14,11 +14,9 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
@@ -29,12 +27,12 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-    import oobleck.config  # noqa: F401  (registers the schema)
+    from oobleck.config import CONF_DIR  # also registers the schema
     from oobleck.faults.trace import load_trace
     from oobleck.sim.engine import simulate
     from oobleck.sim.experiment import build_context, model_profile, simulated_strategy
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["experiment=paper_spot"])
     trace = load_trace(args.trace)
     hours = (trace.end_ms - trace.start_ms) / 3.6e6

@@ -2,30 +2,64 @@
 
 The dataclasses here are registered in Hydra's ConfigStore as ``oobleck_schema``; ``conf/config.yaml``
 puts that schema first in its defaults list, so every key a YAML file or a command-line override
-sets is type-checked and an unknown key is an error. ``validate(cfg)`` then checks values and
-cross-field constraints before any process starts, raising ``ConfigError`` with one message that
-names the key, the value and the fix.
+sets is type-checked. The schema holds types only (``MISSING`` everywhere): every value lives in
+``conf/``. ``validate(cfg)`` then checks that every key is one the schema knows (Hydra's ``+`` adds
+any key; ``check_known_keys`` names the closest known one), and values and cross-field constraints
+before any process starts, raising ``ConfigError`` with one message that names the key, the value
+and the fix. ``CONF_DIR`` is where the config tree is (installed or in the checkout);
+``load_group`` composes one group's section without Hydra.
 
-Sections mirror the config groups: ``model/``, ``cluster/``, ``profile``, ``job``, ``planner``,
-``failures/``, ``strategy/``, ``checkpoint/``, ``sim`` (filled by ``experiment/``) and ``logger/``.
+Sections mirror the config groups: ``paths``, ``model/``, ``cluster/`` (``gpu/`` fills
+``cluster.gpu``), ``profile``, ``job``, ``planner``, ``failures/``, ``strategy/``, ``checkpoint/``,
+``sim`` (filled by ``experiment/``) and ``logger/``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-from oobleck.errors import ConfigError
+from oobleck.errors import ConfigError, unknown_key_message
 from oobleck.planning.instantiate import MAX_MICROBATCHES, microbatch_limit_message
 from oobleck.planning.profile import ClusterSpec
 
-# The Hydra config tree (conf/ at the top of the repository).
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+def find_conf_dir() -> Path:
+    """The Hydra config tree: ``oobleck/conf`` in an installed wheel (setup.py ships ``conf/`` there),
+    else ``conf/`` at the top of the checkout (an editable install or a plain checkout)."""
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "conf", package.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise ConfigError(f"no config tree: neither {package / 'conf'} nor {package.parent / 'conf'} holds config.yaml; reinstall the package")
+
+
+# Every entry point, test and tool finds the config tree here (``@hydra.main(config_path=...)``,
+# ``initialize_config_dir``, the per-group loaders of oobleck.models and oobleck.profiling).
+CONF_DIR = find_conf_dir()
+
+
+# The schema holds types only: every value lives in conf/ (config.yaml gives what every choice
+# starts from, the group files what their choice changes). A field is MISSING here so that the
+# YAML must say; nested sections are typed nodes (``default_factory``), never values. The one
+# exception is ``FailureEventConfig``: the type of a list element a user writes, whose defaults
+# say "not given".
+
+
+@dataclass
+class PathsConfig:
+    """Where runs write: shared caches and the run dirs (``paths:`` in config.yaml)."""
+
+    cache_dir: str = MISSING  # measured profiles and other caches shared by runs (~ is expanded)
+    output_dir: str = MISSING  # run dirs: <output_dir>/<program>/<date_time>
+    multirun_dir: str = MISSING  # sweeps: <multirun_dir>/<date_time>/<job number>
 
 
 @dataclass
@@ -36,206 +70,180 @@ class ModelConfig:
     n_layer: int = MISSING  # transformer blocks (the layered model adds embedding, final norm, head)
     n_embd: int = MISSING
     n_head: int = MISSING
-    vocab_size: int = 50257
-    seq_len: int = 1024
-    ffn_mult: int = 4
-    dropout: float = 0.0
-    init_std: float = 0.02
-    # Tied input embedding and LM head. When true the runtime all-reduces the tied weight's
-    # gradient between the stages holding the two ends, so training stays exact.
-    tie_embeddings: bool = True
+    vocab_size: int = MISSING
+    seq_len: int = MISSING
+    ffn_mult: int = MISSING
+    dropout: float = MISSING
+    init_std: float = MISSING
+    tie_embeddings: bool = MISSING  # tied input embedding and LM head (trained exactly)
 
 
 @dataclass
 class GPUConfig:
-    """A named accelerator for analytic profiles and simulation (``cluster.gpu``)."""
+    """A named accelerator (``gpu=<name>``, ``conf/gpu/``): analytic profiles, simulation, and the
+    device memory the planner uses (``cluster.device_memory_gb`` follows ``memory_gb``)."""
 
-    name: str = "A100-40GB"
-    peak_tflops: float = 312.0  # dense fp16/bf16 tensor-core peak (NVIDIA A100 datasheet)
-    memory_gb: float = 40.0
-    memory_bandwidth_gbps: float = 1555.0  # HBM bytes/s in GB/s (A100 40GB datasheet)
-    # Fraction of peak FLOP/s a transformer layer achieves; an assumption, see conf/gpu/.
-    achieved_flop_fraction: float = 0.45
-    # Fraction of peak memory bandwidth memory-bound work achieves (an assumption, see conf/gpu/).
-    achieved_bandwidth_fraction: float = 0.7
-    # Bytes per activation / boundary value in mixed-precision training (bf16/fp16).
-    activation_bytes_per_value: int = 2
+    name: str = MISSING
+    peak_tflops: float = MISSING  # dense fp16/bf16 tensor-core peak
+    memory_gb: float = MISSING
+    memory_bandwidth_gbps: float = MISSING  # HBM bytes/s in GB/s
+    achieved_flop_fraction: float = MISSING  # fraction of peak FLOP/s a transformer layer achieves
+    achieved_bandwidth_fraction: float = MISSING  # fraction of peak bandwidth memory-bound work achieves
+    activation_bytes_per_value: int = MISSING  # bytes per activation value (bf16/fp16: 2)
 
 
 @dataclass
 class ClusterConfig:
     """Where workers run: ``local`` (processes on this machine) or ``slurm`` (one agent per node)."""
 
-    kind: str = "local"
-    nodes: int = 4
-    gpus_per_node: int = 1
-    device: str = "cpu"  # cpu (gloo) | cuda (nccl)
+    kind: str = MISSING  # local | slurm
+    nodes: int = MISSING
+    gpus_per_node: int = MISSING
+    device: str = MISSING  # cpu (gloo) | cuda (nccl)
     gpu: GPUConfig = field(default_factory=GPUConfig)
-    # Memory the planner may use on one device. For cpu "devices" this is a per-worker budget.
-    device_memory_gb: float = 4.0
-    intra_node_bandwidth_gbps: float = 10.0  # GB/s between devices of one node
-    inter_node_bandwidth_gbps: float = 1.0  # GB/s between nodes
-    master_addr: str = "127.0.0.1"
-    master_port: int = 0  # 0: pick a free port
-    heartbeat_interval_s: float = 0.5
-    heartbeat_timeout_s: float = 10.0
-    collective_timeout_s: float = 60.0
-    startup_timeout_s: float = 180.0
-    # Torch threads per worker; 0 lets torch choose. Keep 1 on small CPU machines.
-    torch_threads: int = 1
+    device_memory_gb: float = MISSING  # memory the planner may use on one device
+    intra_node_bandwidth_gbps: float = MISSING  # GB/s between devices of one node
+    inter_node_bandwidth_gbps: float = MISSING  # GB/s between nodes
+    master_addr: str = MISSING
+    master_port: int = MISSING  # 0: pick a free port
+    heartbeat_interval_s: float = MISSING
+    heartbeat_timeout_s: float = MISSING
+    collective_timeout_s: float = MISSING
+    startup_timeout_s: float = MISSING
+    torch_threads: int = MISSING  # torch threads per worker; 0 lets torch choose
 
 
 @dataclass
 class ProfileConfig:
     """Where the planner's per-layer profile comes from."""
 
-    source: str = "auto"  # auto | measured | analytic | file
-    path: Optional[str] = None  # profile JSON for source=file
-    cache_dir: str = ".oobleck_cache/profiles"
-    warmup: int = 2
-    repeats: int = 5
-    # Measured profiles also time all-reduce for these group sizes and message sizes (bytes) on the
-    # current backend; an empty list skips it (group sizes above the local device count are skipped).
-    allreduce_group_sizes: list[int] = field(default_factory=lambda: [2])
-    allreduce_bytes: list[int] = field(default_factory=lambda: [1 << 20, 16 << 20])
-    allreduce_timeout_s: float = 120.0
+    source: str = MISSING  # auto | measured | analytic | file
+    path: Optional[str] = MISSING  # profile JSON for source=file
+    cache_dir: str = MISSING
+    warmup: int = MISSING
+    repeats: int = MISSING
+    max_measure_s: float = MISSING  # refuse a measurement estimated to take longer
+    allreduce_group_sizes: list[int] = MISSING
+    allreduce_bytes: list[int] = MISSING
+    allreduce_timeout_s: float = MISSING
 
 
 @dataclass
 class JobConfig:
     """The training job: fault tolerance, batch sizes, steps and optimiser."""
 
-    fault_tolerance: int = 1  # f: simultaneous node failures to survive without restart
-    global_batch_size: int = 32
-    microbatch_size: int = 2
-    steps: int = 30
-    seed: int = 0
-    dataset: str = "corpus"  # corpus (shipped text, byte-level) | synthetic (seeded tokens)
-    synthetic_samples: int = 4096  # samples in the synthetic dataset (job.dataset=synthetic)
-    lr: float = 3e-4
-    min_lr: float = 3e-5
-    warmup_steps: int = 5
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0  # global-norm clipping; 0 disables
-    # Resume from a checkpoint: null (start fresh), auto (the newest valid one under checkpoint.dir,
-    # fresh if none), or a path (a step-NNNNNNNN dir, or a checkpoint dir for its newest valid one).
-    resume: Optional[str] = None
+    fault_tolerance: int = MISSING  # f: simultaneous node failures to survive without restart
+    global_batch_size: int = MISSING
+    microbatch_size: int = MISSING
+    steps: int = MISSING
+    seed: int = MISSING
+    dataset: str = MISSING  # corpus | synthetic
+    synthetic_samples: int = MISSING
+    lr: float = MISSING
+    min_lr: float = MISSING
+    warmup_steps: int = MISSING
+    weight_decay: float = MISSING
+    beta1: float = MISSING
+    beta2: float = MISSING
+    grad_clip: float = MISSING  # 0 disables
+    resume: Optional[str] = MISSING  # null | auto | <checkpoint path>
 
 
 @dataclass
 class PlannerConfig:
     """Template generation and instantiation settings."""
 
-    # Templates are ranked at m = reference_microbatches_per_stage * S microbatches (paper: 4 * S).
-    reference_microbatches_per_stage: int = 4
-    # Only plan stage widths the runtime can execute (a stage on g GPUs of one node).
-    max_gpus_per_stage: Optional[int] = None
-    # Reconfiguration splits each layer copy across up to this many surviving holders.
-    transfer_sources: int = 4
-    # Steps over which a fresh plan's faster iterations must repay its extra layer copying for
-    # reconfiguration to re-plan instead of regrouping in place (conf/config.yaml sets it).
-    replan_horizon_steps: int = 100
+    reference_microbatches_per_stage: int = MISSING
+    max_gpus_per_stage: Optional[int] = MISSING
+    transfer_sources: int = MISSING
+    replan_horizon_steps: int = MISSING
 
 
 @dataclass
 class FailureEventConfig:
-    """One scheduled membership change: at a step or after a time, remove or join nodes."""
+    """One scheduled event (an element of ``failures.events``): at a step or after a time, an action
+    on nodes. Its defaults mean "not given"; ``action`` must be given."""
 
-    action: str = "remove"  # remove | join | raise (a worker raises: tests the error path)
+    action: str = MISSING  # remove | freeze | raise | join (oobleck.faults.kinds.FaultKind)
     step: Optional[int] = None
     time_s: Optional[float] = None
     nodes: Optional[list[int]] = None  # explicit node ids
     count: Optional[int] = None  # or how many (chosen deterministically from the seed)
-    # Where in the step to strike for removals at a step: any | forward | backward | allreduce |
-    # optimizer | reconfigure (during the next reconfiguration after that step)
-    phase: str = "any"
-    freeze: bool = False  # SIGSTOP instead of SIGKILL: caught by the heartbeat timeout
+    phase: str = "any"  # any | forward | backward | allreduce | optimizer | reconfigure (Phase)
+    freeze: bool = False  # deprecated: action=freeze says it
 
 
 @dataclass
 class FailuresConfig:
     """The failure schedule: none | explicit | poisson | trace."""
 
-    kind: str = "none"
-    events: list[FailureEventConfig] = field(default_factory=list)
-    mtbf_s: float = 60.0  # poisson: mean time between node failures
-    max_events: Optional[int] = None
-    seed: int = 0
-    trace: Optional[str] = None  # trace file, or a shipped name such as synthetic/10m
-    # Real runs replay a trace faster: seconds of run time per hour of trace time.
-    seconds_per_trace_hour: float = 10.0
+    kind: str = MISSING
+    events: list[FailureEventConfig] = MISSING
+    mtbf_s: float = MISSING
+    max_events: Optional[int] = MISSING
+    seed: int = MISSING
+    trace: Optional[str] = MISSING
+    seconds_per_trace_hour: float = MISSING
 
 
 @dataclass
 class RuntimeConfig:
     """Worker runtime knobs (oobleck/runtime)."""
 
-    bucket_mb: float = 4.0  # gradient all-reduce bucket size (MiB)
-    # An abandoned process group (aborted generation) is released once none of its operations
-    # is pending, and at the latest cluster.collective_timeout_s + reap_margin_s after it was
-    # abandoned (gloo has failed its pending operations by then).
-    reap_margin_s: float = 5.0
-    # Collect every layer's final parameters into final_params.pt in the run dir (exactness checks).
-    save_final_params: bool = False
+    bucket_mb: float = MISSING  # gradient all-reduce bucket size (MiB)
+    reap_margin_s: float = MISSING
+    save_final_params: bool = MISSING
 
 
 @dataclass
 class CheckpointConfig:
     """Periodic by-layer checkpoints (``oobleck/checkpoint``); ``conf/checkpoint/<name>.yaml``."""
 
-    # Checkpoint after every this many committed steps (0: not by steps); null: the strategy's own
-    # default (``checkpoint_every_steps`` in conf/strategy/<name>.yaml; oobleck.strategy.checkpoint_every_steps).
-    every_steps: Optional[int] = None
-    every_s: Optional[float] = None  # and/or once this many seconds passed since the last; None = not by time
-    dir: Optional[str] = None  # None: <run dir>/checkpoints; on Slurm a path every node shares
-    keep: int = 2  # retention: the newest this many complete checkpoints (>= 1)
-    async_write: bool = True  # write in the background (only the host snapshot is on the training path)
-    io_threads: int = 2  # threads per process writing shards, and checking checksums on resume
-    max_pending: int = 1  # checkpoints in flight per worker before the next one waits for one to finish
-    write_timeout_s: float = 600.0  # bound on every wait for a checkpoint write
+    # null: the strategy's own default (checkpoint_every_steps in conf/strategy/<name>.yaml).
+    every_steps: Optional[int] = MISSING
+    every_s: Optional[float] = MISSING
+    dir: Optional[str] = MISSING  # null: <run dir>/checkpoints; on Slurm a path every node shares
+    keep: int = MISSING
+    async_write: bool = MISSING
+    io_threads: int = MISSING
+    max_pending: int = MISSING
+    write_timeout_s: float = MISSING
 
 
 @dataclass
 class SimConfig:
     """Simulator experiments (set by ``experiment/``)."""
 
-    models: list[str] = field(default_factory=lambda: ["gpt3_medium"])
-    traces: list[str] = field(default_factory=lambda: ["synthetic/1h"])
-    strategies: list[str] = field(default_factory=lambda: ["oobleck", "varuna", "bamboo"])
-    duration_h: Optional[float] = None  # None: the whole trace
-    figures: bool = True
-    # Per-strategy overrides of a strategy's config in a simulation: sim.params.<strategy>.<key>
-    # (e.g. sim.params.oobleck.checkpoint_every_steps=100, sim.params.varuna.costs.restart_fixed_s=60);
-    # the strategy's typed config (conf/strategy/<name>.yaml, oobleck.strategy) checks them.
-    params: dict[str, Any] = field(default_factory=dict)
-    # Where each simulated model's profile comes from: analytic (cluster.gpu's FLOP/byte model, and
-    # cluster.gpu.memory_gb per device) or auto | measured | file as in profile.source (real runs).
-    profile_source: str = "analytic"
-    # Nodes the templates are generated for; None: the most nodes alive at once in any trace.
-    nodes: Optional[int] = None
-    # Time bins (seconds) of the throughput-over-time tables and figures.
-    timeline_bin_s: float = 300.0
+    models: list[str] = MISSING
+    traces: list[str] = MISSING
+    strategies: list[str] = MISSING
+    duration_h: Optional[float] = MISSING
+    figures: bool = MISSING
+    # sim.params.<strategy>.<key>: typed by that strategy's config (oobleck.strategy).
+    params: dict[str, Any] = MISSING
+    profile_source: str = MISSING  # analytic | auto | measured | file
+    nodes: Optional[int] = MISSING
+    timeline_bin_s: float = MISSING
 
 
 @dataclass
 class WandbConfig:
-    mode: str = "offline"  # offline | online | disabled
-    project: str = "oobleck"
-    entity: Optional[str] = None
-    group: Optional[str] = None
-    tags: list[str] = field(default_factory=list)
+    mode: str = MISSING  # offline | online | disabled
+    project: str = MISSING
+    entity: Optional[str] = MISSING
+    group: Optional[str] = MISSING
+    tags: list[str] = MISSING
 
 
 @dataclass
 class LoggerConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
-    progress_bar: bool = True
+    progress_bar: bool = MISSING
 
 
 @dataclass
 class Config:
+    paths: PathsConfig = field(default_factory=PathsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
@@ -249,7 +257,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     sim: SimConfig = field(default_factory=SimConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    experiment: str = "default"
+    experiment: str = MISSING
 
 
 def register_configs() -> None:
@@ -258,6 +266,89 @@ def register_configs() -> None:
 
 
 register_configs()
+
+# Config groups whose files fill one section outside Hydra too (tools, tests, the simulator).
+_GROUP_SECTIONS = {"model": ("model", ModelConfig), "gpu": ("cluster.gpu", GPUConfig)}
+
+
+def group_names(group: str) -> list[str]:
+    """The options of a config group (``conf/<group>/*.yaml``), e.g. the ``model=`` names."""
+    return sorted(path.stem for path in (CONF_DIR / group).glob("*.yaml"))
+
+
+def load_group(group: str, name: str, **overrides: Any) -> DictConfig:
+    """``<group>=<name>`` as Hydra composes that section (``model`` or ``gpu``), without Hydra:
+    the section's base values in config.yaml, then ``conf/<group>/<name>.yaml``, then ``overrides``,
+    typed by the schema."""
+    section, schema = _GROUP_SECTIONS[group]
+    path = CONF_DIR / group / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{group}={name!r} has no {path}; choose one of {', '.join(group_names(group))}")
+    base = OmegaConf.select(OmegaConf.load(CONF_DIR / "config.yaml"), section, default=None) or {}
+    return OmegaConf.merge(OmegaConf.structured(schema), base, OmegaConf.load(path), overrides)  # type: ignore[return-value]
+
+
+def _section_schema(section: str) -> Any:
+    """The schema dataclass of a dotted section ("" for the top level; list indices allowed), or
+    None when the schema has no such section."""
+    node: Any = Config
+    for part in filter(None, section.split(".")):
+        node = _element_type(_field_types(node).get(part.split("[")[0]))
+    return node if dataclasses.is_dataclass(node) else None
+
+
+def schema_keys(section: str) -> list[str]:
+    """The field names the schema declares for a dotted section ("" for the top level)."""
+    return list(_field_types(_section_schema(section)))
+
+
+def _field_types(schema: Any) -> dict[str, Any]:
+    return typing.get_type_hints(schema) if dataclasses.is_dataclass(schema) else {}
+
+
+def _element_type(hint: Any) -> Any:
+    """The dataclass a field holds, directly, as Optional[...] or as the elements of a list."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, list) and len(args) == 1:
+        return _element_type(args[0])
+    return hint
+
+
+def schema_type(key: str) -> str | None:
+    """The type the schema declares for a dotted key, e.g. ``int`` or ``str or null`` (None when
+    the key is unknown or not a scalar)."""
+    parent, _, leaf = key.rpartition(".")
+    hint = _field_types(_section_schema(parent)).get(leaf.split("[")[0])
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    optional = typing.get_origin(hint) is typing.Union and len(args) == 1
+    scalar = args[0] if optional else hint
+    if scalar in (int, float, str, bool):
+        return scalar.__name__ + (" or null" if optional else "")
+    return None
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Every key of ``cfg`` is one the schema declares: ``+job.stpes=3`` (Hydra's ``+`` adds any
+    key) is refused before anything starts. The strategy section is typed by its own class and
+    checked there (``oobleck.strategy.strategy_config``)."""
+
+    def walk(node: Any, schema: Any, prefix: str) -> None:
+        fields = _field_types(schema)
+        for key in node.keys() if isinstance(node, DictConfig) else ():
+            dotted = f"{prefix}{key}"
+            if key not in fields:
+                raise ConfigError(unknown_key_message(dotted, fields))
+            inner = _element_type(fields[key])
+            if not dataclasses.is_dataclass(inner):
+                continue
+            value = node._get_node(key)
+            if isinstance(value, ListConfig):
+                for index, item in enumerate(value):
+                    walk(item, inner, f"{dotted}[{index}].")
+            else:
+                walk(value, inner, f"{dotted}.")
+
+    walk(cfg, Config, "")
 
 
 def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -279,6 +370,8 @@ def validate(cfg: Config | DictConfig) -> None:
     Constraints that need the model profile (n0, memory) are checked by the planner, which
     raises ``PlanningError`` with the same kind of message.
     """
+    if isinstance(cfg, DictConfig):
+        check_known_keys(cfg)
     model, cluster, job = cfg.model, cfg.cluster, cfg.job
     for key in ("n_layer", "n_embd", "n_head", "vocab_size", "seq_len"):
         _positive(f"model.{key}", getattr(model, key))
@@ -338,6 +431,8 @@ def validate(cfg: Config | DictConfig) -> None:
             "job.fault_tolerance needs; raise the batch or lower the microbatch size"
         )
     _positive("job.steps", job.steps)
+    if job.seed < 0:
+        raise ConfigError(f"job.seed={job.seed} must be >= 0 (seeds are non-negative)")
     _positive("job.lr", job.lr)
     _positive("job.min_lr", job.min_lr, allow_zero=True)
     _positive("job.warmup_steps", job.warmup_steps, allow_zero=True)
@@ -348,20 +443,11 @@ def validate(cfg: Config | DictConfig) -> None:
     _positive("planner.transfer_sources", cfg.planner.transfer_sources)
     _positive("planner.replan_horizon_steps", cfg.planner.replan_horizon_steps, allow_zero=True)
 
-    failures = cfg.failures
-    _choice("failures.kind", failures.kind, ("none", "explicit", "poisson", "trace"))
-    if failures.kind == "poisson":
-        _positive("failures.mtbf_s", failures.mtbf_s)
-    if failures.kind == "trace" and not failures.trace:
-        raise ConfigError("failures.kind=trace needs failures.trace=<file or shipped name, e.g. synthetic/10m>")
-    for index, event in enumerate(failures.events):
-        key = f"failures.events[{index}]"
-        _choice(f"{key}.action", event.action, ("remove", "join", "raise"))
-        _choice(f"{key}.phase", event.phase, ("any", "forward", "backward", "allreduce", "optimizer", "reconfigure"))
-        if (event.step is None) == (event.time_s is None):
-            raise ConfigError(f"{key} needs exactly one of step=<int> or time_s=<seconds>")
-        if event.nodes is None and event.count is None:
-            raise ConfigError(f"{key} needs nodes=[ids] or count=<n>")
+    from oobleck.faults.schedule import check_failures
+
+    # The section's own values; what depends on the run (steps, nodes, the trace file) is checked
+    # when oobleck.run builds the schedule, still before any process starts.
+    check_failures(cfg.failures)
 
     _validate_strategy(cfg)
     sim = cfg.sim
@@ -408,6 +494,14 @@ def _validate_strategy(cfg: Config | DictConfig) -> None:
     config = strategy_config(cfg.strategy)
     if config.checkpoint_every_steps < 0:
         raise ConfigError(f"strategy.checkpoint_every_steps={config.checkpoint_every_steps} must be >= 0")
+    for name, overrides in (cfg.sim.params or {}).items() if "sim" in cfg else ():
+        key = f"sim.params.{name}"
+        if name not in strategy_names():
+            raise ConfigError(unknown_key_message(key, strategy_names(), "(sim.params.<strategy>: one of conf/strategy/)"))
+        if not isinstance(overrides, DictConfig):
+            raise ConfigError(f"{key}={overrides!r} must be a mapping of that strategy's settings, e.g. {key}.checkpoint_every_steps=100")
+        section = cfg.strategy if cfg.strategy.get("name") == name else OmegaConf.load(CONF_DIR / "strategy" / f"{name}.yaml")
+        strategy_config(section, OmegaConf.to_container(overrides, resolve=True), where=key)  # type: ignore[arg-type]
     if strategy_class(cfg.strategy).requires_checkpoints and checkpoint_every_steps(cfg, config) <= 0:
         raise ConfigError(
             f"strategy={config.name} restarts from checkpoints, but checkpoints are disabled "

@@ -10,11 +10,9 @@ the body runs (an override of the wrong type, an unknown key, a missing group op
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import sys
-import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 
@@ -46,6 +44,25 @@ class RunError(OobleckError):
     """A distributed run could not start or had to stop (the message says why)."""
 
 
+def closest(word: str, known: Iterable[str]) -> str | None:
+    """The known spelling nearest to a mistyped ``word`` (None when nothing is close)."""
+    import difflib
+
+    matches = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def unknown_key_message(key: str, known: Iterable[str], hint: str = "(--cfg job shows every key)") -> str:
+    """One line for a dotted key its section does not have (``known``: the section's key names):
+    the closest of them, else all of them."""
+    parent, _, leaf = key.rpartition(".")
+    known = list(known)
+    close = closest(leaf.split("[")[0], known)
+    if close:
+        return f"{key} is not a config key; did you mean {parent + '.' if parent else ''}{close}? {hint}"
+    return f"{key} is not a config key; {parent or 'the config'} has: {', '.join(known) or 'no keys'} {hint}"
+
+
 class Stopped(RunError):
     """A run stopped on request (a signal) after saving what it did; ``exit_code`` follows the
     conventions: 130 for SIGINT, 143 for SIGTERM, 75 (EX_TEMPFAIL) for "checkpointed, requeue me"."""
@@ -56,6 +73,7 @@ class Stopped(RunError):
 
 
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
 EXIT_REQUEUE = 75  # sysexits.h EX_TEMPFAIL: slurm/run.sbatch requeues the job on it
 
 
@@ -95,24 +113,55 @@ def run_app(main: Callable[[], Any], program: str) -> None:
     except (HydraException, OmegaConfBaseException) as error:
         print(f"{program}: error: {hydra_error_message(error, program)}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USER_ERROR)
+    except KeyboardInterrupt:  # before the task's own handling (oobleck.cli.entry) took over
+        print(f"\n{program}: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        sys.exit(EXIT_INTERRUPTED)
     finally:
-        del os.environ[HYDRA_FULL_ERROR]
+        os.environ.pop(HYDRA_FULL_ERROR, None)
 
 
 def hydra_error_message(error: BaseException, program: str) -> str:
-    """One line for a Hydra or OmegaConf error: the key, the value and the fix where it names them."""
-    from omegaconf.errors import OmegaConfBaseException
+    """One line for a Hydra or OmegaConf error: the key, the value and the fix where it names them
+    (for an unknown key, the closest known one)."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+    from oobleck.config import schema_keys, schema_type  # here: oobleck.config imports this module
 
     cause = error if isinstance(error, OmegaConfBaseException) else error.__cause__
     if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
-        key, detail = cause.full_key, str(getattr(cause, "msg", "") or cause).strip().splitlines()[0]
-        expected = _schema_type(key)
+        key = str(cause.full_key)
+        hint = f"(python -m {program} --cfg job shows every key)"
+        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+            parent, _, leaf = key.rpartition(".")
+            if key.startswith("strategy."):
+                return _strategy_key_message(cause, key, hint)
+            if leaf.split("[")[0] not in schema_keys(parent):
+                return unknown_key_message(key, schema_keys(parent), hint)
+        detail = str(getattr(cause, "msg", "") or cause).strip().splitlines()[0]
+        expected = schema_type(key)
         value = getattr(cause, "value", None)
         shown = f"{key}={value}" if value is not None else key
         if expected:
-            return f"{shown}: {detail}; set {key}=<{expected}> (python -m {program} --cfg job shows every key)"
-        return f"{shown}: {detail} (python -m {program} --cfg job shows every key)"
+            return f"{shown}: {detail}; set {key}=<{expected}> {hint}"
+        return f"{shown}: {detail} {hint}"
     return _one_line(str(error))
+
+
+def _strategy_key_message(cause: Any, key: str, hint: str) -> str:
+    """A ``strategy.<key>=...`` override of a key the strategy's YAML does not list: either a setting
+    of the chosen strategy the YAML leaves at its default (it takes ``+``), or a typo."""
+    from oobleck.strategy import setting_keys, strategy_class
+
+    parent, _, leaf = key.removeprefix("strategy.").rpartition(".")
+    try:
+        root = cause.parent_node._get_root()
+        cls = strategy_class(root.strategy)
+    except Exception:  # no composed config to look at: fall back on the plain message
+        return unknown_key_message(key, [], hint)
+    known = setting_keys(cls, parent)
+    if leaf in known:
+        return f"{key} is a setting of strategy={root.strategy.get('name')} that its YAML does not list; add it with +{key}=<value>"
+    return unknown_key_message(key, known, hint)
 
 
 def _one_line(text: str) -> str:
@@ -131,25 +180,3 @@ def _one_line(text: str) -> str:
             parts.append(line)
             listing = line.endswith(":")
     return "; ".join(parts)
-
-
-def _schema_type(key: str) -> str | None:
-    """The type the config schema (``oobleck.config.Config``) declares for a dotted key, if any."""
-    from oobleck.config import Config  # here: oobleck.config imports this module
-
-    node: Any = Config
-    hint: Any = None
-    for part in key.split("."):
-        part = part.split("[")[0]
-        if not dataclasses.is_dataclass(node):
-            return None
-        hints = typing.get_type_hints(node)
-        if part not in hints:
-            return None
-        hint = hints[part]
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        node = args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
-    if node in (int, float, str, bool):
-        optional = typing.get_origin(hint) is typing.Union
-        return node.__name__ + (" or null" if optional else "")
-    return None

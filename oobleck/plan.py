@@ -1,22 +1,26 @@
 """``python -m oobleck.plan``: print the pipeline templates and the chosen plan, write plan.json.
 
 A Hydra app over the project's config tree. The profile comes from ``oobleck.profiling.get_profile``
-(``profile.source=file|measured|analytic|auto``). Bad input prints one line and exits with 2.
+(``profile.source=file|measured|analytic|auto``; a measurement shows a progress bar and is refused
+up front when it would not fit this device or take too long). Each planning phase says what it
+does and how long it took. Bad input prints one line and exits with 2; what was printed is also
+in ``<run dir>/plan.log``. Installed, the command is ``oobleck-plan``.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import hydra
 from omegaconf import DictConfig
 
-import oobleck.config  # noqa: F401  (registers the config schema with Hydra)
-from oobleck.config import to_container, validate
-from oobleck.errors import report_errors, run_app
+from oobleck.cli import entry
+from oobleck.config import CONF_DIR, to_container, validate
+from oobleck.errors import run_app
 from oobleck.planning.instantiate import instantiate
 from oobleck.planning.plan import ExecutionPlan
 from oobleck.planning.profile import ClusterSpec, ModelProfile
@@ -54,11 +58,17 @@ def plan_table(plan: ExecutionPlan) -> str:
     return "\n".join(rows)
 
 
-def make_plan(cfg: DictConfig, profile: ModelProfile) -> tuple[TemplateSet, ExecutionPlan, float]:
-    """Templates and the initial plan for ``cfg`` (no I/O), and the planning time in seconds."""
+def make_plan(cfg: DictConfig, profile: ModelProfile, *, say: Callable[[str], None] | None = None) -> tuple[TemplateSet, ExecutionPlan, float]:
+    """Templates and the initial plan for ``cfg`` (no I/O), and the planning time in seconds.
+    ``say`` gets one line as each phase starts and ends (what it does, how long it took)."""
+    say = say or (lambda line: None)
     cluster = ClusterSpec.from_config(cfg.cluster)
     f = int(cfg.job.fault_tolerance)
     started = time.perf_counter()
+    say(
+        f"planning: templates of {profile.num_layers} layers for up to {cluster.nodes} nodes of "
+        f"{cluster.gpus_per_node} devices ({cluster.device_memory_bytes / 1e9:.4g} GB each), f={f} ..."
+    )
     templates = generate_templates(
         profile,
         cluster,
@@ -67,7 +77,10 @@ def make_plan(cfg: DictConfig, profile: ModelProfile) -> tuple[TemplateSet, Exec
         max_gpus_per_stage=cfg.planner.max_gpus_per_stage,
     )
     check_fault_tolerance(templates, cluster.nodes, f)
+    generated = time.perf_counter()
+    say(f"planning: {len(templates.templates)} templates ({templates.min_nodes}..{templates.max_nodes} nodes) in {generated - started:.2f} s; instantiating ...")
     plan = instantiate(templates, range(cluster.nodes), int(cfg.job.global_batch_size), int(cfg.job.microbatch_size), f)
+    say(f"planning: {len(plan.pipelines)} pipelines over {cluster.nodes} nodes in {time.perf_counter() - generated:.2f} s")
     return templates, plan, time.perf_counter() - started
 
 
@@ -90,15 +103,14 @@ def plan_document(cfg: DictConfig, profile: ModelProfile, templates: TemplateSet
     }
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    with report_errors(PROGRAM):
+    with entry(PROGRAM) as run_dir:
         validate(cfg)
         from oobleck.profiling import get_profile  # imports torch: only after the config is valid
 
         profile = get_profile(cfg)
-        templates, plan, seconds = make_plan(cfg, profile)
-        run_dir = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
+        templates, plan, seconds = make_plan(cfg, profile, say=lambda line: print(line, file=sys.stderr, flush=True))
         path = run_dir / "plan.json"
         path.write_text(json.dumps(plan_document(cfg, profile, templates, plan), indent=1))
         print(
@@ -113,5 +125,10 @@ def main(cfg: DictConfig) -> None:
         print(f"\nwrote {path}")
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The ``oobleck-plan`` command."""
     run_app(main, PROGRAM)
+
+
+if __name__ == "__main__":
+    cli()

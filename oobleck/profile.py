@@ -3,23 +3,25 @@
 A Hydra app over ``conf/config.yaml``: ``model=<name>``, ``job.microbatch_size``,
 ``profile.source=auto|measured|analytic|file`` (``gpu=<name>`` for analytic), ``cluster.device``.
 Prints one row per layer (times, memory, boundary bytes) and the all-reduce samples. A measured
-profile is also cached under ``profile.cache_dir`` (``+refresh=true`` is not needed: a stale or
-corrupt cache is re-profiled automatically).
+profile is also cached under ``profile.cache_dir`` (``paths.cache_dir``; a stale or corrupt cache
+is re-profiled automatically). A progress bar follows the layers; a measurement that would not
+fit this device or would take longer than ``profile.max_measure_s`` is refused before it starts.
+Installed, the command is ``oobleck-profile``.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-import oobleck.config  # noqa: F401  (registers the schema before Hydra composes)
-from oobleck.config import validate
-from oobleck.errors import report_errors, run_app
+from oobleck.cli import entry
+from oobleck.config import CONF_DIR, validate
+from oobleck.errors import run_app
 from oobleck.planning.profile import ModelProfile
 
+PROGRAM = "oobleck.profile"
 MB = 1 << 20
 
 
@@ -47,20 +49,23 @@ def format_profile(profile: ModelProfile) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-
-    with report_errors("oobleck.profile"):
+    with entry(PROGRAM) as run_dir:
         validate(cfg)
         from oobleck.profiling import get_profile  # imports torch: after the config is known good
 
         profile = get_profile(cfg)
-        out = Path(HydraConfig.get().runtime.output_dir) / "profile.json"
+        out = run_dir / "profile.json"
         profile.save(out)
         print(format_profile(profile))
         print(f"wrote {out}", file=sys.stderr)
 
 
+def cli() -> None:
+    """The ``oobleck-profile`` command."""
+    run_app(main, PROGRAM)
+
+
 if __name__ == "__main__":
-    run_app(main, "oobleck.profile")
+    cli()

@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from oobleck.errors import ConfigError
+from oobleck.errors import ConfigError, unknown_key_message
 from oobleck.planning.plan import ExecutionPlan, LayerTransfer
 from oobleck.planning.profile import ClusterSpec, ModelProfile
 from oobleck.sim.costs import CostConstants
@@ -301,12 +301,22 @@ def strategy_class(section: Mapping[str, Any] | DictConfig) -> type[Strategy]:
     return cls
 
 
-def strategy_config(section: Mapping[str, Any] | DictConfig, overrides: Mapping[str, Any] | None = None) -> StrategyConfig:
+def setting_keys(cls: type[Strategy], section: str) -> list[str]:
+    """The keys strategy class ``cls``'s typed config has at a dotted ``section`` ("" for the top)."""
+    schema = OmegaConf.structured(cls.Config)
+    node = OmegaConf.select(schema, section) if section else schema
+    return list(node.keys()) if isinstance(node, DictConfig) else []
+
+
+def strategy_config(
+    section: Mapping[str, Any] | DictConfig, overrides: Mapping[str, Any] | None = None, *, where: str = "strategy"
+) -> StrategyConfig:
     """The typed settings of a strategy section (``cfg.strategy``), with ``overrides`` merged in.
 
-    Unknown keys and wrong types are ``ConfigError`` naming the strategy, the key and the value.
+    Unknown keys and wrong types are ``ConfigError`` naming the strategy, the key (under ``where``:
+    ``strategy``, or ``sim.params.<name>`` for a simulation's overrides) and the value.
     """
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
     data = _as_dict(section)
     cls = strategy_class(data)
@@ -316,6 +326,10 @@ def strategy_config(section: Mapping[str, Any] | DictConfig, overrides: Mapping[
         config = OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", "") or ""
+        parent, _, leaf = key.rpartition(".")
+        known = setting_keys(cls, parent)
+        if isinstance(error, (ConfigKeyError, ConfigAttributeError)) and leaf and leaf not in known:
+            raise ConfigError(unknown_key_message(f"{where}.{key}", known, f"(settings of strategy={name}: conf/strategy/{name}.yaml)")) from None
         message = str(error).splitlines()[0]
         raise ConfigError(f"strategy={name}: {key + ': ' if key else ''}{message}; see conf/strategy/{name}.yaml for the keys") from None
     assert isinstance(config, StrategyConfig)

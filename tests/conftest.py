@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 
-import oobleck.config  # noqa: F401  (registers the schema)
+from oobleck.config import CONF_DIR  # also registers the schema
 
 REPO = Path(__file__).resolve().parents[1]
-CONF_DIR = REPO / "conf"
+# Measured profiles of the test runs stay in the checkout (gitignored) rather than in the user's
+# ~/.cache/oobleck, shared by every test session and the subprocesses the tests start.
+os.environ.setdefault("OOBLECK_CACHE_DIR", str(REPO / ".oobleck_cache"))
 
 
 def compose_config(*overrides: str):

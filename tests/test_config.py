@@ -54,3 +54,117 @@ def test_bad_values_name_the_key(make_config, overrides, needle):
     with pytest.raises(ConfigError, match=None) as error:
         validate(make_config(*overrides))
     assert needle in str(error.value)
+
+
+# ---------------------------------------------------------------- one source of truth (issue 14)
+
+
+def _schema_defaults(schema, prefix=""):
+    """(key, default) of every field of a schema dataclass and its nested sections."""
+    import dataclasses
+
+    from omegaconf import MISSING
+
+    for f in dataclasses.fields(schema):
+        if f.default_factory is not dataclasses.MISSING:
+            nested = f.default_factory
+            assert dataclasses.is_dataclass(nested), f"{prefix}{f.name}: a default_factory must only type a nested section"
+            yield from _schema_defaults(nested, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f.default
+
+
+def test_the_schema_holds_types_not_values():
+    from omegaconf import MISSING
+
+    from oobleck.config import Config
+
+    valued = {key: value for key, value in _schema_defaults(Config) if value is not MISSING}
+    assert valued == {}, f"schema defaults that belong in conf/: {valued}"
+
+
+@pytest.mark.parametrize(
+    "choices",
+    [(), ("cluster=slurm",), ("failures=none",), ("failures=poisson",), ("failures=trace",), ("checkpoint=none",),
+     ("experiment=paper_spot",), ("experiment=paper_failure_frequency",), ("gpu=h200", "strategy=bamboo")],
+)
+def test_the_yaml_gives_every_value(make_config, choices):
+    from omegaconf import OmegaConf
+
+    cfg = make_config(*choices)
+    assert OmegaConf.missing_keys(cfg) == set()
+    validate(cfg)
+
+
+def test_outside_hydra_a_group_is_what_hydra_composes(make_config):
+    from oobleck.models import load_model_config, model_names
+    from oobleck.profiling import gpu_names, load_gpu_config
+
+    for name in model_names():
+        assert load_model_config(name) == make_config(f"model={name}").model
+    for name in gpu_names():
+        assert load_gpu_config(name) == make_config(f"gpu={name}").cluster.gpu
+
+
+@pytest.mark.parametrize(("gpu", "memory_gb"), [("a100_40gb", 40.0), ("a100_80gb", 80.0), ("h100_80gb", 80.0), ("h200", 141.0)])
+def test_gpu_sets_the_device_memory_the_planner_uses(make_config, gpu, memory_gb):
+    from oobleck.planning.profile import ClusterSpec
+
+    for cluster in ("cluster=local", "cluster=slurm"):
+        cfg = make_config(cluster, f"gpu={gpu}")
+        assert ClusterSpec.from_config(cfg.cluster).device_memory_bytes == memory_gb * 1e9
+    assert make_config(f"gpu={gpu}", "cluster.device_memory_gb=3").cluster.device_memory_gb == 3.0  # a budget of one's own
+
+
+def test_slurm_reads_gpus_per_node_from_the_allocation(make_config, monkeypatch):
+    monkeypatch.delenv("SLURM_GPUS_ON_NODE", raising=False)
+    assert make_config("cluster=slurm").cluster.gpus_per_node == 1
+    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "4")
+    assert make_config("cluster=slurm").cluster.gpus_per_node == 4
+    assert make_config("cluster=slurm", "cluster.gpus_per_node=2").cluster.gpus_per_node == 2
+
+
+def test_caches_and_outputs_live_under_paths(make_config, monkeypatch, tmp_path):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from oobleck.config import CONF_DIR
+
+    monkeypatch.setenv("OOBLECK_CACHE_DIR", str(tmp_path / "cache"))
+    assert make_config().profile.cache_dir == f"{tmp_path / 'cache'}/profiles"
+    monkeypatch.delenv("OOBLECK_CACHE_DIR")
+    assert make_config().profile.cache_dir == "~/.cache/oobleck/profiles"
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        hydra = compose("config", overrides=[f"paths.output_dir={tmp_path}/out", f"paths.multirun_dir={tmp_path}/multi"], return_hydra_config=True).hydra
+    hydra = OmegaConf.to_container(hydra, resolve=False)  # ${now:...} resolves only in a running app
+    assert hydra["run"]["dir"].startswith("${paths.output_dir}/") and hydra["sweep"]["dir"].startswith("${paths.multirun_dir}/")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["+job.stpes=3"], "job.stpes is not a config key; did you mean job.steps?"),
+        (["+job.foo=1"], "job.foo is not a config key; job has: fault_tolerance, global_batch_size"),
+        (["+failures.events.0.phse=forward"], "failures.events[0].phse is not a config key; did you mean failures.events[0].phase?"),
+        (["+strategy.checkpoint_every_step=3"], "strategy.checkpoint_every_step is not a config key; did you mean strategy.checkpoint_every_steps?"),
+        (["+sim.params.varuna.morph_on_joins=false"], "sim.params.varuna.morph_on_joins is not a config key; did you mean sim.params.varuna.morph_on_join?"),
+        (["+sim.params.bambo.failover_slowdown=1.5"], "sim.params.bambo is not a config key; did you mean sim.params.bamboo?"),
+    ],
+)
+def test_keys_the_schema_does_not_know_are_refused(make_config, overrides, message):
+    with pytest.raises(ConfigError) as error:
+        validate(make_config(*overrides))
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(("preset", "gpus"), [("slurm_cpu", None), ("slurm_gpu", 1)])
+def test_slurm_launcher_presets_compose(preset, gpus):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
+    from hydra import compose, initialize_config_dir
+
+    from oobleck.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        launcher = compose("config", overrides=[f"hydra/launcher={preset}"], return_hydra_config=True).hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher") and launcher.gpus_per_node == gpus
+    assert launcher.timeout_min > 0 and launcher.nodes == 1

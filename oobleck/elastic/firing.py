@@ -12,11 +12,11 @@ takes.
 from __future__ import annotations
 
 import json
-import signal
 from typing import Any, Callable
 
 from oobleck.errors import RunError
 from oobleck.faults.injector import Action, Injector
+from oobleck.faults.kinds import FaultKind, Phase
 from oobleck.runtime import keys
 
 
@@ -38,7 +38,7 @@ class FaultFiring:
 
     def _apply(self, action: Action, next_step: int, generation: int) -> None:
         event = action.event
-        if action.kind == "join":
+        if action.kind is FaultKind.JOIN:
             ids = list(action.nodes) or list(range(self.next_node_id, self.next_node_id + action.count))
             if self.membership.launcher is None:
                 raise RunError(f"{event.origin}: joins start new agents, which this cluster kind cannot do")
@@ -47,16 +47,15 @@ class FaultFiring:
                 self.membership.start_node(node)
             self.event("join_started", nodes=ids, origin=event.origin)
             return
-        if action.kind == "arm":
+        if action.armed:
             for node in action.nodes:
-                kind = "raise" if event.action == "raise" else ("freeze" if event.freeze else "remove")
-                strike: dict[str, Any] = {"step": event.step, "phase": event.phase, "action": kind}
-                if event.phase == "reconfigure":
+                strike: dict[str, Any] = {"step": event.step, "phase": event.phase.value, "kind": event.kind.value}
+                if event.phase is Phase.RECONFIGURE:
                     strike["generation"] = generation + 1
                 self.store.set(keys.strike(node), json.dumps(strike))
-            self.event("fault_armed", nodes=list(action.nodes), phase=event.phase, action=event.action, armed_for_step=event.step)
+            self.event("fault_armed", nodes=list(action.nodes), phase=event.phase.value, action=event.kind.value, armed_for_step=event.step)
             return
-        sig = signal.SIGSTOP if action.kind == "freeze" else signal.SIGKILL
+        assert action.kind.signal is not None, f"{action.kind} is struck by workers, never by the controller"
         for node in action.nodes:
-            self.membership.kill(node, sig)
-        self.event("fault_injected", nodes=list(action.nodes), fault=action.kind, origin=event.origin)
+            self.membership.kill(node, action.kind.signal)
+        self.event("fault_injected", nodes=list(action.nodes), fault=action.kind.value, origin=event.origin)

@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import io
 import signal
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -33,7 +35,9 @@ def check_device(cfg: Any) -> None:
     import torch
 
     if not torch.cuda.is_available():
-        raise RunError("cluster.device=cuda but CUDA is not available on this machine; use cluster.device=cpu")
+        where = "this allocation's first node" if cfg.cluster.kind == "slurm" else "this machine"
+        ask = "request GPUs with sbatch --gpus-per-node=<g> (slurm/run.sbatch), or " if cfg.cluster.kind == "slurm" else ""
+        raise RunError(f"cluster.device=cuda but CUDA is not available on {where}; {ask}use cluster.device=cpu")
     if cfg.cluster.kind == "local" and torch.cuda.device_count() < int(cfg.cluster.gpus_per_node):
         raise RunError(
             f"cluster.gpus_per_node={cfg.cluster.gpus_per_node} but this machine has {torch.cuda.device_count()} CUDA devices"
@@ -109,7 +113,15 @@ def launch(
     if resume is not None and resume.step >= int(cfg.job.steps):
         raise RunError(f"{resume.step_dir} already holds all job.steps={cfg.job.steps} steps; nothing to resume")
     strategy = make_strategy(cfg)
+    started = time.perf_counter()
     initial = initial_decision(strategy, int(cfg.cluster.nodes), initial_plan)
+    assert initial.layout is not None
+    print(
+        f"planning: strategy={strategy.name} starts on {initial.layout.description} "
+        f"(predicted {initial.layout.iteration_s:.3g} s per step), planned in {time.perf_counter() - started:.2f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     config_dict = to_container(cfg)
     save_resolved_config(config_dict, run_dir)
     rec = None

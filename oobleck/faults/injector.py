@@ -1,13 +1,13 @@
 """The fault injector: decides when each scheduled event is due and which nodes it hits.
 
-The controller owns the physical actions (``killpg`` of a node's process group, starting a new
-agent); this module keeps the schedule's state. A removal "at step s" with phase ``any`` fires
-as soon as step s starts (when step s-1 commits). A removal or ``raise`` at a phase of step s is
-*armed* one step earlier through the store (``strike/<node>``): the node's first worker fires it at
-that exact point of step s (killing its own node's process group), so forward / backward /
-all-reduce / optimizer / during-reconfiguration failures land where the test asks. Time events
-fire when the run has been training for ``time_s`` seconds. Count-based victims are drawn from
-the live nodes with a generator seeded by ``failures.seed``.
+The controller carries out what is due (``oobleck.elastic.firing``); this module keeps the
+schedule's state. An event at step s whose phase is ``any`` is due as soon as step s starts (when
+step s-1 commits). An *armed* event (at a phase of step s, or a ``raise``) is due one step earlier:
+it is handed to the node's first worker through the store (``strike/<node>``), which strikes at
+that exact point of step s, so forward / backward / all-reduce / optimizer / during-reconfiguration
+failures land where the schedule asks. Time events are due when the run has been training for
+``time_s`` seconds. Count-based victims are drawn from the live nodes with a generator seeded by
+``failures.seed``.
 """
 
 from __future__ import annotations
@@ -17,17 +17,26 @@ from typing import Sequence
 
 import numpy as np
 
+from oobleck.faults.kinds import FaultKind
 from oobleck.faults.schedule import FaultEvent
 
 
 @dataclass
 class Action:
-    """A due action: ``kind`` is kill | freeze | arm | join."""
+    """A due event and the nodes it hits now: struck at once by the controller, or ``armed`` for
+    the nodes' workers to strike at the event's phase. A join without ids starts ``count`` nodes."""
 
-    kind: str
-    nodes: tuple[int, ...]
     event: FaultEvent
-    count: int = 0  # joins without explicit ids: how many new nodes
+    nodes: tuple[int, ...]
+    count: int = 0
+
+    @property
+    def kind(self) -> FaultKind:
+        return self.event.kind
+
+    @property
+    def armed(self) -> bool:
+        return self.event.armed
 
 
 @dataclass
@@ -58,26 +67,21 @@ class Injector:
         for index, event in enumerate(self.events):
             if index in self._fired:
                 continue
-            if actions and actions[-1].kind != "arm":
+            if actions and not actions[-1].armed:
                 break  # one membership change at a time: the caller holds the rest until absorbed
-            strike = event.phase != "any" or event.action == "raise"
             if event.step is not None:
-                ready = next_step >= event.step - 1 if strike else next_step >= event.step
-                if event.step == 0 and strike:
+                ready = next_step >= event.step - 1 if event.armed else next_step >= event.step
+                if event.step == 0 and event.armed:
                     ready = True
             else:
                 ready = elapsed_s >= float(event.time_s or 0.0)
             if not ready:
                 continue
             self._fired.add(index)
-            if event.action == "join":
-                actions.append(Action("join", event.nodes or (), event, count=0 if event.nodes else int(event.count or 0)))
+            if event.kind is FaultKind.JOIN:
+                actions.append(Action(event, event.nodes or (), count=0 if event.nodes else int(event.count or 0)))
                 continue
             victims = self._victims(event, live)
-            if not victims:
-                continue
-            if strike:
-                actions.append(Action("arm", victims, event))
-            else:
-                actions.append(Action("freeze" if event.freeze else "kill", victims, event))
+            if victims:
+                actions.append(Action(event, victims))
         return actions

@@ -1,25 +1,32 @@
 """Failure schedules: turn ``failures.*`` into a list of fault events before anything starts.
 
 Kinds: ``none``; ``explicit`` (the ``failures.events`` list: at a step or a time, given node ids
-or a count, remove / join / raise, several at once, optionally at a phase of the step);
+or a count, a ``FaultKind`` action, several at once, optionally at a ``Phase`` of the step);
 ``poisson`` (single-node removals with exponential gaps of mean ``failures.mtbf_s``, seeded, up to
 ``failures.max_events``, default one per node); ``trace`` (a node trace replayed with
 ``failures.seconds_per_trace_hour`` seconds per trace hour: trace node names map onto run node
 ids in order of first appearance, the first ``cluster.nodes`` initial trace nodes being the run's
 nodes; later additions are joins with fresh ids; removals of unmapped nodes are ignored).
-Everything is checked here, so a malformed schedule or trace fails before launch.
+
+Everything is checked here: ``check_failures`` the section's own values (``validate`` calls it for
+every entry point), ``build_schedule`` also what depends on the run (its steps and nodes, the
+trace file), so a malformed schedule or trace fails before launch with one line.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
 
 from oobleck.errors import ConfigError, TraceError
+from oobleck.faults.kinds import FaultKind, Phase, names
 
-STEP_PHASES = ("any", "forward", "backward", "allreduce", "optimizer", "reconfigure")
+log = logging.getLogger(__name__)
+SCHEDULE_KINDS = ("none", "explicit", "poisson", "trace")
 MS_PER_HOUR = 3_600_000.0
 
 
@@ -27,50 +34,123 @@ MS_PER_HOUR = 3_600_000.0
 class FaultEvent:
     """One scheduled change. ``nodes`` are explicit ids (for joins: the new nodes' ids)."""
 
-    action: str  # remove | join | raise
+    kind: FaultKind
     step: Optional[int] = None
     time_s: Optional[float] = None
     nodes: Optional[tuple[int, ...]] = None
     count: Optional[int] = None
-    phase: str = "any"
-    freeze: bool = False
+    phase: Phase = Phase.ANY
     origin: str = ""  # where it came from, for messages (e.g. trace file:line)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", FaultKind(self.kind))
+        object.__setattr__(self, "phase", Phase(self.phase))
 
     @property
     def size(self) -> int:
         return len(self.nodes) if self.nodes is not None else int(self.count or 0)
 
+    @property
+    def armed(self) -> bool:
+        """Struck by the node's worker inside the step (at a phase, or a raise), not by the controller."""
+        return self.phase is not Phase.ANY or self.kind.in_worker
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}; set {key}=<one of them>")
+
+
+def _event_kind(key: str, event: Any) -> FaultKind:
+    _choice(f"{key}.action", event.action, names(FaultKind))
+    kind = FaultKind(event.action)
+    if not event.freeze:
+        return kind
+    if kind is not FaultKind.REMOVE:
+        raise ConfigError(f"{key}.freeze=true goes with action=remove only; write action=freeze instead")
+    log.warning("%s.freeze=true is deprecated; write action=freeze", key)
+    return FaultKind.FREEZE
+
+
+def check_failures(failures: Any) -> None:
+    """The ``failures`` section's own values: kind, settings and every explicit event's fields."""
+    _choice("failures.kind", failures.kind, SCHEDULE_KINDS)
+    if failures.seed < 0:
+        raise ConfigError(f"failures.seed={failures.seed} must be >= 0 (seeds are non-negative)")
+    if not (math.isfinite(failures.mtbf_s) and failures.mtbf_s > 0):
+        raise ConfigError(f"failures.mtbf_s={failures.mtbf_s} must be a finite number of seconds > 0")
+    if failures.max_events is not None and failures.max_events < 1:
+        raise ConfigError(f"failures.max_events={failures.max_events} must be >= 1, or null for one per node")
+    if not (math.isfinite(failures.seconds_per_trace_hour) and failures.seconds_per_trace_hour > 0):
+        raise ConfigError(f"failures.seconds_per_trace_hour={failures.seconds_per_trace_hour} must be > 0")
+    if failures.kind == "trace" and not failures.trace:
+        raise ConfigError("failures.kind=trace needs failures.trace=<file or shipped name, e.g. synthetic/10m>")
+    for index, event in enumerate(failures.events):
+        key = f"failures.events[{index}]"
+        kind = _event_kind(key, event)
+        _choice(f"{key}.phase", event.phase, names(Phase))
+        if (event.step is None) == (event.time_s is None):
+            raise ConfigError(f"{key} needs exactly one of step=<int> or time_s=<seconds>")
+        if event.nodes is None and event.count is None:
+            raise ConfigError(f"{key} needs nodes=[ids] or count=<n>")
+        if event.nodes is not None and event.count is not None:
+            raise ConfigError(f"{key} gives both nodes={list(event.nodes)} and count={event.count}; give one")
+        if event.count is not None and event.count <= 0:
+            raise ConfigError(f"{key}.count={event.count} must be > 0")
+        if event.time_s is not None and not (math.isfinite(event.time_s) and event.time_s >= 0):
+            raise ConfigError(f"{key}.time_s={event.time_s} must be a finite number of seconds >= 0")
+        if event.phase != Phase.ANY and event.step is None:
+            raise ConfigError(f"{key}.phase={event.phase} needs step=<int> (a phase is a point inside a step)")
+        if kind.in_worker and event.step is None:
+            raise ConfigError(f"{key}.action={kind}: the worker strikes inside a step; give step=<int> instead of time_s")
+        if event.phase != Phase.ANY and kind is FaultKind.JOIN:
+            raise ConfigError(f"{key}.phase={event.phase}: a join has no phase (it starts new nodes); drop the phase")
+
 
 def _explicit(failures: Any, nodes: int, steps: int) -> list[FaultEvent]:
     events = []
-    joins = sum(int(e.count or len(e.nodes or ())) for e in failures.events if e.action == "join")
+    joins = sum(int(e.count or len(e.nodes or ())) for e in failures.events if e.action == FaultKind.JOIN)
+    alive = nodes  # nodes alive when each event applies (events apply in order)
     for index, e in enumerate(failures.events):
         key = f"failures.events[{index}]"
-        if e.step is not None and not 0 <= int(e.step) < steps:
-            raise ConfigError(f"{key}.step={e.step} is outside the run's steps 0..{steps - 1}; set a step < job.steps={steps}")
-        if e.time_s is not None and float(e.time_s) < 0:
-            raise ConfigError(f"{key}.time_s={e.time_s} must be >= 0")
-        if e.phase != "any" and e.step is None:
-            raise ConfigError(f"{key}.phase={e.phase} needs step=<int> (a phase is a point inside a step)")
-        if e.count is not None and int(e.count) <= 0:
-            raise ConfigError(f"{key}.count={e.count} must be > 0")
+        kind = _event_kind(key, e)
+        if e.step is not None and int(e.step) < 0:
+            raise ConfigError(f"{key}.step={e.step} must be >= 0 (steps count from 0)")
+        if e.step is not None and int(e.step) >= steps:
+            # Harmless (it never fires), and the default schedule's step 10 meets short runs such as
+            # job.steps=3: said, not refused.
+            log.warning("%s at step %s is past the run's last step %s (job.steps=%s): it will not fire", key, e.step, steps - 1, steps)
+            continue
         ids = tuple(int(n) for n in e.nodes) if e.nodes is not None else None
         if ids is not None:
-            limit = nodes + joins if e.action != "join" else None
+            limit = nodes + joins if kind.takes_nodes else None
             for n in ids:
                 if n < 0 or (limit is not None and n >= limit):
                     raise ConfigError(f"{key}.nodes={list(ids)} names node {n}, outside 0..{(limit or 1) - 1}; use ids of this run's nodes")
-            if e.action == "join" and any(n < nodes for n in ids):
+            if not kind.takes_nodes and any(n < nodes for n in ids):
                 raise ConfigError(f"{key}.nodes={list(ids)}: a joining node needs a new id >= cluster.nodes={nodes}")
+        count = None if e.count is None else int(e.count)
+        if count is not None and kind.takes_nodes and count > alive:
+            raise ConfigError(
+                f"{key}.count={count} strikes more nodes than the {alive} alive then "
+                f"(cluster.nodes={nodes} and the events before it); set count <= {alive}"
+            )
+        size = len(ids) if ids is not None else int(count or 0)
+        if kind is FaultKind.JOIN:
+            alive += size
+        elif kind is not FaultKind.RAISE:  # a raise fails a worker; whether its node stays is the strategy's call
+            alive -= size
+        phase = Phase(e.phase)
+        if kind.in_worker and phase is Phase.ANY:
+            phase = Phase.FORWARD  # a worker strikes at a named point: "any" is the step's first
         events.append(
             FaultEvent(
-                action=str(e.action),
+                kind=kind,
                 step=None if e.step is None else int(e.step),
                 time_s=None if e.time_s is None else float(e.time_s),
                 nodes=ids,
-                count=None if e.count is None else int(e.count),
-                phase=str(e.phase),
-                freeze=bool(e.freeze),
+                count=count,
+                phase=phase,
                 origin=key,
             )
         )
@@ -81,7 +161,7 @@ def _poisson(failures: Any, nodes: int) -> list[FaultEvent]:
     rng = np.random.default_rng([int(failures.seed), 5])
     limit = int(failures.max_events) if failures.max_events is not None else nodes
     times = np.cumsum(rng.exponential(float(failures.mtbf_s), size=limit))
-    return [FaultEvent(action="remove", time_s=float(t), count=1, origin=f"poisson[{i}]") for i, t in enumerate(times)]
+    return [FaultEvent(FaultKind.REMOVE, time_s=float(t), count=1, origin=f"poisson[{i}]") for i, t in enumerate(times)]
 
 
 def _trace(failures: Any, nodes: int) -> list[FaultEvent]:
@@ -89,8 +169,6 @@ def _trace(failures: Any, nodes: int) -> list[FaultEvent]:
 
     trace = load_trace(str(failures.trace))
     scale = float(failures.seconds_per_trace_hour)
-    if scale <= 0:
-        raise ConfigError(f"failures.seconds_per_trace_hour={scale} must be > 0")
     changes = trace.changes()
     initial = changes[0].added
     if len(initial) < nodes:
@@ -106,7 +184,7 @@ def _trace(failures: Any, nodes: int) -> list[FaultEvent]:
         removed = tuple(mapping.pop(n) for n in change.removed if n in mapping)
         if removed:
             line = line_of.get((change.time_ms, change.removed[0]), 0)
-            events.append(FaultEvent(action="remove", time_s=time_s, nodes=removed, origin=f"{trace.path}:{line}"))
+            events.append(FaultEvent(FaultKind.REMOVE, time_s=time_s, nodes=removed, origin=f"{trace.path}:{line}"))
         added = []
         for name in change.added:
             mapping[name] = next_id
@@ -114,23 +192,18 @@ def _trace(failures: Any, nodes: int) -> list[FaultEvent]:
             next_id += 1
         if added:
             line = line_of.get((change.time_ms, change.added[0]), 0)
-            events.append(FaultEvent(action="join", time_s=time_s, nodes=tuple(added), origin=f"{trace.path}:{line}"))
+            events.append(FaultEvent(FaultKind.JOIN, time_s=time_s, nodes=tuple(added), origin=f"{trace.path}:{line}"))
     return events
 
 
 def build_schedule(failures: Any, *, nodes: int, steps: int) -> tuple[FaultEvent, ...]:
     """The validated schedule of ``failures`` for a run of ``nodes`` nodes and ``steps`` steps."""
+    check_failures(failures)
     kind = str(failures.kind)
-    if kind == "none":
-        return ()
     if kind == "explicit":
         return tuple(_explicit(failures, nodes, steps))
     if kind == "poisson":
-        if float(failures.mtbf_s) <= 0:
-            raise ConfigError(f"failures.mtbf_s={failures.mtbf_s} must be > 0")
         return tuple(_poisson(failures, nodes))
     if kind == "trace":
-        if not failures.trace:
-            raise ConfigError("failures.kind=trace needs failures.trace=<file or shipped name, e.g. synthetic/10m>")
         return tuple(_trace(failures, nodes))
-    raise ConfigError(f"failures.kind={kind!r} is not one of none, explicit, poisson, trace")
+    return ()

@@ -17,17 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oobleck.errors import TraceError
+from oobleck.faults.kinds import FaultKind
 
 TRACES_DIR = Path(__file__).resolve().parent / "traces"
-ACTIONS = ("add", "remove")
+# The file format's words (the Oobleck artifact's traces) for the shared failure vocabulary.
+TRACE_WORDS = {"add": FaultKind.JOIN, "remove": FaultKind.REMOVE}
 
 
 @dataclass(frozen=True)
 class TraceEvent:
-    """One membership change: ``node`` is added or removed at ``time_ms``."""
+    """One membership change: ``node`` joins or is removed at ``time_ms``."""
 
     time_ms: int
-    action: str  # add | remove
+    kind: FaultKind  # JOIN (the file's "add") | REMOVE
     node: str
     line: int  # 1-based line in the source file (for error messages downstream)
 
@@ -81,7 +83,7 @@ class Trace:
         grouped: dict[int, tuple[list[str], list[str]]] = {}
         for event in self.events:
             added, removed = grouped.setdefault(event.time_ms, ([], []))
-            if event.action == "add":
+            if event.kind is FaultKind.JOIN:
                 added.append(event.node)
             elif event.node in added:
                 added.remove(event.node)  # came and went within one instant
@@ -107,10 +109,10 @@ class Trace:
         return max(len(nodes) for _, nodes in self.membership())
 
     def removals(self) -> int:
-        return sum(1 for event in self.events if event.action == "remove")
+        return sum(1 for event in self.events if event.kind is FaultKind.REMOVE)
 
     def additions(self) -> int:
-        return sum(1 for event in self.events if event.action == "add")
+        return sum(1 for event in self.events if event.kind is FaultKind.JOIN)
 
 
 def shipped_traces() -> tuple[str, ...]:
@@ -157,16 +159,17 @@ def parse_trace(text: str, *, origin: str = "<trace>", name: str | None = None, 
             raise TraceError(
                 f"{where}: time {time_ms} ms is earlier than the previous event ({previous_ms} ms); sort the trace by time"
             )
-        if action not in ACTIONS:
+        if action not in TRACE_WORDS:
             raise TraceError(f"{where}: action {action!r} must be 'add' or 'remove'")
+        kind = TRACE_WORDS[action]
         if not node:
             raise TraceError(f"{where}: empty node name")
-        if action == "add" and node in live:
+        if kind is FaultKind.JOIN and node in live:
             raise TraceError(f"{where}: node {node!r} is added while already present; remove it first")
-        if action == "remove" and node not in live:
+        if kind is FaultKind.REMOVE and node not in live:
             raise TraceError(f"{where}: node {node!r} is removed but is not present at {time_ms} ms")
-        (live.add if action == "add" else live.discard)(node)
-        events.append(TraceEvent(time_ms=time_ms, action=action, node=node, line=number))
+        (live.add if kind is FaultKind.JOIN else live.discard)(node)
+        events.append(TraceEvent(time_ms=time_ms, kind=kind, node=node, line=number))
         previous_ms = time_ms
     if not events:
         raise TraceError(f"{origin}: the trace has no events; add lines 'time_ms,add,node_name'")

@@ -34,9 +34,14 @@ def _worker(
     timeout_s: float,
     results: mp.Queue,
 ) -> None:
+    import signal
+
     import torch
     import torch.distributed as dist
 
+    # Ctrl-C reaches the whole terminal's process group: the parent stops these workers itself
+    # (terminate, below), so they ignore it rather than each printing a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     device = torch.device("cpu")
     if backend == "nccl":

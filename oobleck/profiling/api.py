@@ -2,8 +2,11 @@
 
 - ``file``: load ``profile.path`` (written by ``python -m oobleck.profile``) and check it matches the
   model and microbatch size of the config.
-- ``measured``: measure on ``cluster.device`` here (cached, see ``oobleck.profiling.cache``), plus
-  all-reduce samples for ``profile.allreduce_group_sizes`` on the device's backend.
+- ``measured``: measure on ``cluster.device`` here (cached under ``profile.cache_dir``, see
+  ``oobleck.profiling.cache``), plus all-reduce samples for ``profile.allreduce_group_sizes`` on
+  the device's backend. A measurement that would not fit the device or take longer than
+  ``profile.max_measure_s`` is refused first (``oobleck.profiling.feasibility``); one that starts
+  says what it measures and shows a bar over the layers.
 - ``analytic``: the FLOP/byte model of ``cluster.gpu`` (``gpu=<name>``, ``conf/gpu/``).
 - ``auto`` (the default): ``file`` when ``profile.path`` is set; otherwise ``measured`` when the
   configured device exists on this machine (always for ``cpu``; ``cuda`` when CUDA is available),
@@ -13,17 +16,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import Any, Optional
 
 import torch
+from omegaconf import OmegaConf
 
 from oobleck.errors import ProfileError
+from oobleck.models import num_layers
 from oobleck.planning.profile import ModelProfile
 from oobleck.profiling.allreduce import measure_allreduce
 from oobleck.profiling.analytic import analytic_profile
 from oobleck.profiling.cache import cache_key, cache_path, load_cached
+from oobleck.profiling.feasibility import check_measurement
 from oobleck.profiling.measure import device_label, measure_profile
 
 log = logging.getLogger(__name__)
@@ -77,19 +86,29 @@ def cached_measured_profile(cfg: Any, *, refresh: bool = False, progress: Option
         if cached is not None:
             log.info("profile cache hit: %s", path)
             return cached
-    profile = measure_profile(
-        cfg.model,
-        microbatch,
-        device,
-        warmup=int(cfg.profile.warmup),
-        repeats=int(cfg.profile.repeats),
-        seed=int(cfg.job.seed),
-        threads=int(cfg.cluster.torch_threads) or None,
-        progress=progress,
+    estimate = check_measurement(cfg, device)
+    say = _say if progress is None else (lambda line: None)
+    layers = num_layers(cfg.model)
+    say(
+        f"profiling model={cfg.model.name} on {label}: {layers} layers x "
+        f"{int(cfg.profile.warmup) + int(cfg.profile.repeats)} forward+backward runs, {estimate.describe()}"
     )
+    with _layer_bar(cfg, layers, progress) as step:
+        profile = measure_profile(
+            cfg.model,
+            microbatch,
+            device,
+            warmup=int(cfg.profile.warmup),
+            repeats=int(cfg.profile.repeats),
+            seed=int(cfg.job.seed),
+            threads=int(cfg.cluster.torch_threads) or None,
+            progress=step,
+        )
     group_sizes = list(cfg.profile.allreduce_group_sizes)
     if device.type == "cuda":
         group_sizes = [k for k in group_sizes if k <= torch.cuda.device_count()]
+    if group_sizes and list(cfg.profile.allreduce_bytes):
+        say(f"profiling all-reduce on {'nccl' if device.type == 'cuda' else 'gloo'}: groups of {group_sizes} ranks (starts {max(group_sizes)} processes) ...")
     samples = measure_allreduce(
         group_sizes,
         list(cfg.profile.allreduce_bytes),
@@ -103,8 +122,24 @@ def cached_measured_profile(cfg: Any, *, refresh: bool = False, progress: Option
     data["cache_key"] = key
     profile = ModelProfile.from_dict(data, origin="measured profile")
     profile.save(path)
-    log.info("profile cached: %s", path)
+    say(f"measured model={cfg.model.name}'s layers in {profile.metadata.get('profiling_seconds', 0.0):.1f} s; cached in {path}")
     return profile
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _layer_bar(cfg: Any, layers: int, progress: Optional[Callable[[int, int], None]]) -> Iterator[Callable[[int, int], None]]:
+    """The per-layer progress callback: the caller's, else a bar (``logger.progress_bar``)."""
+    if progress is not None:
+        yield progress
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=layers, desc=f"profile {cfg.model.name}", unit="layer", disable=not OmegaConf.select(cfg, "logger.progress_bar", default=True)) as bar:
+        yield lambda done, total: bar.update(done - bar.n)
 
 
 def get_profile(cfg: Any, *, progress: Optional[Any] = None) -> ModelProfile:

@@ -1,4 +1,5 @@
-"""The measured-profile cache: JSON files under ``profile.cache_dir``.
+"""The measured-profile cache: JSON files under ``profile.cache_dir`` (``<paths.cache_dir>/profiles``,
+by default ``~/.cache/oobleck/profiles``; ``OOBLECK_CACHE_DIR`` moves it).
 
 A file is named by model, microbatch size and device, and stores the key it was made for: a hash
 of the model config, microbatch size, device, torch version and profile schema. A file whose
@@ -45,7 +46,7 @@ def cache_key(model_cfg: Any, microbatch_size: int, device: str, torch_version: 
 
 def cache_path(cache_dir: str | Path, model_name: str, microbatch_size: int, device: str) -> Path:
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", device)
-    return Path(cache_dir) / f"{model_name}-mb{microbatch_size}-{slug}.json"
+    return Path(cache_dir).expanduser() / f"{model_name}-mb{microbatch_size}-{slug}.json"
 
 
 def load_cached(path: Path, key: str) -> Optional[ModelProfile]:

@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from oobleck.faults.kinds import FaultKind
 from oobleck.runtime import keys
 
 
@@ -30,12 +30,16 @@ class InjectedFault(Exception):
 
 
 def carry_out_strike(strike: dict[str, Any], store: Any, node: int, where: str) -> None:
-    """Fire an armed fault now: record when (``keys.strike_time``), then raise (``raise``) or take
-    the node's whole process group, agent and workers, down at once (SIGKILL; SIGSTOP to freeze)."""
+    """Fire an armed fault now (``strike["kind"]``: a ``FaultKind``): record when
+    (``keys.strike_time``), then raise (``raise``) or take the node's whole process group, agent and
+    workers, down at once with the kind's signal (SIGKILL; SIGSTOP to freeze)."""
     store.set(keys.strike_time(node), repr(time.time()))
-    if strike["action"] == "raise":
+    kind = FaultKind(strike["kind"])
+    if kind.in_worker:
         raise InjectedFault(f"injected failure on node {node} at {where}")
-    os.killpg(os.getpgrp(), signal.SIGSTOP if strike["action"] == "freeze" else signal.SIGKILL)
+    # A node failure: the whole process group of the node (agent and workers) goes at once.
+    assert kind.signal is not None, f"a {kind} strike has no signal"
+    os.killpg(os.getpgrp(), kind.signal)
 
 
 @dataclass(frozen=True)

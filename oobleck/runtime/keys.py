@@ -116,7 +116,7 @@ def worker_error(node: int, local_rank: int) -> str:
 
 
 def strike(node: int) -> str:
-    """An armed fault for a node: JSON {step, phase, action}; the node's local rank 0 fires it."""
+    """An armed fault for a node: JSON {step, phase, kind} (oobleck.faults.kinds); the node's local rank 0 fires it."""
     return f"strike/{node}"
 
 

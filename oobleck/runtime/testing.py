@@ -2,7 +2,7 @@
 
 ``tiny_config`` is the command line's config (composed from conf/ by Hydra, so tests start from
 the same defaults as ``python -m oobleck.run``) with gpt3_tiny, a short job, no failures, wandb
-off and final parameters collected;
+off and final parameters collected; ``config_section`` one section of those defaults;
 ``template``/``hand_plan`` build an ``ExecutionPlan`` directly (no planner), so a test can run any
 layout: heterogeneous pipelines, sharded stages, a single deep pipeline, pure data parallelism.
 ``assert_matches_reference`` is the exactness check every real-run test ends with.
@@ -10,6 +10,7 @@ layout: heterogeneous pipelines, sharded stages, a single deep pipeline, pure da
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,21 @@ def compose_run_config(*overrides: str) -> Any:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    import oobleck.config  # noqa: F401  (registers the schema)
-
     if GlobalHydra.instance().is_initialized():
         return compose("config", overrides=list(overrides))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=list(overrides))
+
+
+@functools.lru_cache(maxsize=1)
+def _default_config() -> Any:
+    return compose_run_config()
+
+
+def config_section(section: str, **values: Any) -> Any:
+    """A section of the command line's default config (e.g. ``"job"``, ``"failures"``) with
+    ``values`` merged in: the YAML's values, typed by the schema, without composing a whole run."""
+    return OmegaConf.merge(_default_config()[section], values)
 
 
 def tiny_config(*groups: str, **overrides: Any) -> Any:

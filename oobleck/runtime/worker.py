@@ -34,6 +34,7 @@ import torch
 from oobleck.config import from_container
 from oobleck.data import GlobalBatchSampler, build_dataset
 from oobleck.errors import RunError
+from oobleck.faults.kinds import Phase
 from oobleck.models import tied_parameters
 from oobleck.planning.plan import ExecutionPlan, ReconfigurationPlan
 from oobleck.runtime import keys
@@ -207,7 +208,7 @@ class Worker:
         comm.build()
         groups_s = time.monotonic() - started
         self._read_strike()  # a fresh process (a restart) has not read its node's strike yet
-        self._fire_strike("reconfigure", None, generation)
+        self._fire_strike(Phase.RECONFIGURE, None, generation)
         committed = int(document["resume_step"])
         moved = time.monotonic()
         bytes_in, bytes_out = self.transfer_state(topology, comm, _reconfiguration(document), committed, generation)
@@ -306,11 +307,11 @@ class Worker:
         if self.store.check([key]):
             self.strike = json.loads(self.store.get(key))
 
-    def _fire_strike(self, phase: str, step: Optional[int], generation: int) -> None:
+    def _fire_strike(self, phase: Phase | str, step: Optional[int], generation: int) -> None:
         strike = self.strike
         if strike is None or strike["phase"] != phase:
             return
-        if phase == "reconfigure":
+        if phase == Phase.RECONFIGURE:
             if generation < int(strike.get("generation", 1)):
                 return
         elif step is None or step < int(strike["step"]):  # armed late: strike at the next chance
@@ -346,7 +347,7 @@ class Worker:
             t0 = time.perf_counter()
             loss = run_schedule(ctx, step)
             t1 = time.perf_counter()
-            ctx.phase("allreduce")
+            ctx.phase(Phase.ALLREDUCE)
             sync_gradients(ctx)
             t2 = time.perf_counter()
             norm = global_grad_norm(ctx)
@@ -360,7 +361,7 @@ class Worker:
             if not keys.is_commit(decision):
                 raise Aborted()
             t3 = time.perf_counter()
-            ctx.phase("optimizer")
+            ctx.phase(Phase.OPTIMIZER)
             clip_and_step(ctx, norm, float(job.grad_clip), learning_rate(job, step))
             if decision == keys.COMMIT_CHECKPOINT:
                 self.checkpointer.write(step + 1, document["checkpoint"], self.layers)

@@ -28,18 +28,14 @@ from oobleck.config import CONF_DIR
 from oobleck.sim.engine import simulate
 from oobleck.strategy import Strategy, StrategyContext, build_strategy
 
-MODEL_DIR = CONF_DIR / "model"
-
 
 def model_config(name: str) -> DictConfig:
-    """``conf/model/<name>.yaml`` typed by the schema."""
-    from oobleck.config import ModelConfig
+    """``model=<name>`` as Hydra would compose it (``oobleck.config.load_group``)."""
+    from oobleck.config import group_names, load_group
 
-    path = MODEL_DIR / f"{name}.yaml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in MODEL_DIR.glob("*.yaml")))
-        raise ConfigError(f"sim.models has {name!r}, which is not in conf/model/; use one of: {known}")
-    return OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(path))  # type: ignore[return-value]
+    if name not in group_names("model"):
+        raise ConfigError(f"sim.models has {name!r}, which is not in conf/model/; use one of: {', '.join(group_names('model'))}")
+    return load_group("model", name)
 
 
 def model_profile(cfg: Any, name: str) -> ModelProfile:

@@ -7,9 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from omegaconf import OmegaConf
 
-from oobleck.config import JobConfig
 from oobleck.data import (
     CORPUS_PATH,
     GlobalBatchSampler,
@@ -20,10 +18,11 @@ from oobleck.data import (
 )
 from oobleck.errors import ConfigError
 from oobleck.models import load_model_config
+from oobleck.runtime.testing import config_section
 
 
 def _job(**overrides):
-    return OmegaConf.merge(OmegaConf.structured(JobConfig), overrides)
+    return config_section("job", **overrides)
 
 
 MODEL = load_model_config("gpt3_tiny")

@@ -159,7 +159,7 @@ def test_frozen_node_is_caught_by_heartbeat_timeout(tmp_path):
         "job.steps": 6,
         "cluster.heartbeat_timeout_s": 2.0,
         "failures.kind": "explicit",
-        "failures.events": [{"action": "remove", "step": 2, "nodes": [2], "freeze": True}],
+        "failures.events": [{"action": "freeze", "step": 2, "nodes": [2]}],
     })
     outcome, _ = launch(cfg, tmp_path / "run")
     assert [row["step"] for row in outcome.steps] == list(range(6))

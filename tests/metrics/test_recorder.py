@@ -6,11 +6,11 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from oobleck.config import WandbConfig
 from oobleck.errors import RunError
 from oobleck.metrics import RunRecorder, format_table
 from oobleck.metrics.offline import find_offline_runs, read_offline_run
 from oobleck.metrics.wandb_run import RUN_IDS_FILE, SweepJob, failures_label, run_identity, typed_frame
+from oobleck.runtime.testing import config_section
 
 # wandb's service writes the run file after finish() returns: a hang guard, not a speed target.
 FINISH_S = 60.0
@@ -48,7 +48,7 @@ def test_files_and_growing_header(tmp_path):
 
 def _record(run_dir, steps=range(20), *, resume=False, wandb=None):
     """What the controller records for a 4-node run losing a node at step 8 (32 samples per step)."""
-    settings = wandb or OmegaConf.structured(WandbConfig(mode="offline", tags=["mine"]))
+    settings = wandb or config_section("logger", wandb={"mode": "offline", "tags": ["mine"]}).wandb
     recorder = RunRecorder(run_dir, CONFIG, total_steps=20, wandb=settings, progress_bar=False, resume=resume)
     recorder.write_plan({"pipelines": [[0, 1], [2, 3]]})
     for step in steps:
@@ -116,7 +116,7 @@ def test_a_resumed_run_continues_the_same_wandb_run_and_csv(tmp_path):
 
 
 def test_disabled_wandb_writes_no_run(tmp_path):
-    _record(tmp_path, range(2), wandb=OmegaConf.structured(WandbConfig(mode="disabled")))
+    _record(tmp_path, range(2), wandb=config_section("logger", wandb={"mode": "disabled"}).wandb)
     assert not (tmp_path / "wandb").exists() and (tmp_path / "metrics.csv").is_file()
 
 

@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240  # a hang guard for the subprocess; no test relies on it
 
 
-def run_plan(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+def run_plan(tmp_path: Path, *overrides: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", **(env_extra or {})}
     return subprocess.run(
         [sys.executable, "-m", "oobleck.plan", f"hydra.run.dir={tmp_path / 'run'}", *overrides],
         cwd=REPO,
@@ -40,10 +40,13 @@ def tiny_profile(tmp_path_factory) -> Path:
 
 
 def _one_line_error(result: subprocess.CompletedProcess, text: str) -> None:
+    """Exit status 2 and one error line naming the problem, the last thing printed (progress lines
+    such as "planning: ..." may come before it), without a traceback."""
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines == [f"oobleck.plan: error: {text}"] or (len(lines) == 1 and text in lines[0]), result.stderr
+    errors = [line for line in lines if line.startswith("oobleck.plan: error:")]
+    assert errors == lines[-1:] and (errors == [f"oobleck.plan: error: {text}"] or text in errors[0]), result.stderr
 
 
 def test_plan_from_profile_file(tmp_path, tiny_profile):
@@ -74,6 +77,18 @@ def test_analytic_gpt3_6_7b_on_30_nodes(tmp_path):
     assert result.returncode == 0, result.stderr
     plan = ExecutionPlan.from_dict(json.loads((tmp_path / "run" / "plan.json").read_text())["plan"])
     assert len(plan.pipelines) >= 4 and plan.nodes == tuple(range(30))
+
+
+def test_a_measurement_this_cpu_cannot_finish_is_refused_before_it_starts(tmp_path):
+    """The issue's command: measuring gpt3_6_7b here would take hours (or not fit): one line
+    pointing at profile.source=analytic, exit 2, and nothing measured or cached."""
+    cache = tmp_path / "cache"
+    overrides = ("model=gpt3_6_7b", "cluster.nodes=64", "cluster.gpus_per_node=8", "job.fault_tolerance=3")
+    result = run_plan(tmp_path, *overrides, env_extra={"OOBLECK_CACHE_DIR": str(cache)})
+    _one_line_error(result, "measuring model=gpt3_6_7b on cpu")
+    assert "use profile.source=analytic" in result.stderr
+    assert not (cache / "profiles").exists() or not any((cache / "profiles").iterdir())
+    assert not (tmp_path / "run" / "plan.json").exists()
 
 
 @pytest.mark.parametrize(

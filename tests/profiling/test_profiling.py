@@ -13,7 +13,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-import oobleck.config  # noqa: F401
+from oobleck.config import CONF_DIR
 from oobleck.errors import ProfileError
 from oobleck.models import load_model_config, num_layers, parameter_count
 from oobleck.planning.profile import ModelProfile
@@ -29,12 +29,11 @@ from oobleck.profiling import (
 )
 
 torch.set_num_threads(1)
-CONF = Path(__file__).resolve().parents[2] / "conf"
 FAST = ["profile.warmup=1", "profile.repeats=2", "profile.allreduce_group_sizes=[]"]
 
 
 def _cfg(*overrides):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=list(overrides))
 
 

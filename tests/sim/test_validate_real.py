@@ -17,6 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from analysis.validation import validation_table
+from oobleck.config import CONF_DIR
 from oobleck.elastic.local import run_processes
 from oobleck.errors import RunError
 from oobleck.sim.validate import calibrate_runs
@@ -83,7 +84,7 @@ def test_the_calibrated_model_beats_the_planner_model_alone(runs):
     for metric in ("steady_iteration_s", "recovery_s"):
         assert _log_error(table, "predicted", metric) < _log_error(table, "planner", metric), table
     # The planner's model reconfigures in its fixed time (2 s, the artifact's GPU figure) at least.
-    fixed = float(OmegaConf.load(REPO / "conf" / "strategy" / "oobleck.yaml").costs.reconfigure_fixed_s)
+    fixed = float(OmegaConf.load(CONF_DIR / "strategy" / "oobleck.yaml").costs.reconfigure_fixed_s)
     planner = table[table["model"] == "planner"].set_index("metric")
     assert planner.loc["recovery_s", "simulated"] >= fixed
 

@@ -1,0 +1,135 @@
+"""What every entry point shares (oobleck.cli, oobleck.errors): the run dir's log file, one-line
+refusals before anything starts, a clean Ctrl-C, Hydra's tab completion of the console scripts,
+and the simulator saying when it simulates the toy setting."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from oobleck.cli import Interrupted, console_log
+from oobleck.runtime.testing import compose_run_config
+
+BIN = Path(sys.executable).parent
+TIMEOUT_S = 240  # hang guards for the subprocesses; no test relies on them
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "OOBLECK_CACHE_DIR": str(tmp_path / "cache")}
+
+
+def _entry(tmp_path: Path, program: str, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", program, *overrides], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+
+
+def test_the_log_holds_what_the_terminal_finally_shows(tmp_path, capsys):
+    with console_log(tmp_path / "x.log"):
+        print("first line")
+        sys.stderr.write("\rbar 1/3\rbar 2/3\rbar 3/3\n")  # a progress bar redrawing itself
+        sys.stderr.write("half a line")
+    log = (tmp_path / "x.log").read_text()
+    assert log == "first line\nbar 3/3\nhalf a line\n"
+    assert "first line" in capsys.readouterr().out  # and the terminal still got it all
+
+
+def test_a_run_dir_under_paths_output_dir_keeps_plan_log(tmp_path):
+    done = _entry(tmp_path, "oobleck.plan", "profile.source=analytic", f"paths.output_dir={tmp_path / 'runs'}")
+    assert done.returncode == 0, done.stderr
+    (log,) = (tmp_path / "runs" / "plan").glob("*/plan.log")
+    text = log.read_text()
+    assert "planning: templates of 6 layers" in text and "\nTemplates\n" in text and f"wrote {log.parent / 'plan.json'}" in text
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("+job.stpes=3", "job.stpes is not a config key; did you mean job.steps?"),
+        ("failures.events=[{action:remove,step:2,count:10}]", "failures.events[0].count=10 strikes more nodes than the 4 alive then"),
+        ("failures.max_events=-1", "failures.max_events=-1 must be >= 1"),
+    ],
+)
+def test_run_refuses_bad_keys_and_schedules_before_anything_starts(tmp_path, override, message):
+    run_dir = tmp_path / "run"
+    done = _entry(tmp_path, "oobleck.run", override, f"hydra.run.dir={run_dir}")
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("oobleck.run: error: "), done.stderr
+    assert message in lines[0]
+    assert not (run_dir / "plan.json").exists() and not (run_dir / "metrics.csv").exists()  # no process was started
+
+
+def test_ctrl_c_while_profiling_is_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "oobleck.profile", "model=gpt2_small", "profile.max_measure_s=1e9", f"hydra.run.dir={run_dir}"]
+    process = subprocess.Popen(command, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = run_dir / "profile.log"
+    deadline = time.monotonic() + TIMEOUT_S
+    while not (log.is_file() and "profiling model=gpt2_small" in log.read_text()) and process.poll() is None:
+        assert time.monotonic() < deadline, "the profile never started"
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)  # measuring gpt2_small takes minutes here: no race
+    _, stderr = process.communicate(timeout=TIMEOUT_S)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert process.returncode == 130, stderr
+    assert lines[-1] == f"oobleck.profile: interrupted (Ctrl-C); what was printed is in {log}" and "Traceback" not in stderr
+    assert log.read_text().rstrip().endswith(lines[-1])
+
+
+def test_ctrl_c_in_a_simulation_keeps_the_models_it_finished(tmp_path, monkeypatch):
+    import oobleck.sim.experiment as experiment
+    from oobleck.simulate import run
+
+    real, calls = experiment.run_experiment, []
+
+    def interrupted_second(cfg, **kwargs):  # Ctrl-C during the second model's simulations
+        calls.append(list(cfg.sim.models))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(cfg, **kwargs)
+
+    monkeypatch.setattr(experiment, "run_experiment", interrupted_second)
+    cfg = compose_run_config(
+        "experiment=paper_spot", "sim.models=[gpt2_small,gpt3_medium]", "sim.traces=[synthetic/6h]", "sim.strategies=[oobleck]",
+        "logger.progress_bar=false", "logger.wandb.mode=disabled",
+    )  # fmt: skip
+    with pytest.raises(Interrupted, match="wrote the 1 of 2 models simulated so far \\(gpt2_small\\)"):
+        run(cfg, tmp_path)
+    assert calls == [["gpt2_small"], ["gpt3_medium"]]
+    assert set(pd.read_csv(tmp_path / "sim_summary.csv")["model"]) == {"gpt2_small"}
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["interrupted"] == {"models_done": ["gpt2_small"], "models_requested": ["gpt2_small", "gpt3_medium"]}
+
+
+def test_the_toy_simulation_says_what_it_is():
+    from oobleck.simulate import toy_setting_notice
+
+    notice = toy_setting_notice(compose_run_config())
+    assert "no experiment= given" in notice and "experiment=paper_spot" in notice and "A100-40GB" in notice
+    assert toy_setting_notice(compose_run_config("experiment=paper_spot")) is None
+
+
+@pytest.mark.parametrize(
+    ("command", "line", "expected"),
+    [("oobleck-simulate", "oobleck-simulate experiment=pap", {"experiment=paper_spot", "experiment=paper_failure_frequency"}),
+     ("oobleck-run", "oobleck-run model=gpt3_t", {"model=gpt3_tiny"}),
+     ("oobleck-plan", "oobleck-plan gpu=h", {"gpu=h100_80gb", "gpu=h200"}),
+     ("oobleck-profile", "oobleck-profile job.microbatch_s", {"job.microbatch_size="})],
+)
+def test_tab_completion_of_the_console_scripts(tmp_path, command, line, expected):
+    if shutil.which(command, path=str(BIN)) is None:
+        pytest.fail(f"{command} is not installed next to {sys.executable}: pip install -e . installs the console scripts")
+    script = f'eval "$({command} -sc install=bash)"; COMP_LINE="{line}"; COMP_POINT=${{#COMP_LINE}}; COMP_CWORD=1; hydra_bash_completion; echo "${{COMPREPLY[@]}}"'
+    env = {**_env(tmp_path), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    assert set(done.stdout.split()) == expected
