@@ -173,6 +173,15 @@ class RuntimeConfig:
     """Worker runtime knobs (oobleck/runtime)."""
 
     bucket_mb: float = 4.0  # gradient all-reduce bucket size (MiB)
+    # Start each bucket's all-reduce during the last backward pass, as soon as its gradients are
+    # final (false: all buckets after the backward pass; oobleck/runtime/executor.py).
+    overlap_grad_reduce: bool = True
+    # A layer copy travels in pieces of at most this many MiB, each checksummed while the next
+    # ones are on the wire (oobleck/runtime/worker.py: transfer_state).
+    transfer_piece_mb: float = 8.0
+    # > 0: before a generation's state copy, time a raw gloo send/recv of this many MiB on each
+    # copy channel and report it beside the copy (benchmarks/bench_runtime.py); 0: off.
+    link_probe_mb: float = 0.0
     # An abandoned process group (aborted generation) is released once none of its operations
     # is pending, and at the latest cluster.collective_timeout_s + reap_margin_s after it was
     # abandoned (gloo has failed its pending operations by then).
@@ -347,6 +356,9 @@ def validate(cfg: Config | DictConfig) -> None:
     _positive("planner.reference_microbatches_per_stage", cfg.planner.reference_microbatches_per_stage)
     _positive("planner.transfer_sources", cfg.planner.transfer_sources)
     _positive("planner.replan_horizon_steps", cfg.planner.replan_horizon_steps, allow_zero=True)
+    _positive("runtime.bucket_mb", cfg.runtime.bucket_mb)
+    _positive("runtime.transfer_piece_mb", cfg.runtime.transfer_piece_mb)
+    _positive("runtime.link_probe_mb", cfg.runtime.link_probe_mb, allow_zero=True)
 
     failures = cfg.failures
     _choice("failures.kind", failures.kind, ("none", "explicit", "poisson", "trace"))

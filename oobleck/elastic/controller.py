@@ -561,6 +561,14 @@ class Controller:
             "total_s": round(now - r.failure_time, 4),
             "replicas_identical": generation.replicas_identical,
         }
+        # How fast the busiest receiver took its layers in, and (runtime.link_probe_mb > 0) the
+        # raw gloo send/recv rate of the same channels just before (oobleck.runtime.worker).
+        rates = [t["bytes_in"] / t["state_copy_s"] for t in timings if t.get("bytes_in") and t["state_copy_s"] > 0]
+        if rates:
+            row["copy_bytes_per_s"] = round(max(rates))
+        probes = [rate for t in timings for rate in (t.get("link_probe_bytes_per_s") or {}).values()]
+        if probes:
+            row["link_probe_bytes_per_s"] = round(statistics.median(probes))
         if r.kind == "restart":
             nodes = [self.membership.nodes[n] for n in r.restart_nodes]
             row["rolled_back_steps"] = r.rolled_back_steps

@@ -1,0 +1,61 @@
+"""``transfer_state``: a reconfiguration's layer copies arrive bit for bit, from one source or
+split over several, in many small pieces.
+
+Three ranks in threads of this process on real gloo groups (``inprocess.run_ranks``): ranks 0 and
+1 hold trained replicas of layers 0 and 1 (identical, with non-zero AdamW moments); rank 2 holds
+nothing and receives layer 0 from rank 0 alone and layer 1 in two chunks, one from each source,
+each chunk cut into pieces far smaller than a row. What arrives equals the sources' state
+exactly, with the AdamW step set to the committed steps, and the byte counts add up.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from oobleck.models.spec import model_spec
+from oobleck.planning.plan import LayerTransfer, ReconfigurationPlan
+from oobleck.runtime.state import layer_state
+from oobleck.runtime.testing import hand_plan, template, tiny_config
+from oobleck.runtime.transfer import transfer_state
+
+from inprocess import run_ranks
+
+COMMITTED = 3
+
+
+def trained(spec, job, index: int):
+    layer = layer_state(spec, job, index, "cpu")
+    for p in layer.params:
+        p.grad = torch.linspace(-1.0, 1.0, p.numel()).view_as(p)
+    layer.optimizer.step()
+    return layer
+
+
+def test_a_layer_split_over_two_sources_arrives_bit_for_bit(shared_store):
+    cfg = tiny_config()
+    job = cfg.job
+    spec = model_spec(cfg.model, int(job.seed))
+    everything = template([(0, spec.num_layers, 0, 0, 1)])
+    plan = hand_plan([(everything, (n,), 8 // 3 + (n < 8 % 3)) for n in range(3)], batch=16, micro=2, layers=spec.num_layers, f=2, gpus=1)
+    transfers = (
+        LayerTransfer(layer=0, source=(0, 0), target=(2, 0), chunk=0, chunks=1, nbytes=0),
+        LayerTransfer(layer=1, source=(0, 0), target=(2, 0), chunk=0, chunks=2, nbytes=0),
+        LayerTransfer(layer=1, source=(1, 0), target=(2, 0), chunk=1, chunks=2, nbytes=0),
+    )
+    reconfiguration = ReconfigurationPlan(plan, plan, (), (2,), transfers)
+
+    def rank(topology, comm):
+        layers = {i: trained(spec, job, i) for i in (0, 1)} if topology.rank < 2 else {}
+        moved = transfer_state(
+            topology, comm, reconfiguration, layers, lambda i: layer_state(spec, job, i, "cpu", initialise=False),
+            committed=COMMITTED, generation=0, piece_elements=1000,
+        )  # fmt: skip
+        return moved, {i: (layer.flat.clone(), [layer.optimizer.state[p]["step"].item() for p in layer.params]) for i, layer in layers.items()}
+
+    (out0, src0), (out1, src1), (got, dst) = run_ranks(plan, rank, store=shared_store, generation=10, reconfiguration=reconfiguration)
+    n0, n1 = src0[0][0].shape[1], src0[1][0].shape[1]
+    assert out0 == (0, 4 * 3 * (n0 + n1 // 2)) and out1 == (0, 4 * 3 * (n1 - n1 // 2))
+    assert got == (4 * 3 * (n0 + n1), 0)
+    for i in (0, 1):
+        assert torch.equal(dst[i][0], src0[i][0]) and torch.equal(src0[i][0], src1[i][0])
+        assert set(dst[i][1]) == {float(COMMITTED)}
