@@ -176,9 +176,6 @@ class RuntimeConfig:
     # Start each bucket's all-reduce during the last backward pass, as soon as its gradients are
     # final (false: all buckets after the backward pass; oobleck/runtime/executor.py).
     overlap_grad_reduce: bool = True
-    # A layer copy travels in pieces of at most this many MiB, each checksummed while the next
-    # ones are on the wire (oobleck/runtime/worker.py: transfer_state).
-    transfer_piece_mb: float = 8.0
     # > 0: before a generation's state copy, time a raw gloo send/recv of this many MiB on each
     # copy channel and report it beside the copy (benchmarks/bench_runtime.py); 0: off.
     link_probe_mb: float = 0.0
@@ -357,7 +354,6 @@ def validate(cfg: Config | DictConfig) -> None:
     _positive("planner.transfer_sources", cfg.planner.transfer_sources)
     _positive("planner.replan_horizon_steps", cfg.planner.replan_horizon_steps, allow_zero=True)
     _positive("runtime.bucket_mb", cfg.runtime.bucket_mb)
-    _positive("runtime.transfer_piece_mb", cfg.runtime.transfer_piece_mb)
     _positive("runtime.link_probe_mb", cfg.runtime.link_probe_mb, allow_zero=True)
 
     failures = cfg.failures

@@ -309,27 +309,30 @@ class Communicator:
         options.rootTensor = 0
         return self._issued(group.broadcast([tensor], options))
 
-    def probe_link(self, name: str, sender_global_rank: int, nbytes: int, repeats: int = 2) -> float:
-        """Seconds (best of ``repeats``) for a raw gloo ``send``/``recv`` of ``nbytes`` from
-        ``sender_global_rank`` to the other rank of the two-rank group ``name``, as the receiver
-        sees it: the link's own speed between these two processes, the peer figure for a state
-        copy. Each repeat starts together on both sides (a one-element broadcast first) and
-        reuses one buffer. For benchmarks only: raw send/recv works have no future, so these
-        waits are bounded by the group's timeout but cannot be aborted."""
+    def probe_link(self, name: str, sender_global_rank: int, nbytes: int) -> tuple[float, float]:
+        """Seconds for a raw gloo ``send``/``recv`` of ``nbytes`` from ``sender_global_rank`` to
+        the other rank of the two-rank group ``name``, as the receiver sees it: ``(into fresh
+        memory, into the same memory again)``. The link's own speed between these two processes,
+        the peer figure for a state copy (which lands in fresh memory). Each repeat starts
+        together on both sides (a one-element broadcast first). For benchmarks only: raw
+        send/recv works have no future, so these waits are bounded by the group's timeout but
+        cannot be aborted."""
         group, ranks = self.groups[name]
-        peer = ranks[1 - ranks.index(self.rank)]
-        buf = torch.zeros(max(1, nbytes // 4), device=self.backend.device)
+        peer = ranks.index(ranks[1 - ranks.index(self.rank)])
         start = torch.zeros(1, device=self.backend.device)
-        best = float("inf")
-        for _ in range(repeats):
+        buf = None
+        seconds = []
+        for _ in range(2):
             self.waiter.work(self.broadcast(name, start, sender_global_rank), f"starting the link probe on {name}")
             began = time.perf_counter()
+            if buf is None:
+                buf = torch.empty(max(1, nbytes // 4), device=self.backend.device)
             if self.rank == sender_global_rank:
-                group.send([buf], ranks.index(peer), 0).wait()
+                group.send([buf], peer, 0).wait()
             else:
-                group.recv([buf], ranks.index(peer), 0).wait()
-            best = min(best, time.perf_counter() - began)
-        return best
+                group.recv([buf], peer, 0).wait()
+            seconds.append(time.perf_counter() - began)
+        return seconds[0], seconds[1]
 
     def allreduce_wait(self, name: str, tensor: torch.Tensor, what: str) -> None:
         self.waiter.work(self.allreduce(name, tensor), what)

@@ -3,15 +3,20 @@
 The controller's reconfiguration plan lists ``LayerTransfer``s: chunk ``k`` of ``n`` of a layer's
 elements, from a surviving holder to a new one. ``transfer_state`` runs this rank's part of them:
 
-- a chunk (elements ``[a, b)``) travels as pieces of at most ``piece_elements``: contiguous
-  slices of the rows of the layer's flat state (``oobleck.runtime.state``), sent from the
-  source's live state and received straight into the new holder's, with no packing on either
-  side, then one tensor of the pieces' CRC32s;
+- a chunk (elements ``[a, b)``) is three contiguous slices of the rows of the layer's flat state
+  (``oobleck.runtime.state``): sent from the source's live state and received straight into the
+  new holder's, with no packing, copying or checksumming on either side;
 - every send and receive is issued at once on its channel (one two-rank channel per source and
-  target, so the chunks of a layer split over several sources arrive side by side), and each
-  side computes a piece's CRC32 while the next pieces are on the wire (zlib releases the GIL);
-- a received layer joins the worker's layers only once every chunk has arrived and checked, so
-  an abort in the middle leaves nothing half-copied behind.
+  target, each with its own gloo thread), so the chunks of a layer split over several sources
+  arrive side by side;
+- a received layer joins the worker's layers only once every chunk has arrived, so an abort in
+  the middle leaves nothing half-copied behind.
+
+Integrity is checked end to end once, after the generation is established: every rank hashes
+every layer it holds *and every layer it sent* (``copied_out``), and the controller requires all
+hashes of a layer to agree (``StepLedger.check_established``), so a copy that differs from its
+source by a bit stops the run. A per-chunk checksum on both sides of the wire would be a second
+full pass over the bytes at each end, which on this machine halved the copy's rate.
 
 ``probe_links`` times a raw gloo send/recv on the same channels, the peer figure for the copy's
 rate (``benchmarks/bench_runtime.py``).
@@ -19,43 +24,23 @@ rate (``benchmarks/bench_runtime.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
-
-import torch
 
 from oobleck.errors import RunError
 from oobleck.planning.plan import ReconfigurationPlan
 from oobleck.runtime.comm import Communicator, channel_name
-from oobleck.runtime.state import LayerState, chunk_bounds, chunk_rows, crc32, set_step
+from oobleck.runtime.state import LayerState, chunk_bounds, chunk_rows, set_step
 from oobleck.runtime.topology import Topology, rank_of
 
 
-@dataclass
-class _Chunk:
-    """One chunk of a layer copy on one channel, as this rank sends or receives it."""
+@dataclass(frozen=True)
+class Moved:
+    """What one rank's part of the copies moved."""
 
-    layer: int
-    a: int
-    b: int
-    source: int  # the rank sending it
-    channel: str
-    pieces: list[torch.Tensor]  # views of the layer's flat state
-    works: list[Any]  # one broadcast per piece, then (last) the checksums'
-    checksums: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
-
-    @property
-    def nbytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.pieces)
-
-    @property
-    def what(self) -> str:
-        return f"layer {self.layer} [{self.a}, {self.b})"
-
-
-def pieces(rows: list[torch.Tensor], elements: int) -> list[torch.Tensor]:
-    """The rows cut into contiguous pieces of at most ``elements`` (views, no copies)."""
-    return [row[k : k + elements] for row in rows for k in range(0, row.numel(), elements)]
+    bytes_in: int
+    bytes_out: int
+    copied_out: tuple[int, ...]  # layers this rank sent (their hashes are compared too)
 
 
 def transfer_state(
@@ -67,18 +52,19 @@ def transfer_state(
     *,
     committed: int,
     generation: int,
-    piece_elements: int,
-) -> tuple[int, int]:
+) -> Moved:
     """This rank's sends and receives of the plan's layer copies (see the module docstring);
     received layers are added to ``layers`` (made by ``empty_layer(index)``, AdamW step set to
-    ``committed``). Returns ``(bytes received, bytes sent)``."""
+    ``committed``)."""
     if reconfiguration is None:
-        return 0, 0
+        return Moved(0, 0, ())
     ranks = rank_of(topology.plan)
     me = topology.rank
-    chunks: list[_Chunk] = []
+    pending: list[tuple[Any, str]] = []
     arriving: dict[int, LayerState] = {}
     covered: dict[int, int] = {}
+    sent: set[int] = set()
+    bytes_in = bytes_out = 0
     for transfer in reconfiguration.transfers:
         src, dst = ranks[tuple(transfer.source)], ranks[tuple(transfer.target)]  # type: ignore[index]
         if me not in (src, dst) or src == dst:
@@ -87,59 +73,45 @@ def transfer_state(
             if transfer.layer not in layers:
                 raise RunError(f"generation {generation}: rank {me} must send layer {transfer.layer} but does not hold it")
             layer = layers[transfer.layer]
+            sent.add(transfer.layer)
         else:
             if transfer.layer not in arriving:
                 arriving[transfer.layer] = empty_layer(transfer.layer)
             layer = arriving[transfer.layer]
-            covered[transfer.layer] = covered.get(transfer.layer, 0)
         a, b = chunk_bounds(layer.numel, transfer.chunk, transfer.chunks)
-        cut = pieces(chunk_rows(layer, a, b), piece_elements)
         name = channel_name(src, dst, "xfer")
-        chunks.append(_Chunk(transfer.layer, a, b, src, name, cut, [comm.broadcast(name, p, src) for p in cut]))
+        what = f"{'sending' if me == src else 'receiving'} layer {transfer.layer} [{a}, {b})"
+        for row in chunk_rows(layer, a, b):
+            pending.append((comm.broadcast(name, row, src), what))
+            if me == src:
+                bytes_out += row.numel() * row.element_size()
+            else:
+                bytes_in += row.numel() * row.element_size()
         if me == dst:
-            covered[transfer.layer] += b - a
-    # A chunk's checksums follow all the pieces on its channel, in the order the chunks are listed
-    # (a channel matches broadcasts by their order on both sides). A source checksums each piece
-    # while the channel is sending it.
-    for chunk in chunks:
-        if chunk.source == me:
-            chunk.checksums = torch.tensor([crc32(p) for p in chunk.pieces], dtype=torch.int64)
-        else:
-            chunk.checksums = torch.zeros(len(chunk.pieces), dtype=torch.int64)
-        chunk.works.append(comm.broadcast(chunk.channel, chunk.checksums, chunk.source))
-    # A target checks each piece as it lands, while the next ones arrive.
-    for chunk in (c for c in chunks if c.source != me):
-        found = []
-        for work, piece in zip(chunk.works, chunk.pieces):
-            comm.waiter.work(work, f"receiving {chunk.what}")
-            found.append(crc32(piece))
-        comm.waiter.work(chunk.works[-1], f"receiving {chunk.what}'s checksums")
-        if found != chunk.checksums.tolist():
-            raise RunError(f"generation {generation}: {chunk.what} arrived corrupted (checksum mismatch)")
-    for chunk in (c for c in chunks if c.source == me):
-        for work in chunk.works:
-            comm.waiter.work(work, f"sending {chunk.what}")
+            covered[transfer.layer] = covered.get(transfer.layer, 0) + (b - a)
+    for work, what in pending:
+        comm.waiter.work(work, what)
     for index, layer in arriving.items():
         if covered[index] != layer.numel:
             raise RunError(f"generation {generation}: layer {index} received {covered[index]} of {layer.numel} elements")
         set_step(layer, committed)
         layers[index] = layer
-    received = sum(c.nbytes for c in chunks if c.source != me)
-    return received, sum(c.nbytes for c in chunks) - received
+    return Moved(bytes_in, bytes_out, tuple(sorted(sent)))
 
 
-def probe_links(topology: Topology, comm: Communicator, reconfiguration: Optional[ReconfigurationPlan], nbytes: int) -> dict[str, float]:
+def probe_links(topology: Topology, comm: Communicator, reconfiguration: Optional[ReconfigurationPlan], nbytes: int) -> dict[str, dict[str, float]]:
     """Raw gloo send/recv bandwidth (bytes/s, as the receiver measured it) of ``nbytes`` on every
-    copy channel of this rank, just before the copy: ``"src->dst": rate`` for the channels it
-    receives on."""
+    copy channel of this rank, just before the copy: ``{"cold": {"src->dst": rate}, "warm":
+    {...}}`` (into fresh memory, and into the same memory again) for the channels it receives on."""
+    rates: dict[str, dict[str, float]] = {"cold": {}, "warm": {}}
     if reconfiguration is None:
-        return {}
+        return rates
     ranks = rank_of(topology.plan)
     pairs = sorted({(ranks[tuple(t.source)], ranks[tuple(t.target)]) for t in reconfiguration.transfers})  # type: ignore[index]
-    rates = {}
     for src, dst in pairs:
         if topology.rank in (src, dst) and src != dst:
-            seconds = comm.probe_link(channel_name(src, dst, "xfer"), src, nbytes)
+            cold, warm = comm.probe_link(channel_name(src, dst, "xfer"), src, nbytes)
             if topology.rank == dst:
-                rates[f"{src}->{dst}"] = nbytes / seconds
+                rates["cold"][f"{src}->{dst}"] = nbytes / cold
+                rates["warm"][f"{src}->{dst}"] = nbytes / warm
     return rates

@@ -100,7 +100,6 @@ class Worker:
         self.strike: Optional[dict[str, Any]] = None
         self.phase_seconds: dict[str, float] = {}  # where this worker's step time went
         self.bucket_bytes = int(float(self.cfg.runtime.bucket_mb) * (1 << 20))
-        self.piece_elements = max(1, int(float(self.cfg.runtime.transfer_piece_mb) * (1 << 20)) // 4)
         self.checkpointer = CheckpointWriter(host, port, self.worker, self.cfg.checkpoint)
 
     # ------------------------------------------------------------------ generations
@@ -197,9 +196,9 @@ class Worker:
         probe_bytes = int(float(self.cfg.runtime.link_probe_mb) * (1 << 20))
         probes = probe_links(topology, comm, reconfiguration, probe_bytes) if probe_bytes > 0 else {}
         moved = time.monotonic()
-        bytes_in, bytes_out = transfer_state(
+        copies = transfer_state(
             topology, comm, reconfiguration, self.layers, lambda index: self._empty_layer(index, committed),
-            committed=committed, generation=generation, piece_elements=self.piece_elements,
+            committed=committed, generation=generation,
         )  # fmt: skip
         missing = [i for i in held if i not in self.layers]
         if missing:
@@ -211,15 +210,18 @@ class Worker:
         self._wait_key(keys.established(generation), self.timeout_s, f"generation {generation} to be established")
         if self.store.get(keys.established(generation)).decode() != keys.YES:
             raise Aborted()
+        # Every held layer, and every layer this rank copied out (so a copy is compared with its
+        # source even when the source drops it now): the controller requires them all to agree.
+        checksums = {str(i): layer_checksum(self.layers[i]) for i in sorted(set(held) | set(copies.copied_out))}
         for index in [i for i in self.layers if i not in held]:
             del self.layers[index]
-        checksums = {str(i): layer_checksum(layer) for i, layer in self.layers.items()}
         self.store.set(keys.checksums(generation, topology.rank), json.dumps(checksums))
         self.store.set(
             keys.timing(generation, topology.rank),
             json.dumps({
-                "groups_s": groups_s, "state_copy_s": transfer_s, "load_s": load_s, "bytes_in": bytes_in, "bytes_out": bytes_out,
-                "link_probe_bytes_per_s": probes,
+                "groups_s": groups_s, "state_copy_s": transfer_s, "load_s": load_s, "bytes_in": copies.bytes_in,
+                "bytes_out": copies.bytes_out, "link_probe_bytes_per_s": probes.get("warm", {}),
+                "link_probe_cold_bytes_per_s": probes.get("cold", {}),
             }),  # fmt: skip
         )
         self.store.set(

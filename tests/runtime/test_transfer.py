@@ -1,11 +1,12 @@
 """``transfer_state``: a reconfiguration's layer copies arrive bit for bit, from one source or
-split over several, in many small pieces.
+split over several.
 
 Three ranks in threads of this process on real gloo groups (``inprocess.run_ranks``): ranks 0 and
 1 hold trained replicas of layers 0 and 1 (identical, with non-zero AdamW moments); rank 2 holds
-nothing and receives layer 0 from rank 0 alone and layer 1 in two chunks, one from each source,
-each chunk cut into pieces far smaller than a row. What arrives equals the sources' state
-exactly, with the AdamW step set to the committed steps, and the byte counts add up.
+nothing and receives layer 0 from rank 0 alone and layer 1 in two chunks, one from each source.
+What arrives equals the sources' state exactly (so its hash, which the controller compares with
+the sources', agrees), with the AdamW step set to the committed steps; the byte counts add up and
+each source names the layers it copied out.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 
 from oobleck.models.spec import model_spec
 from oobleck.planning.plan import LayerTransfer, ReconfigurationPlan
-from oobleck.runtime.state import layer_state
+from oobleck.runtime.state import layer_checksum, layer_state
 from oobleck.runtime.testing import hand_plan, template, tiny_config
 from oobleck.runtime.transfer import transfer_state
 
@@ -48,14 +49,19 @@ def test_a_layer_split_over_two_sources_arrives_bit_for_bit(shared_store):
         layers = {i: trained(spec, job, i) for i in (0, 1)} if topology.rank < 2 else {}
         moved = transfer_state(
             topology, comm, reconfiguration, layers, lambda i: layer_state(spec, job, i, "cpu", initialise=False),
-            committed=COMMITTED, generation=0, piece_elements=1000,
+            committed=COMMITTED, generation=0,
         )  # fmt: skip
-        return moved, {i: (layer.flat.clone(), [layer.optimizer.state[p]["step"].item() for p in layer.params]) for i, layer in layers.items()}
+        states = {i: (layer.flat.clone(), [layer.optimizer.state[p]["step"].item() for p in layer.params]) for i, layer in layers.items()}
+        return moved, states, {i: layer_checksum(layer) for i, layer in layers.items()}
 
-    (out0, src0), (out1, src1), (got, dst) = run_ranks(plan, rank, store=shared_store, generation=10, reconfiguration=reconfiguration)
+    (out0, src0, hash0), (out1, src1, hash1), (got, dst, hash2) = run_ranks(
+        plan, rank, store=shared_store, generation=10, reconfiguration=reconfiguration
+    )
     n0, n1 = src0[0][0].shape[1], src0[1][0].shape[1]
-    assert out0 == (0, 4 * 3 * (n0 + n1 // 2)) and out1 == (0, 4 * 3 * (n1 - n1 // 2))
-    assert got == (4 * 3 * (n0 + n1), 0)
+    assert (out0.bytes_in, out0.bytes_out, out0.copied_out) == (0, 4 * 3 * (n0 + n1 // 2), (0, 1))
+    assert (out1.bytes_in, out1.bytes_out, out1.copied_out) == (0, 4 * 3 * (n1 - n1 // 2), (1,))
+    assert (got.bytes_in, got.bytes_out, got.copied_out) == (4 * 3 * (n0 + n1), 0, ())
+    assert hash0 == hash1 == hash2
     for i in (0, 1):
         assert torch.equal(dst[i][0], src0[i][0]) and torch.equal(src0[i][0], src1[i][0])
         assert set(dst[i][1]) == {float(COMMITTED)}
