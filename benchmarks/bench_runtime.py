@@ -304,15 +304,23 @@ def bench_transfer(repeats: int, steps: int = 4) -> dict:
                 raise RuntimeError(f"the gpt2_small recovery moved no layers: {outcome.recoveries}")
             results[sources] += moved
             print_recoveries(
-                f"gpt2_small, node 5 killed, planner.transfer_sources={sources} ({load()})", moved, ("copy_bytes_per_s", "link_probe_bytes_per_s")
+                f"gpt2_small, node 5 killed, planner.transfer_sources={sources} ({load()})", moved, ("copy_bytes_per_s", "link_probe_bytes_per_s", "link_probe_cold_bytes_per_s")
             )
     summary = {}
     for sources, rows in results.items():
         copy = statistics.median(r["state_copy_s"] for r in rows)
         rate = statistics.median(r["copy_bytes_per_s"] for r in rows)
         link = statistics.median(r["link_probe_bytes_per_s"] for r in rows)
-        summary[sources] = {"state_copy_s": copy, "copy_bytes_per_s": rate, "link_bytes_per_s": link, "copy/link": rate / link, **medians(rows, RECOVERY_KEYS)}
-        print(f"  {sources} source(s): state copy {copy:.3f} s, {rate / 1e6:.0f} MB/s into the receiver; raw gloo send/recv {link / 1e6:.0f} MB/s per channel; ratio {rate / link:.2f}")
+        cold = statistics.median(r["link_probe_cold_bytes_per_s"] for r in rows)
+        summary[sources] = {
+            "state_copy_s": copy, "copy_bytes_per_s": rate, "link_bytes_per_s": link, "link_cold_bytes_per_s": cold,
+            "copy/link": rate / link, "copy/link_cold": rate / cold, **medians(rows, RECOVERY_KEYS),
+        }  # fmt: skip
+        print(
+            f"  {sources} source(s): state copy {copy:.3f} s, {rate / 1e6:.0f} MB/s into the receiver; raw gloo send/recv per channel"
+            f" {link / 1e6:.0f} MB/s into touched memory (ratio {rate / link:.2f}), {cold / 1e6:.0f} MB/s into fresh memory like the copy's"
+            f" (ratio {rate / cold:.2f})"
+        )
     summary["split_speedup"] = summary["1"]["state_copy_s"] / summary["2"]["state_copy_s"]
     print(f"  splitting each layer over 2 sources: the copy takes {1 / summary['split_speedup']:.2f}x the time of one source")
     return summary

@@ -65,3 +65,42 @@ def test_a_layer_split_over_two_sources_arrives_bit_for_bit(shared_store):
     for i in (0, 1):
         assert torch.equal(dst[i][0], src0[i][0]) and torch.equal(src0[i][0], src1[i][0])
         assert set(dst[i][1]) == {float(COMMITTED)}
+
+
+def test_a_copy_one_bit_off_its_source_stops_the_run():
+    """The end-to-end integrity check that replaces per-chunk checksums: once a generation is
+    established, the controller's ledger compares the hashes every rank reports (of the layers it
+    holds and of those it copied out); a copy one bit off its source is refused."""
+    import json
+
+    import pytest
+    import torch.distributed as dist
+
+    from oobleck.elastic.ledger import StepLedger
+    from oobleck.errors import RunError
+    from oobleck.runtime import keys
+    from oobleck.strategy import Layout
+
+    cfg = tiny_config()
+    spec = model_spec(cfg.model, int(cfg.job.seed))
+    everything = template([(0, spec.num_layers, 0, 0, 1)])
+    plan = hand_plan([(everything, (n,), 4) for n in range(2)], batch=16, micro=2, layers=spec.num_layers, f=1, gpus=1)
+    source = trained(spec, cfg.job, 1)
+    copy = layer_state(spec, cfg.job, 1, "cpu", initialise=False)
+    copy.flat.copy_(source.flat)
+    assert layer_checksum(copy) == layer_checksum(source)
+    copy.flat.view(-1).view(torch.int32)[12345] ^= 1  # one bit of one element
+    for number, received in enumerate((source, copy)):
+        store = dist.HashStore()
+        ledger = StepLedger(store, 4, 16, on_step=lambda row: None)
+        ledger.publish(number, Layout(plan, 1.0, "2 x 1"), 0)
+        store.set(keys.established(number), keys.YES)
+        for rank, layer in ((0, source), (1, received)):
+            store.set(keys.timing(number, rank), "{}")
+            store.set(keys.probe(number, rank), "{}")
+            store.set(keys.checksums(number, rank), json.dumps({"1": layer_checksum(layer)}))
+        if received is source:
+            assert ledger.check_established().replicas_identical
+        else:
+            with pytest.raises(RunError, match="checksum mismatch"):
+                ledger.check_established()
