@@ -134,15 +134,20 @@ def install_flat_state(layer: LayerState, flat: torch.Tensor, committed_steps: i
     set_step(layer, committed_steps)
 
 
+def tensor_hash(tensor: torch.Tensor) -> int:
+    """A 64-bit hash (xxHash's XXH3) of a tensor's bytes, read in place when it is a contiguous
+    CPU tensor. XXH3 rather than CRC32: measured here 15.7 GB/s against zlib.crc32's 2.2 GB/s
+    (one core, 64 MB), and every holder hashes every layer it holds at each generation, on the
+    way to the first step."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return xxhash.xxh3_64_intdigest(t.contiguous().view(-1).view(torch.uint8).numpy())
+
+
 def layer_checksum(layer: LayerState) -> int:
-    """A 64-bit hash (xxHash's XXH3) of parameters and AdamW moments, read in place: equal on
-    every replica of a layer, bit for bit. XXH3 rather than CRC32: measured here 15.7 GB/s
-    against zlib.crc32's 2.2 GB/s (one core, 64 MB), and every holder hashes every layer it holds
-    at each generation, on the way to the first step."""
-    flat = layer.flat.detach()
-    if flat.device.type != "cpu":
-        flat = flat.cpu()
-    return xxhash.xxh3_64_intdigest(flat.contiguous().view(-1).view(torch.uint8).numpy())
+    """``tensor_hash`` of parameters and AdamW moments: equal on every replica of a layer, bit for bit."""
+    return tensor_hash(layer.flat)
 
 
 def set_learning_rate(layer: LayerState, lr: float) -> None:
