@@ -1,23 +1,45 @@
-"""Runtime benchmarks: recovery breakdown and steady-state throughput against torch's own peers.
+"""Runtime benchmarks: throughput against torch's own peers, recovery, state copies, scale.
 
-    python benchmarks/bench_runtime.py [--only recovery|ddp|pipeline] [--steps 40] [--repeats 3]
+    python benchmarks/bench_runtime.py [--only SECTION ...] [--steps 40] [--repeats 3]
 
-1. recovery: gpt3_tiny on 6 local nodes with f=2; nodes SIGKILLed one at a time (detected by
-   process exit), joins in between; prints every recovery's breakdown and the medians.
-2. ddp: 4 processes, a pure data-parallel plan (4 single-node pipelines holding every layer)
-   against torch DistributedDataParallel on the same 4 processes, model, batches, optimizer and
-   clipping (gloo).
-3. pipeline: one pipeline of 4 stages against torch.distributed.pipelining's Schedule1F1B on the
-   same stage split and microbatches (untied embeddings on both sides, since a pipelining stage
-   has no tied-weight sync of its own).
+Every figure is a ratio against a peer measured in the same run (sides alternated, medians
+compared), because on a shared 2-core machine the load drifts from minute to minute:
 
-Throughput is the median samples/s over the steps after a warm-up, measured the same way on
-both sides (time between consecutive step completions); the ratio is ours / theirs.
+1. ``recovery``: gpt3_tiny on 6 local nodes with f=2; nodes SIGKILLed one at a time (detected by
+   process exit), joins in between; every recovery's breakdown and the medians.
+2. ``ddp``: 4 processes, a pure data-parallel plan (4 single-node pipelines holding every layer),
+   ours (gradient buckets all-reduced during the backward pass) and ours with the reduction after
+   the backward pass (``runtime.overlap_grad_reduce=false``, the runtime before issue 19) against
+   torch DistributedDataParallel on the same processes, model, batches, optimizer, clipping and
+   bucket size (``--bucket-mb``: both sides' bucket cap; gloo).
+3. ``pipeline``: one pipeline of 4 stages against torch.distributed.pipelining's Schedule1F1B on
+   the same stage split and microbatches (untied embeddings on both sides, since a pipelining
+   stage has no tied-weight sync of its own).
+4. ``hetero``: 5 nodes as pipelines of 2 and 3 nodes (tied embeddings summed across them): the
+   overlapped reduction against the reduction after backward.
+5. ``transfer``: gpt2_small (``model.seq_len=64``: the parameters are those of gpt2_small, the
+   compute per step is small) on 6 nodes, the planner's 3 pipelines of 2 stages, f=2; node 5
+   (pipeline 2's second stage) is SIGKILLed after 2 committed steps, so the survivor of its
+   pipeline takes the second stage's layers from the other pipelines' holders of them
+   (``bytes_moved``: 353 MB of parameters and AdamW state when last measured). Run with
+   ``planner.transfer_sources=1`` and ``=2`` (one source, or the chunks of each layer split over
+   two); ``runtime.link_probe_mb`` times a raw gloo send/recv on the same channels between the
+   same processes just before the copy, the peer of the copy's bytes per second, into memory
+   already touched and into fresh memory (as the copy lands); ``receiver_copy_s`` is the
+   receiver's own copy time (the split's figure).
+6. ``scale``: gpt3_tiny on 4, 8 and 12 nodes (the planner's plan, f=1, one node SIGKILLed
+   midway): steady samples/s, the recovery's breakdown, and the CPU seconds per committed step of
+   this process's threads: the controller's loop (main thread) and the TCPStore server that every
+   worker's traffic goes through (``pt_tcpstore_uv``).
+
+Throughput is the median samples/s over the steps after a warm-up, measured the same way on both
+sides (time between consecutive step completions). The load average is printed with each section.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import socket
@@ -25,13 +47,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
-
+from typing import Any, Callable
 
 WARMUP = 5
+RECOVERY_KEYS = ("detect_s", "plan_s", "groups_s", "state_copy_s", "first_step_s", "total_s", "bytes_moved")
+SECTIONS = ("recovery", "ddp", "pipeline", "hetero", "transfer", "scale")
 
 
 def free_port() -> int:
@@ -40,18 +65,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def bench_config(steps: int, **overrides):
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def bench_config(steps: int, *groups: str, **overrides):
     from oobleck.runtime.testing import tiny_config
 
-    cfg = tiny_config(**{"job.steps": steps, "job.global_batch_size": 32, "job.microbatch_size": 2, **overrides})
+    cfg = tiny_config(*groups, **{"job.steps": steps, "job.global_batch_size": 32, "job.microbatch_size": 2, **overrides})
     cfg.runtime.save_final_params = False
     return cfg
 
 
-# ---------------------------------------------------------------------------- recovery
-def bench_recovery() -> dict:
+def run_job(cfg, plan=None):
     from oobleck.elastic.job import launch
 
+    with tempfile.TemporaryDirectory() as tmp:
+        outcome, _ = launch(cfg, tmp, initial_plan=plan, recorder=False)
+    return outcome
+
+
+def print_recoveries(title: str, recoveries: list[dict], extra: tuple[str, ...] = ()) -> None:
+    keys = RECOVERY_KEYS + extra
+    print(f"\n{title}")
+    print("  gen  removed joined  " + "  ".join(f"{k:>14}" for k in keys))
+    for r in recoveries:
+        print(f"  {r['generation']:>3}  {str(r['removed']):>7} {str(r['joined']):>6}  " + "  ".join(f"{r.get(k, '-'):>14}" for k in keys))
+
+
+def medians(rows: list[dict], keys) -> dict:
+    return {k: statistics.median(r[k] for r in rows) for k in keys if all(k in r for r in rows)}
+
+
+# ---------------------------------------------------------------------------- recovery
+def bench_recovery() -> dict:
     events = [
         {"action": "remove", "step": 10, "count": 1},
         {"action": "remove", "step": 20, "count": 1},
@@ -62,33 +109,32 @@ def bench_recovery() -> dict:
         {"action": "remove", "step": 65, "count": 1},
     ]
     cfg = bench_config(400, **{"cluster.nodes": 6, "job.fault_tolerance": 2, "failures.kind": "explicit", "failures.events": events})
-    with tempfile.TemporaryDirectory() as tmp:
-        outcome, _ = launch(cfg, tmp, recorder=False)
+    outcome = run_job(cfg)
     failures = [r for r in outcome.recoveries if r["removed"]]
-    keys = ("detect_s", "plan_s", "groups_s", "state_copy_s", "first_step_s", "total_s", "bytes_moved")
-    print("\nrecoveries (gpt3_tiny, 6 local nodes, f=2, SIGKILL detected by process exit)")
-    print("  gen  removed joined  " + "  ".join(f"{k:>12}" for k in keys))
-    for r in outcome.recoveries:
-        print(f"  {r['generation']:>3}  {str(r['removed']):>7} {str(r['joined']):>6}  " + "  ".join(f"{r[k]:>12}" for k in keys))
-    medians = {k: statistics.median(r[k] for r in failures) for k in keys}
-    print("  median over failures: " + ", ".join(f"{k}={v:.4g}" for k, v in medians.items()))
-    return medians
+    print_recoveries(f"recoveries (gpt3_tiny, 6 local nodes, f=2, SIGKILL detected by process exit; {load()})", outcome.recoveries)
+    result = medians(failures, RECOVERY_KEYS)
+    print("  median over failures: " + ", ".join(f"{k}={v:.4g}" for k, v in result.items()))
+    return result
 
 
 # ---------------------------------------------------------------------------- ours
-def ours(cfg, plan) -> float:
-    from oobleck.elastic.job import launch
-
-    with tempfile.TemporaryDirectory() as tmp:
-        outcome, _ = launch(cfg, tmp, initial_plan=plan, recorder=False)
+def ours(cfg, plan=None) -> float:
+    outcome = run_job(cfg, plan)
     rates = [row["samples_per_s"] for row in outcome.steps[WARMUP:]]
     phases: dict[str, float] = {}
     for per_worker in outcome.phase_seconds.values():
         for name, seconds in per_worker.items():
             phases[name] = phases.get(name, 0.0) + seconds
     total = sum(phases.values()) or 1.0
-    print("  where our workers' step time goes: " + ", ".join(f"{k} {v / total:.0%}" for k, v in phases.items()))
+    overlap = "overlapped" if cfg.runtime.overlap_grad_reduce else "after backward"
+    print(f"  ours ({overlap}): {statistics.median(rates):.1f} samples/s; step time: " + ", ".join(f"{k} {v / total:.0%}" for k, v in phases.items() if v))
     return statistics.median(rates)
+
+
+def with_overlap(cfg, overlap: bool):
+    changed = copy.deepcopy(cfg)
+    changed.runtime.overlap_grad_reduce = overlap
+    return changed
 
 
 def pure_dp_plan(nodes: int, batch: int, micro: int, layers: int):
@@ -104,6 +150,19 @@ def pipeline_plan(splits, batch: int, micro: int, layers: int):
 
     tmpl = template([(a, b, i, 0, 1) for i, (a, b) in enumerate(splits)])
     return hand_plan([(tmpl, tuple(range(len(splits))), batch // micro)], batch=batch, micro=micro, layers=layers, f=0, gpus=1)
+
+
+def hetero_plan(batch: int, micro: int):
+    from oobleck.runtime.testing import hand_plan, template
+
+    count = batch // micro
+    return hand_plan(
+        [
+            (template([(0, 3, 0, 0, 1), (3, 6, 1, 0, 1)]), (0, 1), count * 3 // 8),
+            (template([(0, 2, 0, 0, 1), (2, 4, 1, 0, 1), (4, 6, 2, 0, 1)]), (2, 3, 4), count - count * 3 // 8),
+        ],
+        batch=batch, micro=micro, layers=6, f=1, gpus=1,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- theirs
@@ -127,7 +186,7 @@ def peer_worker(kind: str, rank: int, world: int, port: int, cfg_path: str, spli
     sampler = GlobalBatchSampler(len(dataset), B, int(job.seed))
     times = []
     if kind == "ddp":
-        model = nn.parallel.DistributedDataParallel(build_reference_model(model_cfg, int(job.seed)))
+        model = nn.parallel.DistributedDataParallel(build_reference_model(model_cfg, int(job.seed)), bucket_cap_mb=float(cfg.runtime.bucket_mb))
         params = list(model.parameters())
         share = B // world
 
@@ -202,38 +261,180 @@ def theirs(kind: str, cfg, world: int, splits=None) -> float:
                 raise RuntimeError(f"{kind} peer failed")
         times = json.loads(Path(out).read_text())
     B = int(cfg.job.global_batch_size)
-    return statistics.median(B / t for t in times[WARMUP:])
+    rate = statistics.median(B / t for t in times[WARMUP:])
+    print(f"  {kind}: {rate:.1f} samples/s")
+    return rate
+
+
+def compare(title: str, sides: dict[str, Callable[[], float]], repeats: int, ratios: list[tuple[str, str]]) -> dict:
+    """Run every side ``repeats`` times, alternating; print and return medians and ratios."""
+    print(f"\n{title} ({load()})")
+    samples: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(repeats):
+        for name, run in sides.items():
+            samples[name].append(run())
+    result: dict[str, Any] = {name: statistics.median(values) for name, values in samples.items()}
+    result["samples"] = samples
+    for a, b in ratios:
+        result[f"{a}/{b}"] = result[a] / result[b]
+        pairs = ", ".join(f"{x / y:.3f}" for x, y in zip(samples[a], samples[b]))
+        print(f"  {a} / {b}: {result[a]:.1f} / {result[b]:.1f} samples/s = {result[a] / result[b]:.3f} (per repeat: {pairs})")
+    print(f"  ({load()})")
+    return result
+
+
+# ---------------------------------------------------------------------------- state copies
+def bench_transfer(repeats: int, steps: int = 4) -> dict:
+    """gpt2_small: a recovery that moves a whole stage, from one source and split over two."""
+    results: dict[str, list[dict]] = {"1": [], "2": []}
+    for _ in range(repeats):
+        for sources in ("1", "2"):
+            cfg = bench_config(
+                steps,
+                "model=gpt2_small",
+                **{
+                    "model.seq_len": 64, "job.global_batch_size": 6, "job.microbatch_size": 1, "job.warmup_steps": 1,
+                    "cluster.nodes": 6, "job.fault_tolerance": 2, "profile.source": "analytic",
+                    "cluster.collective_timeout_s": 120.0, "cluster.heartbeat_timeout_s": 30.0,
+                    "planner.transfer_sources": int(sources), "runtime.link_probe_mb": 256,
+                    "failures.kind": "explicit", "failures.events": [{"action": "remove", "step": 2, "nodes": [5]}],
+                },
+            )  # fmt: skip
+            outcome = run_job(cfg)
+            moved = [r for r in outcome.recoveries if r["bytes_moved"]]
+            if not moved:
+                raise RuntimeError(f"the gpt2_small recovery moved no layers: {outcome.recoveries}")
+            results[sources] += moved
+            print_recoveries(
+                f"gpt2_small, node 5 killed, planner.transfer_sources={sources} ({load()})", moved, ("receiver_copy_s", "copy_bytes_per_s", "link_probe_bytes_per_s", "link_probe_cold_bytes_per_s")
+            )
+    summary = {}
+    for sources, rows in results.items():
+        copy = statistics.median(r["state_copy_s"] for r in rows)
+        rate = statistics.median(r["copy_bytes_per_s"] for r in rows)
+        link = statistics.median(r["link_probe_bytes_per_s"] for r in rows)
+        cold = statistics.median(r["link_probe_cold_bytes_per_s"] for r in rows)
+        summary[sources] = {
+            "state_copy_s": copy, "copy_bytes_per_s": rate, "link_bytes_per_s": link, "link_cold_bytes_per_s": cold,
+            "copy/link": rate / link, "copy/link_cold": rate / cold, **medians(rows, RECOVERY_KEYS),
+        }  # fmt: skip
+        print(
+            f"  {sources} source(s): state copy {copy:.3f} s, {rate / 1e6:.0f} MB/s into the receiver; raw gloo send/recv per channel"
+            f" {link / 1e6:.0f} MB/s into touched memory (ratio {rate / link:.2f}), {cold / 1e6:.0f} MB/s into fresh memory like the copy's"
+            f" (ratio {rate / cold:.2f})"
+        )
+    for sources, rows in results.items():
+        summary[sources]["receiver_copy_s"] = statistics.median(r["receiver_copy_s"] for r in rows)
+    summary["split_speedup"] = summary["1"]["receiver_copy_s"] / summary["2"]["receiver_copy_s"]
+    print(
+        f"  splitting each layer over 2 sources: the receiver's copy takes {summary['2']['receiver_copy_s']:.3f} s against"
+        f" {summary['1']['receiver_copy_s']:.3f} s from one source ({1 / summary['split_speedup']:.2f}x)"
+    )
+    return summary
+
+
+# ---------------------------------------------------------------------------- scale
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of this process's threads so far: main (the controller's loop), the TCPStore
+    server (``pt_tcpstore_uv``), and the rest (agent connections, the abort and reaper threads)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    main = threading.main_thread().native_id
+    cpu = {"controller_loop": 0.0, "store_server": 0.0, "other_threads": 0.0}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        seconds = (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+        kind = "controller_loop" if int(task.name) == main else "store_server" if name.startswith("pt_tcpstore") else "other_threads"
+        cpu[kind] += seconds
+    return cpu
+
+
+def bench_scale(nodes_list: tuple[int, ...], steps: int) -> dict:
+    results = {}
+    kill = steps // 2
+    print(f"\nscale: gpt3_tiny, global batch 48, f=1, the planner's plan, one node SIGKILLed at step {kill} ({load()})")
+    print("  nodes  pipelines  samples/s  recovery_s  groups_s  first_step_s  loop_cpu_ms/step  store_cpu_ms/step  other_cpu_ms/step")
+    for nodes in nodes_list:
+        cfg = bench_config(
+            steps,
+            **{"cluster.nodes": nodes, "job.fault_tolerance": 1, "job.global_batch_size": 48, "failures.kind": "explicit",
+               "failures.events": [{"action": "remove", "step": kill, "nodes": [nodes - 1]}]},
+        )  # fmt: skip
+        before = thread_cpu()
+        outcome = run_job(cfg)
+        after = thread_cpu()
+        committed = len(outcome.steps) or 1
+        per_step = {k: (after[k] - before[k]) / committed * 1e3 for k in before}
+        steady = [row["samples_per_s"] for row in outcome.steps[WARMUP:kill]]
+        recovery = outcome.recoveries[0] if outcome.recoveries else {}
+        row = {
+            "pipelines": outcome.steps[0]["pipelines"],
+            "samples_per_s": statistics.median(steady),
+            "recovery": recovery,
+            "cpu_ms_per_step": per_step,
+        }
+        results[nodes] = row
+        print(
+            f"  {nodes:>5}  {row['pipelines']:>9}  {row['samples_per_s']:>9.1f}  {recovery.get('total_s', float('nan')):>10.3f}"
+            f"  {recovery.get('groups_s', float('nan')):>8.3f}  {recovery.get('first_step_s', float('nan')):>12.3f}"
+            f"  {per_step['controller_loop']:>16.2f}  {per_step['store_server']:>17.2f}  {per_step['other_threads']:>17.2f}"
+        )
+    print(f"  ({load()})")
+    return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("recovery", "ddp", "pipeline"))
+    parser.add_argument("--only", nargs="*", choices=SECTIONS, help="sections to run (default: all)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each side")
+    parser.add_argument("--bucket-mb", type=float, default=0.25, help="gradient bucket cap of both ours and DDP (MiB)")
+    parser.add_argument("--transfer-repeats", type=int, default=1)
+    parser.add_argument("--scale-nodes", type=int, nargs="*", default=[4, 8, 12])
     parser.add_argument("--peer", nargs=7, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peer:
         kind, rank, world, port, cfg_path, splits, out = args.peer
         peer_worker(kind, int(rank), int(world), int(port), cfg_path, splits, out)
         return
-    results = {}
-    if args.only in (None, "recovery"):
+    chosen = set(args.only or SECTIONS)
+    results: dict[str, Any] = {}
+    if "recovery" in chosen:
         results["recovery"] = bench_recovery()
-    # On a shared machine the load drifts: alternate the two sides and compare medians.
-    if args.only in (None, "ddp"):
-        cfg = bench_config(args.steps, **{"cluster.nodes": 4, "job.fault_tolerance": 3})
-        pairs = [(ours(cfg, pure_dp_plan(4, 32, 2, 6)), theirs("ddp", cfg, 4)) for _ in range(args.repeats)]
-        mine, peer = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
-        results["ddp"] = {"ours": mine, "ddp": peer, "ratio": mine / peer, "pairs": pairs}
-        print(f"\npure data parallel, 4 processes: ours {mine:.1f} samples/s, DDP {peer:.1f} samples/s, ratio {mine / peer:.3f}")
-    if args.only in (None, "pipeline"):
+    if "ddp" in chosen:
+        cfg = bench_config(args.steps, **{"cluster.nodes": 4, "job.fault_tolerance": 3, "runtime.bucket_mb": args.bucket_mb})
+        plan = pure_dp_plan(4, 32, 2, 6)
+        results["ddp"] = compare(
+            f"pure data parallel, 4 processes, buckets of {args.bucket_mb} MiB on both sides",
+            {"overlapped": lambda: ours(with_overlap(cfg, True), plan), "ddp": lambda: theirs("ddp", cfg, 4),
+             "after_backward": lambda: ours(with_overlap(cfg, False), plan)},
+            args.repeats, [("overlapped", "ddp"), ("after_backward", "ddp"), ("overlapped", "after_backward")],
+        )  # fmt: skip
+    if "pipeline" in chosen:
         splits = [(0, 2), (2, 3), (3, 4), (4, 6)]
-        cfg = bench_config(args.steps, **{"cluster.nodes": 4, "job.fault_tolerance": 0, "model.tie_embeddings": False})
-        pairs = [(ours(cfg, pipeline_plan(splits, 32, 2, 6)), theirs("pipeline", cfg, 4, splits)) for _ in range(args.repeats)]
-        mine, peer = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
-        results["pipeline"] = {"ours": mine, "schedule_1f1b": peer, "ratio": mine / peer, "pairs": pairs}
-        print(f"one 4-stage pipeline: ours {mine:.1f} samples/s, Schedule1F1B {peer:.1f} samples/s, ratio {mine / peer:.3f}")
-    print(json.dumps(results, indent=1))
+        cfg = bench_config(args.steps, **{"cluster.nodes": 4, "job.fault_tolerance": 0, "model.tie_embeddings": False, "runtime.bucket_mb": args.bucket_mb})
+        plan = pipeline_plan(splits, 32, 2, 6)
+        results["pipeline"] = compare(
+            "one 4-stage pipeline",
+            {"ours": lambda: ours(cfg, plan), "schedule_1f1b": lambda: theirs("pipeline", cfg, 4, splits)},
+            args.repeats, [("ours", "schedule_1f1b")],
+        )  # fmt: skip
+    if "hetero" in chosen:
+        cfg = bench_config(args.steps, **{"cluster.nodes": 5, "job.fault_tolerance": 1, "runtime.bucket_mb": args.bucket_mb})
+        plan = hetero_plan(32, 2)
+        results["hetero"] = compare(
+            "heterogeneous: pipelines of 2 and 3 nodes (5 processes)",
+            {"overlapped": lambda: ours(with_overlap(cfg, True), plan), "after_backward": lambda: ours(with_overlap(cfg, False), plan)},
+            args.repeats, [("overlapped", "after_backward")],
+        )  # fmt: skip
+    if "transfer" in chosen:
+        results["transfer"] = bench_transfer(args.transfer_repeats)
+    if "scale" in chosen:
+        results["scale"] = bench_scale(tuple(args.scale_nodes), args.steps)
+    print(json.dumps(results, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -80,6 +80,8 @@ from oobleck.models import build_layers, layer_name, load_model_config, num_laye
 from oobleck.profiling import analytic_profile, load_gpu_config, measure_profile
 from oobleck.profiling.analytic import block_forward_flops, head_forward_flops
 from oobleck.runtime import keys
+from oobleck.models.spec import model_spec
+from oobleck.runtime.backend import GlooBackend, NcclBackend
 from oobleck.runtime.comm import Aborted, AbortWatch, Communicator, GroupSpec, Reaper, Waiter, run_in_thread
 from oobleck.runtime.executor import StepContext, clip_and_step, global_grad_norm, run_schedule, sync_gradients
 from oobleck.runtime.reference import train_reference
@@ -188,10 +190,11 @@ class SoloRun:
         self.store = store
         self.watch = AbortWatch("127.0.0.1", store.port, timeout_s)
         self.watch.watch(0)
-        waiter = Waiter(self.watch, timeout_s, float(cfg.cluster.heartbeat_timeout_s))
+        backend = NcclBackend(device=device) if device.startswith("cuda") else GlooBackend()
+        waiter = Waiter(self.watch, timeout_s, float(cfg.cluster.heartbeat_timeout_s), backend)
         self.comm = Communicator(
             0, topology.rank, group_specs(topology), host="127.0.0.1", port=store.port,
-            device="cuda" if device.startswith("cuda") else "cpu", device_obj=None, timeout_s=timeout_s, waiter=waiter,
+            timeout_s=timeout_s, waiter=waiter,
         )  # fmt: skip
         self.comm.build()
         dataset = build_dataset(job, model)
@@ -202,10 +205,8 @@ class SoloRun:
             layers={i: new_layer_state(model, job, i, int(job.seed), device, 0) for i in topology.assignment.layers},
             dataset=dataset,
             sampler=GlobalBatchSampler(len(dataset), batch, int(job.seed)),
-            seq_len=int(model.seq_len),
-            n_embd=int(model.n_embd),
+            spec=model_spec(model, int(job.seed)),
             global_batch_size=batch,
-            tied_names=dict(zip(tied[0].layers, tied[0].names)) if tied else {},
             device=device,
             bucket_bytes=int(float(cfg.runtime.bucket_mb) * MIB),
         )
@@ -224,6 +225,7 @@ class SoloRun:
         return {i: {k: v.detach().to("cpu", copy=True) for k, v in layer.module.state_dict().items()} for i, layer in self.ctx.layers.items()}
 
     def close(self) -> None:
+        self.ctx.close()
         self.comm.release()
         self.store.set(keys.abort(0), "1")  # ends the watcher thread
         self.watch.aborted.wait(5.0)
@@ -494,7 +496,8 @@ class Lifecycle:
         self.gloo_device = None if cuda else dist.ProcessGroupGloo.create_default_device()
         timeout = s.collective_timeout_s
         self.watch = AbortWatch("127.0.0.1", store.port, timeout)
-        self.waiter = Waiter(self.watch, timeout, peer_grace_s=1.0)
+        backend = NcclBackend(device="cuda") if cuda else GlooBackend(self.gloo_device)
+        self.waiter = Waiter(self.watch, timeout, peer_grace_s=1.0, backend=backend)
         self.reaper = Reaper(delay_s=timeout + 1.0)
         # NCCL: one rank per GPU, so a one-rank group; gloo: plus a pair with an in-process peer.
         self.specs = [GroupSpec("solo", (0,))] + ([] if cuda else [GroupSpec("pair", (0, 1))])
@@ -503,8 +506,8 @@ class Lifecycle:
 
     def communicator(self, generation: int, rank: int) -> Any:
         return Communicator(
-            generation, rank, self.specs, host="127.0.0.1", port=self.store.port, device=self.device,
-            device_obj=self.gloo_device, timeout_s=self.s.collective_timeout_s, waiter=self.waiter,
+            generation, rank, self.specs, host="127.0.0.1", port=self.store.port,
+            timeout_s=self.s.collective_timeout_s, waiter=self.waiter,
         )  # fmt: skip
 
     def cycle(self, generation: int) -> dict[str, Any]:

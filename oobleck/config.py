@@ -191,6 +191,8 @@ class RuntimeConfig:
     """Worker runtime knobs (oobleck/runtime)."""
 
     bucket_mb: float = MISSING  # gradient all-reduce bucket size (MiB)
+    overlap_grad_reduce: bool = MISSING
+    link_probe_mb: float = MISSING
     reap_margin_s: float = MISSING
     save_final_params: bool = MISSING
 
@@ -442,6 +444,8 @@ def validate(cfg: Config | DictConfig) -> None:
     _positive("planner.reference_microbatches_per_stage", cfg.planner.reference_microbatches_per_stage)
     _positive("planner.transfer_sources", cfg.planner.transfer_sources)
     _positive("planner.replan_horizon_steps", cfg.planner.replan_horizon_steps, allow_zero=True)
+    _positive("runtime.bucket_mb", cfg.runtime.bucket_mb)
+    _positive("runtime.link_probe_mb", cfg.runtime.link_probe_mb, allow_zero=True)
 
     from oobleck.faults.schedule import check_failures
 

@@ -54,7 +54,7 @@ from oobleck.models import build_reference_model, loss_fn
 from oobleck.runtime import keys
 from oobleck.runtime.comm import make_store
 from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, run_worker
-from oobleck.runtime.state import crc32, learning_rate
+from oobleck.runtime.state import learning_rate, tensor_hash
 from oobleck.strategy import strategy_config
 
 # Per participant in the all-reduced tensor: node id + 1, healed this attempt (0/1), seconds the
@@ -291,14 +291,14 @@ class TorchftWorker:
 
     # ------------------------------------------------------------------ the end
     def checksums(self) -> dict[str, int]:
-        """Per layer: CRC32 over its parameters and AdamW moments (equal on every replica, bit for bit)."""
+        """Per layer: a hash of its parameters and AdamW moments (equal on every replica, bit for bit)."""
         result = {}
         for index, layer in enumerate(self.model):
             pieces = []
             for p in layer.parameters():
                 state = self.optimizer.state.get(p, {})
                 pieces += [p.detach().reshape(-1)] + [state[k].reshape(-1) for k in ("exp_avg", "exp_avg_sq") if k in state]
-            result[str(index)] = crc32(torch.cat(pieces))
+            result[str(index)] = tensor_hash(torch.cat(pieces))
         return result
 
     def close(self) -> None:

@@ -591,6 +591,20 @@ class Controller:
             "total_s": round(now - r.failure_time, 4),
             "replicas_identical": generation.replicas_identical,
         }
+        # How fast the busiest receiver took its layers in, and (runtime.link_probe_mb > 0) the
+        # raw gloo send/recv rate of the same channels just before, into the same memory again and
+        # into fresh memory like the copy's (oobleck.runtime.transfer.probe_links).
+        rates = [t["bytes_in"] / t["state_copy_s"] for t in timings if t.get("bytes_in") and t["state_copy_s"] > 0]
+        if rates:
+            row["copy_bytes_per_s"] = round(max(rates))
+            # The receivers' own copy time: a source's clock starts when its own link probes end,
+            # so state_copy_s (the max over every rank) also counts a source waiting for its
+            # receiver to finish probing other channels.
+            row["receiver_copy_s"] = round(max(t["state_copy_s"] for t in timings if t.get("bytes_in")), 4)
+        for key in ("link_probe_bytes_per_s", "link_probe_cold_bytes_per_s"):
+            probes = [rate for t in timings for rate in (t.get(key) or {}).values()]
+            if probes:
+                row[key] = round(statistics.median(probes))
         if r.kind == "restart":
             nodes = [self.membership.nodes[n] for n in r.restart_nodes]
             row["rolled_back_steps"] = r.rolled_back_steps

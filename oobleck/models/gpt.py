@@ -157,8 +157,9 @@ def _generator(seed: int, index: int, param: str) -> torch.Generator:
     return generator
 
 
-def _init_parameters(module: nn.Module, model_cfg: Any, index: int, seed: int) -> None:
-    """GPT-2-style init: N(0, init_std) for weights and embeddings, the residual projections
+def initialise_layer(module: nn.Module, model_cfg: Any, index: int, seed: int) -> None:
+    """Set every parameter of layer ``index`` (a module ``build_layer`` made) in place, on
+    whichever device it is. GPT-2-style init: N(0, init_std) for weights and embeddings, the residual projections
     scaled by 1/sqrt(2 n_layer), zero biases, unit LayerNorm gains."""
     last = num_layers(model_cfg) - 1
     residual_std = model_cfg.init_std / math.sqrt(2 * model_cfg.n_layer)
@@ -179,23 +180,32 @@ def _init_parameters(module: nn.Module, model_cfg: Any, index: int, seed: int) -
                 param.copy_(values)
 
 
-def build_layer(model_cfg: Any, index: int, seed: int, *, device: Optional[torch.device | str] = None) -> nn.Module:
+def build_layer(
+    model_cfg: Any, index: int, seed: int, *, device: Optional[torch.device | str] = None, initialise: bool = True
+) -> nn.Module:
     """Layer ``index`` of the model, initialised from ``(seed, index, model_cfg)`` only.
 
-    Built and initialised on the CPU in fp32, then moved to ``device`` (so the bits never depend
-    on the device's random number generator).
+    The values are drawn on the CPU in fp32 and copied to ``device`` (so the bits never depend
+    on the device's random number generator). The module is created on the meta device and only
+    then given memory: ``initialise_layer`` sets every parameter, so torch's own default
+    initialisation (a second random fill of every weight, a large share of building an
+    embedding of gpt2_small's 50k x 768) would be thrown away. With ``initialise`` false the
+    parameters are left uninitialised, for a layer whose state is about to be overwritten.
     """
     _check(model_cfg)
     name = layer_name(model_cfg, index)
     dropout = float(model_cfg.dropout)
-    if name == EMBEDDING_NAME:
-        module: nn.Module = Embedding(model_cfg.vocab_size, model_cfg.seq_len, model_cfg.n_embd, dropout)
-    elif name == HEAD_NAME:
-        module = Head(model_cfg.n_embd, model_cfg.vocab_size)
-    else:
-        module = Block(model_cfg.n_embd, model_cfg.n_head, model_cfg.ffn_mult, dropout)
-    _init_parameters(module, model_cfg, index, seed)
-    return module if device is None else module.to(device)
+    with torch.device("meta"):
+        if name == EMBEDDING_NAME:
+            module: nn.Module = Embedding(model_cfg.vocab_size, model_cfg.seq_len, model_cfg.n_embd, dropout)
+        elif name == HEAD_NAME:
+            module = Head(model_cfg.n_embd, model_cfg.vocab_size)
+        else:
+            module = Block(model_cfg.n_embd, model_cfg.n_head, model_cfg.ffn_mult, dropout)
+    module.to_empty(device=device if device is not None else "cpu")
+    if initialise:
+        initialise_layer(module, model_cfg, index, seed)
+    return module
 
 
 def build_layers(

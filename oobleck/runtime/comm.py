@@ -4,10 +4,10 @@ A generation's process groups all live under ``PrefixStore("g<g>", store)``. Eve
 event that either the operation (through its future) or the abort watcher sets, so a worker
 blocked on a peer that died (or on a peer that has itself moved on) wakes up as soon as the
 controller aborts the generation, without polling (on NCCL, whose futures complete when an op is
-enqueued rather than run, the wait polls the op's CUDA event instead). Aborted groups are never
-destroyed in-line: gloo's destructor waits for pending operations until the group timeout
-(measured, see /work/shared/notes), so they are parked and released by one reaper thread after
-that timeout.
+enqueued rather than run, the wait polls the op's CUDA event instead: ``oobleck.runtime.backend``
+holds every gloo/NCCL difference). Aborted groups are never destroyed in-line: gloo's destructor
+waits for pending operations until the group timeout (measured, see /work/shared/notes), so they
+are parked and released by one reaper thread after that timeout.
 
 Point-to-point channels are two-rank groups used with ``broadcast`` (root = sender): gloo's
 ``send``/``recv`` works have no future (``Work::getFuture not implemented``) and would have to be
@@ -29,9 +29,10 @@ import torch.distributed as dist
 
 from oobleck.errors import RunError
 from oobleck.runtime import keys
+from oobleck.runtime.backend import Backend
 
 
-# Polling a device-side op (see ``Waiter._poll``): the first re-check comes quickly (a collective
+# Polling a device-side op (see ``Waiter.poll``): the first re-check comes quickly (a collective
 # of a small tensor finishes in tens of microseconds on a GPU), then the pause doubles up to a
 # millisecond, so a long wait costs the host little and a finished op is seen within ~1 ms.
 _POLL_FIRST_S = 20e-6
@@ -146,10 +147,11 @@ def _completed(work: Any) -> bool:
 class Waiter:
     """Abortable waits on collective works and plain futures for one generation."""
 
-    def __init__(self, watch: AbortWatch, timeout_s: float, peer_grace_s: float) -> None:
+    def __init__(self, watch: AbortWatch, timeout_s: float, peer_grace_s: float, backend: Backend) -> None:
         self.watch = watch
         self.timeout_s = timeout_s
         self.peer_grace_s = peer_grace_s
+        self.backend = backend
 
     def _wait_event(self, event: threading.Event, what: str) -> None:
         self.watch.register(event)
@@ -162,11 +164,13 @@ class Waiter:
             raise Aborted()
 
     def work(self, work: Any, what: str) -> None:
-        """Wait for a collective ``work``; a failed op waits for the controller's abort."""
+        """Wait until a collective ``work`` has run, the way its backend tells; a failed op waits
+        for the controller's abort."""
+        self.backend.wait(self, work, what)
+
+    def wait_future_of(self, work: Any, what: str) -> None:
+        """Wait on ``work``'s future (it completes when the op has run: gloo)."""
         future = work.get_future()
-        if future.done() and not _completed(work):
-            self._poll(work, what)
-            return
         event = _DoneEvent()
         future.add_done_callback(lambda _f: event.done())
         self._wait_event(event, what)
@@ -175,14 +179,13 @@ class Waiter:
         except Exception as error:
             self.after_peer_error(what, error)
 
-    def _poll(self, work: Any, what: str) -> None:
+    def poll(self, work: Any, what: str) -> None:
         """Wait until ``work`` has run on the device, the generation is aborted, or the timeout.
 
-        ProcessGroupNCCL marks a work's future complete as soon as the op is *enqueued* on its
-        CUDA stream (``work->future_->markCompleted`` right after the launch in
-        ``ProcessGroupNCCL::collective``), so the future path above would return at once and the
-        host would block later, in a CUDA sync (``.item()``, ``.cpu()``) that no abort can reach
-        if a peer is gone. ``is_completed()`` queries the op's CUDA end event without blocking.
+        For works whose future completes when the op is *enqueued* (NCCL, see
+        ``oobleck.runtime.backend``): waiting on the future would return at once and the host
+        would block later, in a CUDA sync (``.item()``, ``.cpu()``) that no abort can reach if a
+        peer is gone. ``is_completed()`` queries the op's CUDA end event without blocking.
         """
         deadline = time.monotonic() + self.timeout_s
         pause = _POLL_FIRST_S
@@ -245,19 +248,16 @@ class Communicator:
         *,
         host: str,
         port: int,
-        device: str,
-        device_obj: Any,
         timeout_s: float,
         waiter: Waiter,
     ) -> None:
         self.generation = generation
         self.rank = rank
         self.waiter = waiter
-        self.device = device
+        self.backend = waiter.backend
         self.groups: dict[str, tuple[Any, tuple[int, ...]]] = {}
         self._specs = [s for s in sorted(specs, key=lambda s: s.name) if rank in s.ranks]
         self._host, self._port = host, port
-        self._device_obj = device_obj
         self._timeout_s = timeout_s
         self._store: Any = None
         self.inflight: list[Any] = []  # issued works, pruned as they complete
@@ -280,21 +280,10 @@ class Communicator:
                 raise Aborted()  # what was built is dropped here, in this helper thread
             group_store = dist.PrefixStore(spec.name, base)
             group_rank = spec.ranks.index(self.rank)
-            built[spec.name] = (self._new_group(group_store, group_rank, len(spec.ranks)), spec.ranks)
+            built[spec.name] = (self.backend.new_group(group_store, group_rank, len(spec.ranks), self._timeout_s), spec.ranks)
         if self.waiter.watch.aborted.is_set():
             raise Aborted()
         self.groups = built
-
-    def _new_group(self, store: Any, rank: int, size: int) -> Any:
-        if self.device == "cuda":
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = timedelta(seconds=self._timeout_s)
-            return dist.ProcessGroupNCCL(store, rank, size, options)
-        options = dist.ProcessGroupGloo._Options()
-        options._timeout = timedelta(seconds=self._timeout_s)
-        options._devices = [self._device_obj]
-        options._threads = 1  # ops of one group run in order; groups are many and small
-        return dist.ProcessGroupGloo(store, rank, size, options)
 
     def has(self, name: str) -> bool:
         return name in self.groups
@@ -320,6 +309,31 @@ class Communicator:
         options.rootTensor = 0
         return self._issued(group.broadcast([tensor], options))
 
+    def probe_link(self, name: str, sender_global_rank: int, nbytes: int) -> tuple[float, float]:
+        """Seconds for a raw gloo ``send``/``recv`` of ``nbytes`` from ``sender_global_rank`` to
+        the other rank of the two-rank group ``name``, as the receiver sees it: ``(into fresh
+        memory, into the same memory again)``. The link's own speed between these two processes,
+        the peer figure for a state copy (which lands in fresh memory). Each repeat starts
+        together on both sides (a one-element broadcast first). For benchmarks only: raw
+        send/recv works have no future, so these waits are bounded by the group's timeout but
+        cannot be aborted."""
+        group, ranks = self.groups[name]
+        peer = ranks.index(ranks[1 - ranks.index(self.rank)])
+        start = torch.zeros(1, device=self.backend.device)
+        buf = None
+        seconds = []
+        for _ in range(2):
+            self.waiter.work(self.broadcast(name, start, sender_global_rank), f"starting the link probe on {name}")
+            began = time.perf_counter()
+            if buf is None:
+                buf = torch.empty(max(1, nbytes // 4), device=self.backend.device)
+            if self.rank == sender_global_rank:
+                group.send([buf], peer, 0).wait()
+            else:
+                group.recv([buf], peer, 0).wait()
+            seconds.append(time.perf_counter() - began)
+        return seconds[0], seconds[1]
+
     def allreduce_wait(self, name: str, tensor: torch.Tensor, what: str) -> None:
         self.waiter.work(self.allreduce(name, tensor), what)
 
@@ -329,35 +343,13 @@ class Communicator:
     def release(self) -> list[Any]:
         """Hand over every group object (and the store connection) for parking."""
         items: list[Any] = [g for g, _ in self.groups.values()]
-        if self.device == "cuda" and items:
-            abort_nccl_groups(items)
+        self.backend.release(items)
         if self._store is not None:
             items.append(self._store)
         self.groups = {}
         self._store = None
         self.inflight = []
         return items
-
-
-def abort_nccl_groups(groups: list[Any]) -> None:
-    """Abort NCCL process groups together, so kernels of an aborted generation free the stream.
-
-    One ``ncclCommAbort`` after another can deadlock when ops are pending on several
-    communicators (a recv on one P2P channel, a send on another): an abort may wait on the device
-    for a kernel of a communicator not yet aborted. NCCL >= 2.22 aborts them together inside
-    ``ncclGroupStart``/``ncclGroupEnd`` (pytorch/pytorch#119797, #150690), which is what
-    ``torch.distributed.distributed_c10d._abort_process_group`` does with ``_group_start`` and
-    ``_group_end``; the groups here are raw backends outside torch's registry, so do the same.
-    """
-    groups[0]._group_start()
-    try:
-        for group in groups:
-            try:
-                group.abort()
-            except Exception:  # an already failed communicator: nothing left to abort
-                pass
-    finally:
-        groups[0]._group_end()
 
 
 def channel_name(src: int, dst: int, kind: str) -> str:

@@ -35,24 +35,17 @@ from oobleck.config import from_container
 from oobleck.data import GlobalBatchSampler, build_dataset
 from oobleck.errors import RunError
 from oobleck.faults.kinds import Phase
-from oobleck.models import tied_parameters
+from oobleck.models.spec import model_spec
 from oobleck.planning.plan import ExecutionPlan, ReconfigurationPlan
 from oobleck.runtime import keys
+from oobleck.runtime.backend import open_backend
 from oobleck.runtime.checkpointing import CheckpointWriter, restore_layers
-from oobleck.runtime.comm import Aborted, AbortWatch, Communicator, Reaper, Waiter, channel_name, make_store
+from oobleck.runtime.comm import Aborted, AbortWatch, Communicator, Reaper, Waiter, make_store
 from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, run_worker
 from oobleck.runtime.executor import StepContext, clip_and_step, global_grad_norm, run_schedule, sync_gradients
-from oobleck.runtime.state import (
-    LayerState,
-    chunk_bounds,
-    crc32,
-    flat_state,
-    install_flat_state,
-    layer_checksum,
-    learning_rate,
-    new_layer_state,
-)
-from oobleck.runtime.topology import Topology, build_topology, group_specs, rank_of
+from oobleck.runtime.state import LayerState, layer_checksum, layer_state, learning_rate
+from oobleck.runtime.topology import Topology, build_topology, group_specs
+from oobleck.runtime.transfer import probe_links, transfer_state
 
 
 def resource_probe(extra: dict[str, Any]) -> dict[str, Any]:
@@ -85,31 +78,16 @@ class Worker:
         cluster, job = self.cfg.cluster, self.cfg.job
         if cluster.torch_threads > 0:
             torch.set_num_threads(int(cluster.torch_threads))
-        self.device = "cpu"
-        self.gloo_device = None
-        if cluster.device == "cuda":
-            # In-process recovery: a communicator error must not kill the process; aborted
-            # generations' communicators are aborted explicitly (Communicator.release).
-            os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"  # an inherited 1 or 3 would kill the survivors
-            torch.cuda.set_device(local_rank)
-            self.device = f"cuda:{local_rank}"
-        else:
-            hostname = cluster.master_addr if cluster.kind == "local" else ""
-            self.gloo_device = (
-                torch.distributed.ProcessGroupGloo.create_device(hostname=hostname)
-                if hostname
-                else torch.distributed.ProcessGroupGloo.create_default_device()
-            )
+        self.backend = open_backend(cluster, local_rank)
+        self.device = self.backend.device
         self.timeout_s = float(cluster.collective_timeout_s)
         self.wait_s = float(cluster.startup_timeout_s)
         self.watch = AbortWatch(host, port, self.timeout_s)
         self.reaper = Reaper(self.timeout_s + float(self.cfg.runtime.reap_margin_s))
-        self.waiter = Waiter(self.watch, self.timeout_s, float(cluster.heartbeat_timeout_s) + 5.0)
+        self.waiter = Waiter(self.watch, self.timeout_s, float(cluster.heartbeat_timeout_s) + 5.0, self.backend)
+        self.spec = model_spec(self.cfg.model, int(job.seed))
         self.dataset = build_dataset(job, self.cfg.model)
         self.sampler = GlobalBatchSampler(len(self.dataset), int(job.global_batch_size), int(job.seed))
-        tied = tied_parameters(self.cfg.model)
-        self.tied_layers: tuple[int, ...] = tied[0].layers if tied else ()
-        self.tied_names: dict[int, str] = dict(zip(tied[0].layers, tied[0].names)) if tied else {}
         self.layers: dict[int, LayerState] = {}
         # Pay the optimizer's one-time import cost (seconds) at start-up, not inside the first step.
         torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
@@ -160,7 +138,7 @@ class Worker:
             if int(document.get("incarnations", {}).get(str(self.node), 0)) > self.incarnation:
                 raise Superseded()
             plan = ExecutionPlan.from_dict(document["plan"])
-            topology = build_topology(plan, self.worker, self.tied_layers)
+            topology = build_topology(plan, self.worker, self.spec.tied_layers)
             if topology is None:  # not used by this generation: wait for the next one
                 generation = self.next_generation(generation)
                 continue
@@ -171,8 +149,6 @@ class Worker:
                 group_specs(topology, _reconfiguration(document)),
                 host=self.host,
                 port=self.port,
-                device=self.cfg.cluster.device,
-                device_obj=self.gloo_device,
                 timeout_s=self.timeout_s,
                 waiter=self.waiter,
             )
@@ -196,7 +172,7 @@ class Worker:
         if document.get("load_checkpoint"):
             # A start from a checkpoint (a resume or a restart): every worker loads what it holds.
             loading = time.monotonic()
-            self.layers = restore_layers(document["load_checkpoint"], held, self._new_layer, committed)
+            self.layers = restore_layers(document["load_checkpoint"], held, self._empty_layer, committed)
             load_s = time.monotonic() - loading
         elif document.get("reconfiguration") is None or committed == 0:
             # Before the first commit every layer is its seeded initial state: each worker builds
@@ -210,8 +186,14 @@ class Worker:
         self._read_strike()  # a fresh process (a restart) has not read its node's strike yet
         self._fire_strike(Phase.RECONFIGURE, None, generation)
         committed = int(document["resume_step"])
+        reconfiguration = _reconfiguration(document)
+        probe_bytes = int(float(self.cfg.runtime.link_probe_mb) * (1 << 20))
+        probes = probe_links(topology, comm, reconfiguration, probe_bytes) if probe_bytes > 0 else {}
         moved = time.monotonic()
-        bytes_in, bytes_out = self.transfer_state(topology, comm, _reconfiguration(document), committed, generation)
+        copies = transfer_state(
+            topology, comm, reconfiguration, self.layers, lambda index: self._empty_layer(index, committed),
+            committed=committed, generation=generation,
+        )  # fmt: skip
         missing = [i for i in held if i not in self.layers]
         if missing:
             raise RunError(f"generation {generation}: worker {self.worker} was assigned layers {missing} but no transfer provided them")
@@ -222,82 +204,31 @@ class Worker:
         self._wait_key(keys.established(generation), self.timeout_s, f"generation {generation} to be established")
         if self.store.get(keys.established(generation)).decode() != keys.YES:
             raise Aborted()
+        # Every held layer, and every layer this rank copied out (so a copy is compared with its
+        # source even when the source drops it now): the controller requires them all to agree.
+        checksums = {str(i): layer_checksum(self.layers[i]) for i in sorted(set(held) | set(copies.copied_out))}
         for index in [i for i in self.layers if i not in held]:
             del self.layers[index]
-        checksums = {str(i): layer_checksum(layer) for i, layer in self.layers.items()}
         self.store.set(keys.checksums(generation, topology.rank), json.dumps(checksums))
         self.store.set(
             keys.timing(generation, topology.rank),
-            json.dumps({"groups_s": groups_s, "state_copy_s": transfer_s, "load_s": load_s, "bytes_in": bytes_in, "bytes_out": bytes_out}),
+            json.dumps({
+                "groups_s": groups_s, "state_copy_s": transfer_s, "load_s": load_s, "bytes_in": copies.bytes_in,
+                "bytes_out": copies.bytes_out, "link_probe_bytes_per_s": probes.get("warm", {}),
+                "link_probe_cold_bytes_per_s": probes.get("cold", {}),
+            }),  # fmt: skip
         )
         self.store.set(
             keys.probe(generation, topology.rank),
             json.dumps(resource_probe({"pid": os.getpid(), "worker": list(self.worker), "groups": len(comm.groups), "parked": self.reaper.parked(), "layers": len(self.layers)})),
         )
 
-    def transfer_state(
-        self,
-        topology: Topology,
-        comm: Communicator,
-        reconfiguration: Optional[ReconfigurationPlan],
-        committed: int,
-        generation: int,
-    ) -> tuple[int, int]:
-        """Send and receive the chunks of layer state the reconfiguration plan lists, checksummed."""
-        if reconfiguration is None:
-            return 0, 0
-        ranks = rank_of(topology.plan)
-        me = topology.rank
-        incoming: dict[int, list[tuple[int, int, torch.Tensor, torch.Tensor]]] = {}
-        pending: list[tuple[Any, str]] = []
-        sources: dict[int, torch.Tensor] = {}
-        bytes_in = bytes_out = 0
-        for transfer in reconfiguration.transfers:
-            src, dst = ranks[tuple(transfer.source)], ranks[tuple(transfer.target)]  # type: ignore[index]
-            if me not in (src, dst) or src == dst:
-                continue
-            name = channel_name(src, dst, "xfer")
-            if me == src:
-                if transfer.layer not in self.layers:
-                    raise RunError(f"generation {generation}: worker {self.worker} must send layer {transfer.layer} but does not hold it")
-                if transfer.layer not in sources:
-                    sources[transfer.layer] = flat_state(self.layers[transfer.layer])
-                flat = sources[transfer.layer]
-                a, b = chunk_bounds(flat.shape[1], transfer.chunk, transfer.chunks)
-                piece = flat[:, a:b].contiguous()
-                checksum = torch.tensor([crc32(piece)], dtype=torch.int64, device=self.device)
-                pending.append((comm.broadcast(name, piece, src), f"sending layer {transfer.layer}"))
-                pending.append((comm.broadcast(name, checksum, src), f"sending layer {transfer.layer}'s checksum"))
-                bytes_out += piece.numel() * piece.element_size()
-            else:
-                if transfer.layer not in self.layers:
-                    self.layers[transfer.layer] = self._new_layer(transfer.layer, committed)
-                numel = self.layers[transfer.layer].numel
-                a, b = chunk_bounds(numel, transfer.chunk, transfer.chunks)
-                buf = torch.empty(3, b - a, device=self.device)
-                checksum = torch.zeros(1, dtype=torch.int64, device=self.device)
-                pending.append((comm.broadcast(name, buf, src), f"receiving layer {transfer.layer}"))
-                pending.append((comm.broadcast(name, checksum, src), f"receiving layer {transfer.layer}'s checksum"))
-                incoming.setdefault(transfer.layer, []).append((a, b, buf, checksum))
-                bytes_in += buf.numel() * buf.element_size()
-        for work, what in pending:
-            comm.waiter.work(work, what)
-        for layer_index, pieces in incoming.items():
-            layer = self.layers[layer_index]
-            flat = torch.empty(3, layer.numel, device=self.device)
-            covered = 0
-            for a, b, buf, checksum in pieces:
-                if crc32(buf) != int(checksum.item()):
-                    raise RunError(f"generation {generation}: layer {layer_index} chunk [{a}, {b}) arrived corrupted (checksum mismatch)")
-                flat[:, a:b] = buf
-                covered += b - a
-            if covered != layer.numel:
-                raise RunError(f"generation {generation}: layer {layer_index} received {covered} of {layer.numel} elements")
-            install_flat_state(layer, flat, committed)
-        return bytes_in, bytes_out
-
     def _new_layer(self, index: int, committed: int) -> LayerState:
-        return new_layer_state(self.cfg.model, self.cfg.job, index, int(self.cfg.job.seed), self.device, committed)
+        return layer_state(self.spec, self.cfg.job, index, self.device, committed)
+
+    def _empty_layer(self, index: int, committed: int) -> LayerState:
+        """A layer whose whole state is about to be overwritten (a copy, a checkpoint)."""
+        return layer_state(self.spec, self.cfg.job, index, self.device, committed, initialise=False)
 
     # ------------------------------------------------------------------ training
     def _read_strike(self) -> None:
@@ -325,15 +256,21 @@ class Worker:
             topology=topology,
             comm=comm,
             layers=self.layers,
+            spec=self.spec,
             dataset=self.dataset,
             sampler=self.sampler,
-            seq_len=int(self.cfg.model.seq_len),
-            n_embd=int(self.cfg.model.n_embd),
             global_batch_size=int(job.global_batch_size),
-            tied_names=self.tied_names,
             device=self.device,
             bucket_bytes=self.bucket_bytes,
+            overlap_grad_reduce=bool(self.cfg.runtime.overlap_grad_reduce),
         )
+        try:
+            return self._train_steps(generation, document, topology, ctx)
+        finally:
+            ctx.close()
+
+    def _train_steps(self, generation: int, document: dict[str, Any], topology: Topology, ctx: StepContext) -> bool:
+        job = self.cfg.job
         step = int(document["resume_step"])
         world = len(topology.world)
         every_steps = int(document["checkpoint"]["every_steps"])

@@ -1,9 +1,9 @@
 """``Waiter.work``: abortable waits on gloo works (real) and on NCCL-style works.
 
 ProcessGroupNCCL completes a work's future when the op is enqueued, not when it ran
-(``ProcessGroupNCCL::collective`` marks the future complete right after the launch), so the waiter
-must watch ``is_completed()`` instead. NCCL does not run on this machine; ``EnqueuedWork`` below
-follows that contract (a done future, ``is_completed()`` false until the device finishes, ``wait()``
+(``ProcessGroupNCCL::collective`` marks the future complete right after the launch), so the NCCL
+backend's wait watches ``is_completed()`` instead. NCCL does not run on this machine;
+``EnqueuedWork`` below follows that contract (a done future, ``is_completed()`` false until the device finishes, ``wait()``
 raising if the op failed), so the abort, failure and timeout paths of the polling wait are checked
 here, and ``benchmarks/gpu_check.py`` checks them against the real NCCL on a GPU.
 """
@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from oobleck.errors import RunError
 from oobleck.runtime import keys
+from oobleck.runtime.backend import GlooBackend, NcclBackend
 from oobleck.runtime.comm import Aborted, AbortWatch, Waiter
 
 
@@ -58,11 +59,11 @@ def make_waiter(store):
     """Waiters watching the given generation; their watcher threads are ended after the test."""
     watches: list[AbortWatch] = []
 
-    def make(generation: int, timeout_s: float = 10.0) -> Waiter:
+    def make(generation: int, timeout_s: float = 10.0, backend=NcclBackend()) -> Waiter:
         watch = AbortWatch("127.0.0.1", store.port, timeout_s)
         watch.watch(generation)
         watches.append(watch)
-        return Waiter(watch, timeout_s, peer_grace_s=5.0)
+        return Waiter(watch, timeout_s, peer_grace_s=5.0, backend=backend)
 
     yield make
     for watch in watches:
@@ -109,11 +110,9 @@ def test_an_op_that_never_finishes_times_out_with_the_key_to_raise(store, make_w
 
 
 def test_a_gloo_work_still_completes_through_its_future(store, make_waiter):
-    waiter = make_waiter(4)
-    options = dist.ProcessGroupGloo._Options()
-    options._devices = [dist.ProcessGroupGloo.create_default_device()]
-    options._timeout = timedelta(seconds=10)
-    group = dist.ProcessGroupGloo(dist.PrefixStore("solo", store), 0, 1, options)
+    backend = GlooBackend(dist.ProcessGroupGloo.create_default_device())
+    waiter = make_waiter(4, backend=backend)
+    group = backend.new_group(dist.PrefixStore("solo", store), 0, 1, timeout_s=10.0)
     tensor = torch.full((4,), 3.0)
     waiter.work(group.allreduce([tensor]), "all-reducing")
     assert torch.equal(tensor, torch.full((4,), 3.0))
