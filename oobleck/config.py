@@ -217,6 +217,21 @@ class SimConfig:
     nodes: Optional[int] = None
     # Time bins (seconds) of the throughput-over-time tables and figures.
     timeline_bin_s: float = 300.0
+    # Cost constants of the simulated cluster, applied to every strategy (oobleck.sim.costs,
+    # CostConstants: host_copy_gbps, storage_write_gbps, restart_fixed_s, ...); a strategy's own
+    # sim.params.<name>.costs.<key> wins over them.
+    costs: dict[str, Any] = field(default_factory=dict)
+    # Seconds from a trace adding a node to the node being usable (instance creation); the
+    # cluster a trace starts with waits for it too.
+    node_creation_s: float = 0.0
+    # Replays of every trace from shifted starts: start k begins k * trace_start_spacing_s into
+    # the trace (None: the trace's median time between membership changes / trace_starts), with
+    # the nodes alive there, for the same duration (duration_h, or the trace's span less the
+    # last start's offset); ratios are reported as median and range.
+    trace_starts: int = 1
+    trace_start_spacing_s: Optional[float] = None
+    # Global batch per simulated model (job.global_batch_size for the others).
+    global_batch_size_by_model: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -374,6 +389,18 @@ def validate(cfg: Config | DictConfig) -> None:
     if sim.nodes is not None:
         _positive("sim.nodes", sim.nodes)
     _positive("sim.timeline_bin_s", sim.timeline_bin_s)
+    _positive("sim.node_creation_s", sim.node_creation_s, allow_zero=True)
+    if not (isinstance(sim.trace_starts, int) and sim.trace_starts >= 1):
+        raise ConfigError(f"sim.trace_starts={sim.trace_starts!r} must be an integer >= 1")
+    if sim.trace_start_spacing_s is not None:
+        _positive("sim.trace_start_spacing_s", sim.trace_start_spacing_s)
+    for name, batch in (sim.global_batch_size_by_model or {}).items():
+        if not (isinstance(batch, int) and batch >= 1):
+            raise ConfigError(f"sim.global_batch_size_by_model.{name}={batch!r} must be an integer >= 1")
+        if batch % int(cfg.job.microbatch_size):
+            raise ConfigError(
+                f"sim.global_batch_size_by_model.{name}={batch} is not a multiple of job.microbatch_size={cfg.job.microbatch_size}"
+            )
     _choice("logger.wandb.mode", cfg.logger.wandb.mode, ("offline", "online", "disabled"))
     _validate_checkpoint(cfg)
 

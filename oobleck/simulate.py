@@ -1,11 +1,12 @@
 """``python -m oobleck.simulate``: trace-driven simulation of resilience strategies (Hydra app).
 
-Runs every (model, trace, strategy) of the ``sim:`` section (``experiment=paper_failure_frequency``
-or ``experiment=paper_spot`` set it up like the paper), then writes to the Hydra run dir:
-``sim_metrics.csv`` (throughput over time), ``sim_events.csv``, ``sim_summary.csv``,
-``summary.json`` and, unless ``sim.figures=false``, the seaborn figures of ``analysis.figures``
-(PNG and PDF); unless ``logger.wandb.mode=disabled``, one wandb run per (model, trace, strategy)
-(``oobleck.metrics.simulation``).
+Runs every (model, trace, shifted start, strategy) of the ``sim:`` section
+(``experiment=paper_failure_frequency`` or ``experiment=paper_spot`` set it up like the paper),
+then writes to the Hydra run dir: ``sim_metrics.csv`` (throughput over time), ``sim_events.csv``,
+``sim_summary.csv`` (one row per model, trace, start and strategy), ``sim_ratios.csv`` (Oobleck's
+speedups: median and range over the starts), ``summary.json`` and, unless ``sim.figures=false``,
+the seaborn figures of ``analysis.figures`` (PNG and PDF); unless ``logger.wandb.mode=disabled``,
+one wandb run per (model, trace, strategy) of the unshifted start (``oobleck.metrics.simulation``).
 Examples::
 
     python -m oobleck.simulate experiment=paper_failure_frequency
@@ -31,7 +32,11 @@ def summary_table(summary) -> str:
     (``OOM`` where a baseline does not fit in memory)."""
     from analysis.load import format_throughput_table
 
-    return format_throughput_table(summary) if not summary.empty else "(no runs)"
+    if summary.empty:
+        return "(no runs)"
+    note = "\n(ratios: median [min-max] over the shifted starts; * kept no durable progress in some start)"
+    starts = summary["start"].nunique() if "start" in summary else 1
+    return format_throughput_table(summary) + (note if starts > 1 or ("no_durable_progress" in summary and summary["no_durable_progress"].any()) else "")
 
 
 def run(cfg: DictConfig, run_dir: Path) -> dict:
@@ -40,7 +45,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     from oobleck.sim.experiment import run_experiment, write_outputs
 
     validate(cfg)
-    total = len(cfg.sim.models) * len(cfg.sim.traces) * len(cfg.sim.strategies)
+    total = len(cfg.sim.models) * len(cfg.sim.traces) * int(cfg.sim.trace_starts) * len(cfg.sim.strategies)
     with tqdm(total=total, desc="simulate", unit="run", disable=not cfg.logger.progress_bar) as bar:
 
         def progress(label: str) -> None:
@@ -58,7 +63,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     if cfg.logger.wandb.mode != "disabled":
         from oobleck.metrics.simulation import log_simulation
 
-        log_simulation(cfg, result, figures, run_dir, config)
+        log_simulation(cfg, result.first_start(), figures, run_dir, config)
     print(summary_table(result.summary), flush=True)
     print(f"{PROGRAM}: {total} simulations in {result.seconds:.1f} s; outputs in {run_dir}", flush=True)
     return {k: str(v) for k, v in paths.items()}
