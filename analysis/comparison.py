@@ -112,3 +112,55 @@ def time_lost(runs: RunSet) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+def strategy_table(runs: RunSet, reference: str = "oobleck") -> pd.DataFrame:
+    """One row per run of a strategy comparison (the runs share a failure schedule): goodput
+    (samples/s of distinct committed steps over the training span), time lost, the median time of
+    each kind of recovery and how many there were, steps rolled back by restarts, and Oobleck's
+    goodput over each run's (``<reference>/<strategy>``, the paper's ratio)."""
+    lost = time_lost(runs)
+    if lost.empty:
+        return lost
+    rows = []
+    for row in lost.to_dict(orient="records"):
+        events = runs.events[runs.events["run"] == row["run"]] if not runs.events.empty else runs.events
+        out = {k: row[k] for k in ("run", "strategy", "goodput", "span_s", "lost_s", "recovery_s", "checkpoint_s", "redone_steps")}
+        for kind in RECOVERY_KINDS:
+            chosen = events[events["kind"] == kind] if not events.empty else events
+            totals = pd.to_numeric(chosen["total_s"], errors="coerce") if "total_s" in chosen else pd.Series(dtype=float)
+            out[f"{kind}s"] = int(len(chosen))
+            out[f"{kind}_median_s"] = float(totals.median()) if not totals.empty else math.nan
+        rows.append(out)
+    table = pd.DataFrame(rows)
+    ours = table.loc[table["strategy"] == reference, "goodput"]
+    table[f"{reference}_over_this"] = float(ours.iloc[0]) / table["goodput"] if not ours.empty else math.nan
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m analysis.comparison DIR...``: the strategy table of run dirs or Hydra sweeps."""
+    import argparse
+
+    from analysis.load import load_run_set
+    from oobleck.errors import report_errors
+
+    parser = argparse.ArgumentParser(prog="python -m analysis.comparison", description=strategy_table.__doc__.split("\n\n")[0])
+    parser.add_argument("dirs", nargs="+", help="run dirs of python -m oobleck.run, or multirun/<date> sweep dirs")
+    parser.add_argument("--csv", default=None, help="also write the table here")
+    args = parser.parse_args(argv)
+    from pathlib import Path
+
+    with report_errors("analysis.comparison"):
+        paths = [Path(d) for d in args.dirs]
+        sweeps = [p for p in paths if (p / "multirun.yaml").is_file() or not (p / "metrics.csv").is_file()]
+        runs = load_run_set([p for p in paths if p not in sweeps], sweeps)
+        table = strategy_table(runs)
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        if args.csv:
+            table.to_csv(args.csv, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

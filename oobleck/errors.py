@@ -46,14 +46,28 @@ class RunError(OobleckError):
     """A distributed run could not start or had to stop (the message says why)."""
 
 
+class Stopped(RunError):
+    """A run stopped on request (a signal) after saving what it did; ``exit_code`` follows the
+    conventions: 130 for SIGINT, 143 for SIGTERM, 75 (EX_TEMPFAIL) for "checkpointed, requeue me"."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 EXIT_USER_ERROR = 2
+EXIT_REQUEUE = 75  # sysexits.h EX_TEMPFAIL: slurm/run.sbatch requeues the job on it
 
 
 @contextlib.contextmanager
 def report_errors(program: str) -> Iterator[None]:
-    """Print an ``OobleckError`` as ``<program>: error: <message>`` and exit with status 2."""
+    """Print an ``OobleckError`` as ``<program>: error: <message>`` and exit with status 2 (or the
+    error's own ``exit_code``: a run stopped by a signal)."""
     try:
         yield
+    except Stopped as error:
+        print(f"{program}: stopped: {error}", file=sys.stderr, flush=True)
+        sys.exit(error.exit_code)
     except OobleckError as error:
         print(f"{program}: error: {error}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USER_ERROR)

@@ -23,7 +23,7 @@ def main(cfg: DictConfig) -> None:
     from oobleck.elastic.job import launch
 
     with report_errors("oobleck.run"):
-        launch(cfg, HydraConfig.get().runtime.output_dir)
+        launch(cfg, HydraConfig.get().runtime.output_dir, handle_signals=True)
 
 
 if __name__ == "__main__":

@@ -17,14 +17,20 @@ ties together what each part owns:
     fresh ones; generation g+1 tells them to load the checkpoint of the step rolled back to
     (or build the seeded initial state at step 0). With ``checkpoint_first`` a checkpoint of the
     next step boundary is written first, while training goes on, so nothing is lost;
-  - ``continue``: nothing to do but note the nodes standing by; ``stop``: end the run with the
-    reason.
+  - ``continue``: nothing to do but note the nodes standing by; when a node that was not
+    standing by was lost, the strategy's workers carry on by themselves (torchft's replicas):
+    a ``continue`` recovery measures the time from the loss to the next committed step;
+    ``stop``: end the run with the reason.
+
+The strategy's run-long services (``Strategy.services``) are started before any node and stopped
+after the workers; what they yield is published under ``keys.SERVICES``.
 
 Only the controller writes outputs (plan.json, metrics.csv, events.csv, summary.json, wandb).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -45,12 +51,12 @@ from oobleck.elastic.firing import FaultFiring
 from oobleck.elastic.ledger import Outcome, StepLedger
 from oobleck.elastic.membership import Membership
 from oobleck.elastic.protocol import new_secret
-from oobleck.errors import OobleckError, RunError
+from oobleck.errors import EXIT_REQUEUE, OobleckError, RunError, Stopped
 from oobleck.faults.injector import Injector
 from oobleck.faults.schedule import FaultEvent
 from oobleck.planning.plan import ExecutionPlan, ReconfigurationPlan, tolerated_failures
 from oobleck.runtime import keys
-from oobleck.strategy import Decision, Kind, Layout, RunState, Strategy, checkpoint_every_steps
+from oobleck.strategy import Decision, Kind, Layout, RunInfo, RunState, Strategy, checkpoint_every_steps
 
 LOOP_TICK_S = 0.002
 STOP_GRACE_S = 5.0
@@ -62,7 +68,7 @@ __all__ = ["Controller", "Outcome", "summarize"]
 class Recovery:
     """One decision carried out after a membership change, filled in as its phases complete."""
 
-    kind: str  # reconfiguration | failover | restart
+    kind: str  # reconfiguration | failover | restart | continue
     generation: int
     reason: str  # what caused it: failure | join
     decision: str  # the strategy's reason for what it decided
@@ -124,8 +130,11 @@ class Controller:
         self.planned: Optional[tuple[Decision, int]] = None  # a restart waiting for its checkpoint
         self.tolerance: Optional[int] = None
         self.finished = False
-        self.stop_requested: Optional[str] = None
+        self.stop_requested: Optional[tuple[str, int]] = None  # (why, exit code)
+        self.checkpoint_stop: Optional[str] = None  # why: checkpoint the next boundary, then stop
+        self.checkpoint_stop_at: Optional[int] = None
         self._outcome = Outcome()
+        self._services = contextlib.ExitStack()  # the strategy's run-long services
 
     # ------------------------------------------------------------------ outputs
     @property
@@ -193,6 +202,8 @@ class Controller:
             self.checkpoints.completed_rows = self.ledger.outcome.checkpoints
             self.firing = FaultFiring(Injector(list(self.schedule), seed=int(self.cfg.failures.seed)), self.store, self.membership, self._event)
             self.firing.next_node_id = int(self.cfg.cluster.nodes)
+            run = RunInfo(str(self.cfg.cluster.master_addr), self.store_address, self.run_id, self.run_dir, self.config_dict)
+            self.store.set(keys.SERVICES, json.dumps(self._services.enter_context(self.strategy.services(run))))
             self.membership.launcher = self._launcher()
             for node in range(int(self.cfg.cluster.nodes)):
                 self.membership.start_node(node)
@@ -206,6 +217,7 @@ class Controller:
             raise
         finally:
             self._shutdown()
+            self._services.close()  # after the workers, which may use the services until they exit
 
     def _launcher(self) -> Any:
         assert self.membership is not None
@@ -262,7 +274,10 @@ class Controller:
             self.checkpoints.adopt(resume_step, self.resume.step_dir)
             assert self.ledger is not None
             self.ledger.next_step = resume_step
-            self._event("resume", checkpoint=checkpoint, resume_step=resume_step)
+            skipped = [entry.describe() for entry in self.resume.skipped]
+            self._event("resume", checkpoint=checkpoint, resume_step=resume_step, skipped="; ".join(skipped))
+            for line in skipped:
+                print(f"oobleck: warning: {line}", flush=True)
         self._fire_faults()
         self._publish(0, layout, resume_step, checkpoint=checkpoint)
         self.train_started = time.time()
@@ -322,8 +337,7 @@ class Controller:
             self._after_commits()
             if ledger.next_step >= self.steps:
                 break
-            if self.stop_requested is not None:
-                raise RunError(self.stop_requested)
+            self._check_stop_requests()
             self._fire_faults()
             if membership.pending() and (membership.lost_pending() or not membership.booting()):
                 self._on_change()
@@ -424,7 +438,7 @@ class Controller:
         guessed = self._state(ledger.next_step)
         guess = self._decide(guessed)
         if guess.kind is Kind.CONTINUE:
-            self._continue(guess)
+            self._continue(guess, tuple(changes.removed), started)
             return
         if guess.kind is Kind.RESTART and guess.checkpoint_first and self.restart_pending is None:
             self._plan_restart(guess)
@@ -450,14 +464,25 @@ class Controller:
             return
         self._reconfigure(decision, state, step, plan_s)
 
-    def _continue(self, decision: Decision) -> None:
+    def _continue(self, decision: Decision, removed: tuple[int, ...] = (), started: float = 0.0) -> None:
         assert self.ledger is not None
+        generation = self.ledger.generations[self.ledger.base if self.ledger.base >= 0 else self.ledger.generation]
+        lost = tuple(sorted(n for n in removed if n not in generation.layout.standby))
         if decision.layout is not None:
-            generation = self.ledger.generations[self.ledger.base if self.ledger.base >= 0 else self.ledger.generation]
             if decision.layout.plan != generation.layout.plan:
                 raise RunError(f"strategy {self.strategy.name} answered 'continue' with a different plan")
             generation.layout = decision.layout
-        if decision.reason:
+        if lost and self.recovery is not None:  # lost before the workers recovered from the last loss
+            self.recovery.removed = tuple(sorted({*self.recovery.removed, *lost}))
+        elif lost:
+            # A node doing work was lost and the strategy's own workers carry on (they heal in
+            # place, e.g. torchft): the recovery lasts until the next committed step.
+            self.recovery = Recovery(
+                kind="continue", generation=self.ledger.generation, reason="failure", decision=decision.reason,
+                removed=lost, joined=(), failure_time=min(self.causes, default=started), detect_s=max(self.detects, default=0.0),
+                plan_s=time.time() - started, started=started, resume_step=self.ledger.next_step, bytes_moved=0,
+            )  # fmt: skip
+        elif decision.reason:
             self._event("standby", nodes=list(decision.layout.standby) if decision.layout else [], reason=decision.reason)
         self.causes.clear()
         self.detects.clear()
@@ -469,9 +494,11 @@ class Controller:
 
     def _recovery(self, kind: str, decision: Decision, state: RunState, resume: int, plan_s: float, started: float) -> Recovery:
         assert self.ledger is not None
+        carried = 0
         if self.recovery is not None:
             self._event(f"{self.recovery.kind}_superseded", superseded_generation=self.recovery.generation, by=self.ledger.generation + 1)
             self.causes.append(self.recovery.failure_time)
+            carried = self.recovery.rolled_back_steps  # steps the superseded restart already rolled back
         recovery = Recovery(
             kind=kind,
             generation=self.ledger.generation + 1,
@@ -485,6 +512,7 @@ class Controller:
             started=started,
             resume_step=resume,
             bytes_moved=decision.bytes_moved,
+            rolled_back_steps=carried,
         )
         self.causes.clear()
         self.detects.clear()
@@ -530,7 +558,7 @@ class Controller:
         alive = list(membership.alive())
         membership.restart_workers(alive)
         recovery = self._recovery("restart", decision, state, rollback, plan_s, started)
-        recovery.rolled_back_steps = lost
+        recovery.rolled_back_steps += lost
         recovery.restart_nodes = tuple(alive)
         checkpoint = str(checkpoints.path(rollback)) if rollback > 0 else None
         self._publish(ledger.generation + 1, decision.layout, rollback, checkpoint=checkpoint)
@@ -545,6 +573,8 @@ class Controller:
         generation = self.ledger.generations[r.generation]
         established = generation.established_at or now
         timings = generation.timings
+        if r.kind == "continue":  # no new generation was established: nothing was rebuilt
+            established, timings = r.started, []
         row: dict[str, Any] = {
             "generation": r.generation,
             "reason": r.reason,
@@ -573,9 +603,31 @@ class Controller:
         self.recovery = None
 
     # ------------------------------------------------------------------ stopping
-    def request_stop(self, reason: str) -> None:
-        """Stop at the next loop tick (signal handlers call this)."""
-        self.stop_requested = reason
+    def request_stop(self, reason: str, exit_code: int) -> None:
+        """Stop at the next loop tick (a signal handler calls this): workers stop, outputs are written."""
+        self.stop_requested = (reason, exit_code)
+
+    def request_checkpoint_stop(self, reason: str) -> None:
+        """Checkpoint the next step boundary, then stop so the job can be requeued and resumed
+        (Slurm's warning signal before a time limit or a preemption)."""
+        self.checkpoint_stop = reason
+
+    def _check_stop_requests(self) -> None:
+        if self.stop_requested is not None:
+            raise Stopped(*self.stop_requested)
+        if self.checkpoint_stop is None or self.ledger is None or self.checkpoints is None:
+            return
+        if self.checkpoint_stop_at is None:
+            self.checkpoint_stop_at = self.ledger.next_step + 1
+            self.checkpoints.request(self.checkpoint_stop_at)
+            self._event("checkpoint_requested", checkpoint_step=self.checkpoint_stop_at, reason=self.checkpoint_stop)
+        latest = self.checkpoints.latest_step()
+        if latest is not None and latest >= self.checkpoint_stop_at:
+            raise Stopped(
+                f"{self.checkpoint_stop}: checkpointed after step {latest - 1} in {self.checkpoints.path(latest)}; "
+                "requeue the job and resume it with job.resume=auto (slurm/run.sbatch does both)",
+                EXIT_REQUEUE,
+            )
 
     def stop_message(self, message: str) -> None:
         if self.store is None:
@@ -642,7 +694,7 @@ def summarize(outcome: Outcome, cfg: Any) -> dict[str, Any]:
         "recoveries": len(recoveries),
         "retried_steps": sum(1 for s in steps if s["attempts"] > 1),
     }
-    for kind in ("reconfiguration", "failover", "restart"):
+    for kind in ("reconfiguration", "failover", "restart", "continue"):
         chosen = [r for r in recoveries if r["kind"] == kind]
         if chosen:
             summary[f"{kind}s"] = len(chosen)

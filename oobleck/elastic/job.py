@@ -11,7 +11,11 @@ agents), and writes plan.json, metrics.csv, events.csv, summary.json and the wan
 
 from __future__ import annotations
 
+import contextlib
 import io
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -64,15 +68,37 @@ def initial_decision(strategy: Strategy, nodes: int, initial_plan: Optional[Exec
     return decision
 
 
+@contextlib.contextmanager
+def stop_on_signals(controller: Controller) -> Iterator[None]:
+    """SIGINT / SIGTERM stop the run cleanly (workers stopped, summary and events written, wandb
+    closed; exit 130 / 143); SIGUSR1 (what ``slurm/run.sbatch`` asks Slurm to send before a time
+    limit or a preemption) checkpoints the next step boundary first and exits 75 to be requeued."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handlers = {
+        signal.SIGINT: lambda *_: controller.request_stop("interrupted (SIGINT)", 128 + signal.SIGINT),
+        signal.SIGTERM: lambda *_: controller.request_stop("terminated (SIGTERM)", 128 + signal.SIGTERM),
+        signal.SIGUSR1: lambda *_: controller.request_checkpoint_stop("the job is about to end (SIGUSR1)"),
+    }
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def launch(
     cfg: Any,
     run_dir: str | Path,
     *,
     initial_plan: Optional[ExecutionPlan] = None,
     recorder: bool = True,
+    handle_signals: bool = False,
 ) -> tuple[Outcome, dict[str, Any]]:
     """Run the job; returns what happened and the summary. Raises ``RunError`` if it had to stop
-    (after writing the summary of what it did)."""
+    (after writing the summary of what it did). ``handle_signals``: see ``stop_on_signals``."""
     from oobleck.checkpoint import resume_checkpoint
 
     validate(cfg)
@@ -85,6 +111,7 @@ def launch(
     strategy = make_strategy(cfg)
     initial = initial_decision(strategy, int(cfg.cluster.nodes), initial_plan)
     config_dict = to_container(cfg)
+    save_resolved_config(config_dict, run_dir)
     rec = None
     if recorder:
         from oobleck.metrics import RunRecorder
@@ -96,12 +123,14 @@ def launch(
             strategy=strategy.name,
             wandb=cfg.logger.wandb,
             progress_bar=bool(cfg.logger.progress_bar),
+            resume=resume is not None,  # a resumed run continues the run dir's files and wandb run
         )
     controller = Controller(
         cfg, config_dict, strategy=strategy, initial=initial, run_dir=run_dir, recorder=rec, schedule=schedule, resume=resume
     )
     try:
-        outcome = controller.run()
+        with stop_on_signals(controller) if handle_signals else contextlib.nullcontext():
+            outcome = controller.run()
     except OobleckError:
         if rec is not None:
             rec.finish(**summarize(controller.outcome, cfg))
@@ -113,6 +142,18 @@ def launch(
         rec.write_json("probes.json", {str(g): {str(r): p for r, p in ranks.items()} for g, ranks in outcome.probes.items()})
         summary = rec.finish(**summary)
     return outcome, summary
+
+
+def save_resolved_config(config: dict[str, Any], run_dir: Path) -> None:
+    """``.hydra/config.yaml`` as Hydra writes it, for a run launched without Hydra's CLI (tests,
+    benchmarks), so every run dir can be loaded (``analysis.load``) and validated alike."""
+    path = run_dir / ".hydra" / "config.yaml"
+    if path.exists():
+        return
+    from omegaconf import OmegaConf
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(config), path)
 
 
 def save_final_params(controller: Controller, path: Path) -> None:

@@ -29,8 +29,10 @@ def varuna_run(tmp_path_factory):
     """2 nodes (D=2 x P=1 for this small model), two nodes join at step 1: the cost model finds
     D=4 faster, so Varuna checkpoints the next step boundary and restarts onto 4 nodes (a planned
     restart: nothing lost). Then a working node is lost in the backward pass of step 100 or later:
-    every worker stops and fresh ones resume from the latest checkpoint (every 5 steps). A new
-    worker takes seconds to boot and steps are short, hence the long run."""
+    every worker stops and fresh ones resume from the latest checkpoint (every 5 steps); another
+    node dies while that restart is under way (a second restart supersedes it); and a third in the
+    optimizer step of step 115. A new worker takes seconds to boot and steps are short, hence the
+    long run."""
     cfg = tiny_config("strategy=varuna", **{
         "cluster.nodes": 2,
         "job.steps": 130,
@@ -39,6 +41,8 @@ def varuna_run(tmp_path_factory):
         "failures.events": [
             {"action": "join", "step": 1, "count": 2},
             {"action": "remove", "step": 100, "nodes": [1], "phase": "backward"},
+            {"action": "remove", "step": 100, "nodes": [2], "phase": "reconfigure"},
+            {"action": "remove", "step": 115, "nodes": [3], "phase": "optimizer"},
         ],
     })
     run_dir = tmp_path_factory.mktemp("varuna")
@@ -53,17 +57,18 @@ def outcome_events(run_dir):
 def test_varuna_morphs_onto_joined_nodes_then_restarts_from_its_checkpoint(varuna_run):
     cfg, outcome, summary, run_dir = varuna_run
     assert_matches_reference(cfg, outcome, run_dir)
-    morph, restart = [r for r in outcome.recoveries if r["kind"] == "restart"]
+    morph, restart, last = [r for r in outcome.recoveries if r["kind"] == "restart"]
     assert morph["joined"] == [2, 3] and morph["rolled_back_steps"] == 0 and "morph" in morph["decision"]
-    assert restart["removed"] == [1] and restart["resume_step"] % 5 == 0
+    # The first failure's restart was superseded by the failure during it: one restart absorbed both.
+    assert restart["removed"] == [1, 2] and restart["resume_step"] % 5 == 0
     killed_at = next(e["step"] for e in outcome_events(run_dir) if e["kind"] == "failure" and e["node"] == 1)
     assert restart["rolled_back_steps"] == killed_at - restart["resume_step"] >= 0
     for key in ("stop_s", "spawn_s", "groups_s", "load_s", "first_step_s", "total_s"):
         assert restart[key] >= 0, key
-    assert summary["restarts"] == 2
-    assert outcome.steps[-1]["nodes"] == 3
+    assert last["removed"] == [3] and summary["restarts"] == 3
+    assert outcome.steps[-1]["nodes"] == 1
     events = pd.read_csv(run_dir / "events.csv")
-    assert "restart_planned" in set(events["kind"])
+    assert {"restart_planned", "restart_superseded"} <= set(events["kind"])
     checkpoints = events[events["kind"] == "checkpoint"]
     assert not checkpoints.empty and (checkpoints["bytes"] > 0).all()
     assert set(checkpoints["checkpoint_step"]) >= {5, 10, restart["resume_step"]}
@@ -72,8 +77,8 @@ def test_varuna_morphs_onto_joined_nodes_then_restarts_from_its_checkpoint(varun
 def test_varuna_restart_replaces_every_worker_process(varuna_run):
     _, outcome, _, _ = varuna_run
     pids = _pids(outcome)
-    # Node 0 ran through both restarts, nodes 2 and 3 through the second: new processes each time.
-    assert len(pids[(0, 0)]) == 3 and len(pids[(2, 0)]) == 2 and len(pids[(3, 0)]) == 2, pids
+    # Node 0 ran through every restart: a new process each time; node 3 through the second.
+    assert len(pids[(0, 0)]) == 4 and len(pids[(3, 0)]) == 2, pids
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +86,8 @@ def bamboo_run(tmp_path_factory):
     """Two pipelines of depth 2 on 4 nodes: stage 1 of pipeline 0 lost during the all-reduce of
     step 3 (failover), a node joins at step 5 (once it is up it replaces the failed-over stage),
     then both nodes of pipeline 1 are lost at step 60 or later (a stage and its only copy: global
-    restart from the latest checkpoint; one every 4 steps). A new worker takes seconds to boot,
+    restart from the latest checkpoint; one every 4 steps), then one of the two survivors in the
+    forward pass of step 80 (a failover onto the last node). A new worker takes seconds to boot,
     and steps are short: the later events leave it that time."""
     cfg = tiny_config("strategy=bamboo", **{
         "cluster.nodes": 4,
@@ -93,6 +99,7 @@ def bamboo_run(tmp_path_factory):
             {"action": "remove", "step": 3, "nodes": [1], "phase": "allreduce"},
             {"action": "join", "step": 5, "count": 1},
             {"action": "remove", "step": 60, "nodes": [2, 3]},
+            {"action": "remove", "step": 80, "nodes": [4], "phase": "forward"},
         ],
     })
     run_dir = tmp_path_factory.mktemp("bamboo")
@@ -104,14 +111,15 @@ def test_bamboo_fails_over_repairs_and_restarts_exactly(bamboo_run):
     cfg, outcome, summary, run_dir = bamboo_run
     assert_matches_reference(cfg, outcome, run_dir)
     kinds = [r["kind"] for r in outcome.recoveries]
-    assert kinds == ["failover", "reconfiguration", "restart"], kinds
-    failover, repair, restart = outcome.recoveries
+    assert kinds == ["failover", "reconfiguration", "restart", "failover"], kinds
+    failover, repair, restart, last = outcome.recoveries
     assert failover["removed"] == [1] and failover["resume_step"] == 3
     assert repair["joined"] == [4] and repair["bytes_moved"] > 0
     assert restart["removed"] == [2, 3] and restart["resume_step"] % 4 == 0
     killed_at = next(e for e in outcome_events(run_dir) if e["kind"] == "fault_injected" and e["nodes"] == "[2, 3]")["step"]  # noqa: E501
     assert restart["rolled_back_steps"] == killed_at - restart["resume_step"] >= 0
-    assert outcome.steps[-1]["nodes"] == 2  # D = floor(2 / 2) = 1 pipeline of the fixed depth 2
+    assert restart["joined"] == [] and outcome.steps[restart["resume_step"] - outcome.steps[0]["step"]]["nodes"] == 2
+    assert last["removed"] == [4] and outcome.steps[-1]["nodes"] == 1  # node 0 runs both stages
 
 
 def test_bamboo_shadow_copies_stay_bit_identical(bamboo_run):
@@ -131,7 +139,7 @@ def test_bamboo_runs_the_redundant_forward_for_real(bamboo_run):
 def test_oobleck_beyond_f_restarts_from_its_checkpoint(tmp_path):
     """Two 2-node pipelines; both first stages die after step 4 commits: no live replica of their
     layers, so the run restarts from step 4's checkpoint on the two survivors."""
-    from oobleck.runtime.testing import hand_plan, template
+    from oobleck.runtime.testing import two_pipelines_of_two_nodes
 
     cfg = tiny_config(**{
         "cluster.nodes": 4,
@@ -141,8 +149,7 @@ def test_oobleck_beyond_f_restarts_from_its_checkpoint(tmp_path):
         "failures.kind": "explicit",
         "failures.events": [{"action": "remove", "step": 5, "nodes": [0, 2]}],
     })
-    two_stages = template([(0, 3, 0, 0, 1), (3, 6, 1, 0, 1)])
-    plan = hand_plan([(two_stages, (0, 1), 4), (two_stages, (2, 3), 4)], batch=16, micro=2, layers=6, f=1, gpus=1)
+    plan = two_pipelines_of_two_nodes()
     outcome, summary = launch(cfg, tmp_path / "run", initial_plan=plan)
     (restart,) = outcome.recoveries
     assert restart["kind"] == "restart" and restart["resume_step"] == 4 and "no live replica" in restart["decision"]
@@ -158,3 +165,42 @@ def test_bad_strategy_settings_fail_before_any_process_starts(tmp_path):
     with pytest.raises(ConfigError, match="strategy=bamboo: .*pipline_depth"):
         launch(tiny_config("strategy=bamboo", "+strategy.pipline_depth=2"), tmp_path / "c")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_bamboo_failover_in_the_optimizer_and_during_the_failover(tmp_path):
+    """Stage 1 of pipeline 0 dies in the optimizer step of step 3 (the step committed: its
+    predecessor and shadow holder applied it too), and stage 1 of pipeline 1 dies while that
+    failover is being established: the second failover supersedes the first; both pipelines end
+    on one node each, exactly."""
+    cfg = tiny_config("strategy=bamboo", **{
+        "cluster.nodes": 4,
+        "job.steps": 10,
+        "strategy.pipeline_depth": 2,
+        "failures.kind": "explicit",
+        "failures.events": [
+            {"action": "remove", "step": 3, "nodes": [1], "phase": "optimizer"},
+            {"action": "remove", "step": 3, "nodes": [3], "phase": "reconfigure"},
+        ],
+    })
+    outcome, _ = launch(cfg, tmp_path / "run")
+    assert_matches_reference(cfg, outcome, tmp_path / "run")
+    (failover,) = outcome.recoveries
+    assert failover["kind"] == "failover" and failover["removed"] == [1, 3]
+    assert outcome.steps[-1]["nodes"] == 2 and outcome.steps[-1]["pipelines"] == 2
+    assert "failover_superseded" in set(pd.read_csv(tmp_path / "run" / "events.csv")["kind"])
+
+
+def test_varuna_failures_in_the_forward_pass_and_the_all_reduce(tmp_path):
+    cfg = tiny_config("strategy=varuna", **{
+        "cluster.nodes": 3,
+        "job.steps": 12,
+        "checkpoint.every_steps": 2,
+        "failures.kind": "explicit",
+        "failures.events": [
+            {"action": "remove", "step": 3, "nodes": [1], "phase": "forward"},
+            {"action": "remove", "step": 8, "nodes": [2], "phase": "allreduce"},
+        ],
+    })
+    outcome, _ = launch(cfg, tmp_path / "run")
+    assert_matches_reference(cfg, outcome, tmp_path / "run")
+    assert [(r["kind"], r["removed"], r["resume_step"]) for r in outcome.recoveries] == [("restart", [1], 2), ("restart", [2], 8)]

@@ -88,3 +88,58 @@ def test_simulation_sweep_through_the_submitit_launcher(tmp_path):
     for point, trace in ((0, "synthetic/6h"), (1, "synthetic/10m")):
         table = pd.read_csv(sweep / str(point) / "sim_summary.csv")
         assert set(table["strategy"]) == {"oobleck", "varuna"} and set(table["trace"]) == {trace}
+
+
+@pytest.mark.slurm
+def test_warning_signal_checkpoints_requeues_and_resumes_exactly(tmp_path):
+    """Slurm's warning signal before a time limit (sent here at once with ``scancel --signal=USR1
+    --batch``) makes the controller checkpoint the next step boundary and exit 75; the batch
+    script requeues the job, and the requeued job resumes from that checkpoint with
+    job.resume=auto: every step committed once in the final record, exactly as uninterrupted."""
+    from oobleck.runtime.reference import train_reference
+    from oobleck.runtime.testing import compose_run_config
+
+    env = slurm_environment()
+    run_dir = tmp_path / "run"
+    log = tmp_path / "job.out"
+    training = ("job.steps=60", "job.fault_tolerance=1", "checkpoint.every_steps=25", "failures=none")
+    command = [
+        "sbatch", "--parsable", "-N", "3", f"--output={log}", f"--chdir={REPO}", "slurm/run.sbatch",
+        *training, "cluster.device=cpu", "cluster.device_memory_gb=4", "cluster.master_port=0",
+        "cluster.master_addr=127.0.0.1", "logger.wandb.mode=disabled", "logger.progress_bar=false",
+        f"hydra.run.dir={run_dir}",
+    ]  # fmt: skip
+    submitted = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30, check=True)
+    job_id = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            if len(pd.read_csv(run_dir / "metrics.csv")) >= 10:
+                break
+        except (OSError, pd.errors.EmptyDataError):
+            pass
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, timeout=30, check=True)
+    # Slurm holds a requeued job back for a while (its begin time moves ~2 minutes ahead); let it
+    # start again at once so the test does not wait for that.
+    while time.monotonic() < deadline:
+        shown = subprocess.run(["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True, timeout=30).stdout
+        if "Restarts=1" in shown:
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, capture_output=True, timeout=30)
+            break
+        time.sleep(0.2)
+    wait_for_job(job_id, env)
+    output = log.read_text() if log.exists() else "(no job output)"
+    events = pd.read_csv(run_dir / "events.csv")
+    assert "checkpoint_requested" in set(events["kind"]), output
+    assert "requeueing job" in output, output
+    resume = events[events["kind"] == "resume"]
+    assert len(resume) == 1 and int(resume["resume_step"].iloc[0]) >= 10, output
+    metrics = pd.read_csv(run_dir / "metrics.csv")
+    final = metrics.groupby("step").last()
+    assert list(final.index) == list(range(60)), output
+    reference = train_reference(compose_run_config(*training))
+    for step, expected in enumerate(reference.losses):
+        assert final.loc[step, "loss"] == pytest.approx(expected, rel=1e-5), (step, output)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary.get("stopped") in (None, "", False), output
