@@ -37,11 +37,15 @@ def _log_error(table, model: str, metric: str) -> float:
 
 
 def _run(run_dir: Path, nodes: int, steps: int, failure_step: int | None, *extra: str) -> Path:
+    # All three runs plan with one profile, measured by the first into this module's own cache
+    # (median of 15 repeats per layer): a profile measured earlier under other jobs' load (the
+    # checkout's shared cache) can make the planner's step look like the loaded runtime's.
+    profiles = run_dir.parent / "profiles"
     run_id = uuid.uuid4().hex[:12]
     env = dict(os.environ, OOBLECK_RUN_ID=run_id, WANDB_SILENT="true")
     command = [
         sys.executable, "-m", "oobleck.run", f"hydra.run.dir={run_dir}", "logger.progress_bar=false",
-        "logger.wandb.mode=disabled", f"cluster.nodes={nodes}", f"job.steps={steps}", *extra,
+        "logger.wandb.mode=disabled", f"profile.cache_dir={profiles}", "profile.repeats=15", f"cluster.nodes={nodes}", f"job.steps={steps}", *extra,
         "failures=none" if failure_step is None else f"failures.events=[{{action:remove,step:{failure_step},count:1}}]",
     ]  # fmt: skip
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
