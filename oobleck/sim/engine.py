@@ -27,7 +27,7 @@ Accounting is in node-seconds of alive nodes, split into useful work, redundant 
 checkpointing, restart (which includes the start), reconfiguration (incl. failover), lost work
 and idle nodes; the parts sum to the alive node-seconds (a tested invariant). Throughput counts
 samples of iterations that were never rolled back; ``kept_samples`` counts those done before the
-last membership change that survived it (0: the strategy kept no durable progress).
+last membership change that survived it (0 after a start: the strategy kept no durable progress).
 """
 
 from __future__ import annotations
@@ -562,7 +562,8 @@ class Simulator:
             "throughput": samples / duration if duration > 0 else 0.0,
             "lost_samples": run.lost_samples,
             "kept_samples": kept,
-            "no_durable_progress": bool(kept <= 0),
+            # Only a strategy that ran can lose its progress (one that never fits is marked OOM).
+            "no_durable_progress": bool(run.started and kept <= 0),
             "node_seconds": total,
         }
         for kind in ("start", "reconfiguration", "failover", "restart", "checkpoint", "stop", "oom", "failure", "join"):

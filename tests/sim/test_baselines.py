@@ -192,4 +192,5 @@ def test_bamboo_redundancy_costs_time_and_memory(context, tight_context):
     assert "out of memory" in oom.reason and "GB on one device" in oom.reason
     result = simulate(_bamboo(tight_context), _trace([*_start(8), "60000,remove,n3"]), duration_s=120)
     assert result.summary["oom"] and result.summary["throughput"] == 0
+    assert not result.summary["no_durable_progress"]  # it never ran: marked OOM, not as progress lost
     assert result.summary["idle_fraction"] == pytest.approx(1.0)
