@@ -29,9 +29,10 @@ states the model; ``calibrate`` measures each of its terms on the calibration ru
 - per-microbatch and per-step overhead: fitted (``fit_step_overhead``) on each generation's
   median steady step (``step_time_s`` without a generation's first step), undilated by the
   worker/core ratio, minus the planner's predicted iteration of that generation's layout;
-- ``reconfigure_fixed_s``: median ``detect_s + plan_s + groups_s`` of its reconfigurations and
-  failovers; ``warmup_s``: median excess of the step redone after a reconfiguration (its
-  ``first_step_s``) over the new generation's steady step;
+- ``reconfigure_fixed_s``: median ``detect_s + plan_s + groups_s`` of its reconfigurations (of
+  its failovers if it has none); ``failover_fixed_s``: the same of its failovers; ``warmup_s``:
+  median excess of the step redone after a reconfiguration (its ``first_step_s``) over the new
+  generation's steady step;
 - restarts: ``restart_fixed_s`` (``total_s - load_s - first_step_s``, undilated by the restarted
   workers), ``restart_warmup_s``, and the read bandwidth (the model's restore bytes over
   ``load_s``); checkpoints: the snapshot and write bandwidths (the model's busiest writer's
@@ -355,10 +356,11 @@ class _Calibration:
     """What one calibration run measured (pooled over runs by ``calibrate``)."""
 
     samples: list[tuple[float, int, float]]  # (planner s, busiest microbatches, undilated steady step s)
-    fixed: list[float]  # detect + plan + groups of each reconfiguration or failover
+    fixed: list[float]  # detect + plan + groups of each reconfiguration
     # The step redone after a reconfiguration beyond the new generation's steady step (not a run's
     # step 0: that one also pays the run's own start, lazy allocation, and is slower still).
     warmups: list[float]
+    failover_fixed: list[float] = field(default_factory=list)  # detect + plan + groups of each failover
     restart_fixed: list[float] = field(default_factory=list)  # before reading state, undilated
     restart_warmups: list[float] = field(default_factory=list)
     read_gbps: list[float] = field(default_factory=list)
@@ -416,7 +418,9 @@ def _measure(
         if int(row["generation"]) in steady:
             found.warmups.append(float(row["first_step_s"]) - steady[int(row["generation"])])
     for _, row in _rows(events, "failover").iterrows():
-        found.fixed.append(float(row["detect_s"]) + float(row["plan_s"]) + float(row["groups_s"]))
+        # Apart from reconfigurations: a failover plans nothing (Bamboo's predecessor already
+        # holds the stage), and pooling the two made a loaded planner's seconds a failover's.
+        found.failover_fixed.append(float(row["detect_s"]) + float(row["plan_s"]) + float(row["groups_s"]))
     for _, row in _rows(events, "restart").iterrows():
         restarted = len(_nodes(row.get("restarted_nodes"))) * strategy.context.cluster.gpus_per_node
         load, first_step = float(row.get("load_s", 0.0) or 0.0), float(row["first_step_s"])
@@ -478,7 +482,7 @@ def calibrate(runs: list[tuple[Any, ...]]) -> RuntimeOverhead:
         values = pooled(name)
         return float(pd.Series(values).median()) if values else None
 
-    samples, fixed = pooled("samples"), pooled("fixed")
+    samples, fixed = pooled("samples"), pooled("fixed") or pooled("failover_fixed")
     names = ", ".join(str(run[4]) for run in runs)
     if not samples:
         raise RunError(f"{names}: no generation with at least 3 steps to calibrate the step overhead on")
@@ -501,6 +505,7 @@ def calibrate(runs: list[tuple[Any, ...]]) -> RuntimeOverhead:
         reconfigure_fixed_s=float(pd.Series(fixed).median()),
         warmup_s=max(0.0, float(pd.Series(warmups).median())) if warmups else 0.0,
         source=names,
+        failover_fixed_s=median("failover_fixed"),
         restart_fixed_s=median("restart_fixed"),
         restart_warmup_s=max(0.0, restart_warmup) if restart_warmup is not None else None,
         host_copy_gbps=median("snapshot_gbps"),
