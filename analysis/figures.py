@@ -32,7 +32,7 @@ import seaborn as sns  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from analysis.labels import model_label, strategy_label, trace_label  # noqa: E402
-from analysis.load import BREAKDOWN, FREQUENCY_ORDER, breakdown, frequency_label, timeline  # noqa: E402
+from analysis.load import BREAKDOWN, FREQUENCY_ORDER, breakdown, first_start, frequency_label, timeline  # noqa: E402
 
 STRATEGY_ORDER = ("oobleck", "varuna", "bamboo", "torchft")
 PALETTE = {"oobleck": "#1b9e77", "varuna": "#d95f02", "bamboo": "#7570b3", "torchft": "#e7298a"}
@@ -67,7 +67,11 @@ def throughput_vs_frequency(summary: pd.DataFrame, path: Path) -> list[Path]:
 
 
 def throughput_vs_frequency_figure(summary: pd.DataFrame) -> plt.Figure:
+    """Bars at the median over the shifted starts, whiskers from the lowest to the highest start;
+    "OOM" where a strategy fits in no layout, "*" where it kept no durable progress in a start."""
     data = summary.assign(interval=summary["trace"].map(frequency_label), oom=summary["oom"].astype(bool))
+    if "no_durable_progress" not in data:
+        data = data.assign(no_durable_progress=False)
     order = [f for f in FREQUENCY_ORDER if f in set(data["interval"])] + sorted(set(data["interval"]) - set(FREQUENCY_ORDER))
     strategies = strategies_in(data)
     models = list(dict.fromkeys(data["model"]))
@@ -79,12 +83,19 @@ def throughput_vs_frequency_figure(summary: pd.DataFrame) -> plt.Figure:
         for ax, model in zip(axes.flat, models):
             panel = data[data["model"] == model]
             for index, strategy in enumerate(strategies):
-                rows_s = panel[panel["strategy"] == strategy].set_index("interval")
+                rows_s = panel[panel["strategy"] == strategy].groupby("interval", sort=False).agg(
+                    median=("throughput", "median"), low=("throughput", "min"), high=("throughput", "max"),
+                    oom=("oom", "any"), lost=("no_durable_progress", "any"),
+                )  # fmt: skip
                 xs = [order.index(i) + (index - (len(strategies) - 1) / 2) * width for i in rows_s.index]
-                ax.bar(xs, rows_s["throughput"], width=width, color=PALETTE.get(strategy, "k"))
-                for x, oom in zip(xs, rows_s["oom"]):
+                colour = PALETTE.get(strategy, "k")
+                errors = [rows_s["median"] - rows_s["low"], rows_s["high"] - rows_s["median"]]
+                ax.bar(xs, rows_s["median"], width=width, color=colour, yerr=errors, ecolor="0.25", capsize=2, error_kw={"linewidth": 0.8})
+                for x, oom, lost, top in zip(xs, rows_s["oom"], rows_s["lost"], rows_s["high"]):
                     if oom:
-                        ax.text(x, 0, "OOM", rotation=90, ha="center", va="bottom", fontsize=8, color=PALETTE.get(strategy, "k"))
+                        ax.text(x, 0, "OOM", rotation=90, ha="center", va="bottom", fontsize=8, color=colour)
+                    elif lost:
+                        ax.text(x, top, "*", ha="center", va="bottom", fontsize=9, color=colour)
             ax.set_xticks(range(len(order)), order)
             ax.set_title(model_label(model))
             ax.set_xlabel("one node lost every")
@@ -101,7 +112,8 @@ def throughput_over_time(segments: pd.DataFrame, path: Path, bin_s: float, summa
 
 
 def throughput_over_time_figure(segments: pd.DataFrame, bin_s: float, summary: pd.DataFrame | None = None) -> plt.Figure:
-    """``summary`` (optional) names the runs that did not fit in memory: their panels say so."""
+    """``summary`` (optional) names the runs that did not fit in memory: their panels say so. Of a
+    simulation with shifted starts, the first start's timeline."""
     data = timeline(segments, bin_s)
     oom = set()
     if summary is not None and "oom" in summary:
@@ -149,6 +161,7 @@ def effective_time_breakdown(summary: pd.DataFrame, path: Path) -> list[Path]:
 
 
 def effective_time_breakdown_figure(summary: pd.DataFrame) -> plt.Figure:
+    summary = first_start(summary)
     long = breakdown(summary)
     oom = summary.set_index(["model", "trace", "strategy"])["oom"].astype(bool).to_dict()
     long = long.assign(

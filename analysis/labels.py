@@ -8,12 +8,16 @@ import re
 from pathlib import Path
 
 STRATEGY_NAMES = {"oobleck": "Oobleck", "varuna": "Varuna", "bamboo": "Bamboo", "torchft": "torchft"}
+MODEL_NAMES = {"bert_large": "BERT-large"}
 _GPT = re.compile(r"^gpt(?P<version>\d)_(?P<size>.+)$")
 _SIZE = re.compile(r"^(?P<whole>\d+)(?:_(?P<fraction>\d+))?(?P<unit>[mb])$")
 
 
 def model_label(name: str) -> str:
-    """``gpt3_2_7b`` -> "GPT-3 2.7B", ``gpt3_medium`` -> "GPT-3 medium", ``gpt2_small`` -> "GPT-2 small"."""
+    """``gpt3_2_7b`` -> "GPT-3 2.7B", ``gpt3_medium`` -> "GPT-3 medium", ``gpt2_small`` -> "GPT-2 small",
+    ``bert_large`` -> "BERT-large"."""
+    if str(name) in MODEL_NAMES:
+        return MODEL_NAMES[str(name)]
     match = _GPT.match(str(name))
     if not match:
         return str(name)

@@ -6,7 +6,8 @@ A real run dir (``python -m oobleck.run``) holds ``metrics.csv`` (one row per co
 their config (strategy, model, failure schedule, nodes), never by their directory name, which
 sweeps repeat ("0", "1", ...). A simulation dir (``python -m oobleck.simulate``) holds
 ``sim_metrics.csv`` (one row per period of constant state), ``sim_events.csv``,
-``sim_summary.csv`` and ``summary.json``. Missing or malformed files raise ``RunError`` naming
+``sim_summary.csv`` (one row per model, trace, shifted start and strategy), ``sim_ratios.csv``
+(Oobleck's speedups as median and range over the starts) and ``summary.json``. Missing or malformed files raise ``RunError`` naming
 the file.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +250,7 @@ class SimData:
     metrics: pd.DataFrame
     events: pd.DataFrame
     summary: pd.DataFrame
+    ratios: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def load_sim(run_dir: str | Path) -> SimData:
@@ -258,6 +260,7 @@ def load_sim(run_dir: str | Path) -> SimData:
         metrics=_csv(path / "sim_metrics.csv"),
         events=_csv(path / "sim_events.csv", required=False),
         summary=_csv(path / "sim_summary.csv"),
+        ratios=_csv(path / "sim_ratios.csv", required=False),
     )
 
 
@@ -270,9 +273,10 @@ def timeline(segments: pd.DataFrame, bin_s: float) -> pd.DataFrame:
     """Time-weighted mean throughput per bin of ``bin_s`` seconds, per (model, trace, strategy).
 
     Columns: model, trace, strategy, time_h (bin start, hours from the trace start), samples_per_s,
-    nodes_alive (time-weighted mean).
+    nodes_alive (time-weighted mean). Of a simulation with shifted starts, the first start's.
     """
     rows: list[dict[str, Any]] = []
+    segments = first_start(segments)
     if segments.empty:
         return pd.DataFrame(columns=["model", "trace", "strategy", "time_h", "samples_per_s", "nodes_alive"])
     for (model, trace, strategy), group in segments.groupby(["model", "trace", "strategy"], sort=False):
@@ -303,9 +307,10 @@ def timeline(segments: pd.DataFrame, bin_s: float) -> pd.DataFrame:
 
 
 def breakdown(summary: pd.DataFrame) -> pd.DataFrame:
-    """Long form of the effective-time breakdown: model, trace, strategy, category, node_hours, fraction."""
+    """Long form of the effective-time breakdown: model, trace, strategy, category, node_hours,
+    fraction (of the first start when there are shifted starts)."""
     rows = []
-    for _, row in summary.iterrows():
+    for _, row in first_start(summary).iterrows():
         for category in BREAKDOWN:
             rows.append(
                 {
@@ -320,12 +325,39 @@ def breakdown(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def first_start(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of each trace's unshifted replay (``start`` 0) when a simulation replayed shifted
+    starts (``sim.trace_starts``): one timeline and one breakdown per run."""
+    return frame[frame["start"] == 0] if "start" in frame and not frame.empty else frame
+
+
+def _paired_ratios(summary: pd.DataFrame, baseline: str) -> pd.Series | None:
+    """Oobleck's speedup over ``baseline`` per (model, trace, start) as the simulator paired it."""
+    column = f"speedup_vs_{baseline}"
+    if column not in summary:
+        return None
+    ours = summary[summary["strategy"] == "oobleck"]
+    return ours.set_index(["model", "trace"])[column]
+
+
 def throughput_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """Throughput (samples/s) per model and trace, one column per strategy, plus Oobleck's ratios."""
-    table = summary.pivot_table(index=["model", "trace"], columns="strategy", values="throughput", sort=False)
+    """Throughput (samples/s) per model and trace, one column per strategy, plus Oobleck's ratios:
+    medians over the shifted starts when there are several (a ratio is the median of the ratios
+    of the same start), with ``<ratio> min`` / ``<ratio> max`` columns for their range."""
+    table = summary.pivot_table(index=["model", "trace"], columns="strategy", values="throughput", aggfunc="median", sort=False)
     for baseline in BASELINES:
-        if "oobleck" in table and baseline in table:
-            table[f"oobleck/{baseline}"] = table["oobleck"] / table[baseline].replace(0.0, np.nan)
+        if "oobleck" not in table or baseline not in table:
+            continue
+        name = f"oobleck/{baseline}"
+        paired = _paired_ratios(summary, baseline)
+        if paired is None:
+            table[name] = table["oobleck"] / table[baseline].replace(0.0, np.nan)
+            continue
+        grouped = paired.groupby(level=[0, 1], sort=False)
+        table[name] = grouped.median().reindex(table.index)
+        if "start" in summary and summary["start"].nunique() > 1:
+            table[f"{name} min"] = grouped.min().reindex(table.index)
+            table[f"{name} max"] = grouped.max().reindex(table.index)
     return table
 
 
@@ -335,22 +367,38 @@ BASELINES = ("varuna", "bamboo")
 def throughput_cells(summary: pd.DataFrame, *, digits: int = 3) -> pd.DataFrame:
     """``throughput_table`` as text for printing: a strategy that ran out of memory reads "OOM"
     (not 0), and so does Oobleck's ratio over it (not ``inf``); a baseline that fit but made no
-    progress reads "no progress"."""
+    progress reads "no progress"; a ratio over several starts reads "median [min-max]"; a
+    throughput is marked "*" when the strategy kept no durable progress in some start (every
+    iteration before the trace's last change was rolled back)."""
     numbers = throughput_table(summary)
-    oom = summary.assign(oom=summary["oom"].astype(bool) if "oom" in summary else False).pivot_table(
-        index=["model", "trace"], columns="strategy", values="oom", aggfunc="any", sort=False
-    )
-    cells = pd.DataFrame(index=numbers.index, columns=numbers.columns, dtype=object)
-    for key in numbers.index:
-        for column in numbers.columns:
-            value = numbers.loc[key, column]
+    ranged = [c for c in numbers.columns if str(c).endswith((" min", " max"))]
+    numbers_shown = numbers.drop(columns=ranged)
+    flags = summary.assign(oom=summary["oom"].astype(bool) if "oom" in summary else False)
+    oom = flags.pivot_table(index=["model", "trace"], columns="strategy", values="oom", aggfunc="any", sort=False)
+    lost = None
+    if "no_durable_progress" in summary:
+        lost = flags.assign(nd=summary["no_durable_progress"].astype(bool)).pivot_table(
+            index=["model", "trace"], columns="strategy", values="nd", aggfunc="any", sort=False
+        )
+    cells = pd.DataFrame(index=numbers_shown.index, columns=numbers_shown.columns, dtype=object)
+    for key in numbers_shown.index:
+        for column in numbers_shown.columns:
+            value = numbers_shown.loc[key, column]
             strategy = column.split("/", 1)[1] if "/" in str(column) else column
             if strategy in oom.columns and bool(oom.loc[key, strategy]):
                 cells.loc[key, column] = "OOM"
             elif "/" in str(column) and pd.isna(value):
                 cells.loc[key, column] = "no progress" if strategy in numbers.columns and numbers.loc[key, strategy] == 0 else "-"
+            elif pd.isna(value):
+                cells.loc[key, column] = "-"
             else:
-                cells.loc[key, column] = "-" if pd.isna(value) else _significant(float(value), digits)
+                text = _significant(float(value), digits)
+                if "/" in str(column) and f"{column} min" in numbers:
+                    low, high = numbers.loc[key, f"{column} min"], numbers.loc[key, f"{column} max"]
+                    text += f" [{_significant(float(low), digits)}-{_significant(float(high), digits)}]"
+                if "/" not in str(column) and lost is not None and strategy in lost and bool(lost.loc[key, strategy]):
+                    text += "*"
+                cells.loc[key, column] = text
     return cells
 
 

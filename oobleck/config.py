@@ -226,6 +226,11 @@ class SimConfig:
     profile_source: str = MISSING  # analytic | auto | measured | file
     nodes: Optional[int] = MISSING
     timeline_bin_s: float = MISSING
+    costs: dict[str, Any] = MISSING
+    node_creation_s: float = MISSING
+    trace_starts: int = MISSING
+    trace_start_spacing_s: Optional[float] = MISSING
+    global_batch_size_by_model: dict[str, int] = MISSING
 
 
 @dataclass
@@ -464,6 +469,18 @@ def validate(cfg: Config | DictConfig) -> None:
     if sim.nodes is not None:
         _positive("sim.nodes", sim.nodes)
     _positive("sim.timeline_bin_s", sim.timeline_bin_s)
+    _positive("sim.node_creation_s", sim.node_creation_s, allow_zero=True)
+    if not (isinstance(sim.trace_starts, int) and sim.trace_starts >= 1):
+        raise ConfigError(f"sim.trace_starts={sim.trace_starts!r} must be an integer >= 1")
+    if sim.trace_start_spacing_s is not None:
+        _positive("sim.trace_start_spacing_s", sim.trace_start_spacing_s)
+    for name, batch in (sim.global_batch_size_by_model or {}).items():
+        if not (isinstance(batch, int) and batch >= 1):
+            raise ConfigError(f"sim.global_batch_size_by_model.{name}={batch!r} must be an integer >= 1")
+        if batch % int(cfg.job.microbatch_size):
+            raise ConfigError(
+                f"sim.global_batch_size_by_model.{name}={batch} is not a multiple of job.microbatch_size={cfg.job.microbatch_size}"
+            )
     _choice("logger.wandb.mode", cfg.logger.wandb.mode, ("offline", "online", "disabled"))
     _validate_checkpoint(cfg)
 

@@ -1,11 +1,13 @@
 """``python -m oobleck.simulate``: trace-driven simulation of resilience strategies (Hydra app).
 
-Runs every (model, trace, strategy) of the ``sim:`` section (``experiment=paper_failure_frequency``
-or ``experiment=paper_spot`` set it up like the paper), then writes to the Hydra run dir:
-``sim_metrics.csv`` (throughput over time), ``sim_events.csv``, ``sim_summary.csv``,
-``summary.json`` and, unless ``sim.figures=false``, the seaborn figures of ``analysis.figures``
-(PNG and PDF); unless ``logger.wandb.mode=disabled``, one wandb run per (model, trace, strategy)
-(``oobleck.metrics.simulation``). Installed, the command is ``oobleck-simulate``.
+Runs every (model, trace, shifted start, strategy) of the ``sim:`` section
+(``experiment=paper_failure_frequency`` or ``experiment=paper_spot`` set it up like the paper),
+then writes to the Hydra run dir: ``sim_metrics.csv`` (throughput over time), ``sim_events.csv``,
+``sim_summary.csv`` (one row per model, trace, start and strategy), ``sim_ratios.csv`` (Oobleck's
+speedups: median and range over the starts), ``summary.json`` and, unless ``sim.figures=false``,
+the seaborn figures of ``analysis.figures`` (PNG and PDF); unless ``logger.wandb.mode=disabled``,
+one wandb run per (model, trace, strategy) of the unshifted start (``oobleck.metrics.simulation``).
+Installed, the command is ``oobleck-simulate``.
 
 Without ``experiment=`` it simulates the config's own cluster, the local toy settings (CPU-sized
 links, batch 32), which is not the paper's setting; it says so before and after. Ctrl-C writes the
@@ -38,7 +40,11 @@ def summary_table(summary) -> str:
     (``OOM`` where a baseline does not fit in memory)."""
     from analysis.load import format_throughput_table
 
-    return format_throughput_table(summary) if not summary.empty else "(no runs)"
+    if summary.empty:
+        return "(no runs)"
+    note = "\n(ratios: median [min-max] over the shifted starts; * kept no durable progress in some start)"
+    starts = summary["start"].nunique() if "start" in summary else 1
+    return format_throughput_table(summary) + (note if starts > 1 or ("no_durable_progress" in summary and summary["no_durable_progress"].any()) else "")
 
 
 def toy_setting_notice(cfg: DictConfig) -> str | None:
@@ -72,7 +78,9 @@ def _combined(parts: list) -> Any:
         frames = [getattr(part, name) for part in parts if not getattr(part, name).empty]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
-    return ExperimentResult(table("metrics"), table("events"), table("summary"), sum(part.seconds for part in parts))
+    return ExperimentResult(
+        table("metrics"), table("events"), table("summary"), sum(part.seconds for part in parts), table("ratios")
+    )
 
 
 def run(cfg: DictConfig, run_dir: Path) -> dict:
@@ -85,7 +93,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     if notice:
         print(notice, file=sys.stderr, flush=True)
     models = list(cfg.sim.models)
-    total = len(models) * len(cfg.sim.traces) * len(cfg.sim.strategies)
+    total = len(models) * len(cfg.sim.traces) * int(cfg.sim.trace_starts) * len(cfg.sim.strategies)
     parts: list = []
     interrupted = False
     with tqdm(total=total, desc="simulate", unit="run", disable=not cfg.logger.progress_bar) as bar:
@@ -125,7 +133,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         from oobleck.metrics.simulation import log_simulation
 
         print(f"{PROGRAM}: logging {len(result.summary)} simulations to wandb ({cfg.logger.wandb.mode}) ...", file=sys.stderr, flush=True)
-        log_simulation(cfg, result, figures, run_dir, config)
+        log_simulation(cfg, result.first_start(), figures, run_dir, config)
     print(summary_table(result.summary), flush=True)
     print(f"{PROGRAM}: {total} simulations in {result.seconds:.1f} s; outputs in {run_dir}", flush=True)
     if notice:

@@ -9,10 +9,16 @@
 - Redundancy: the node of stage i also holds stage (i+1) mod P (its successor; the ring closes so
   every stage has a copy; Bamboo's ``get_redundant_stage_ids``), with its optimizer state, kept
   identical through the gradient reduction (``ExecutionPlan.shadows``), and runs the successor's
-  forward pass every step, redundantly. A stage and its copy together must fit in device memory
-  (state and in-flight activations of both), else the layout is refused (out of memory). The
-  cost model charges the redundant forward work the 1F1B bubble of ``(P-1) w_i`` cannot absorb:
-  ``w_i + max(0, m F_{i+1} - (P-1) w_i) / m``.
+  forward pass on every microbatch it forwards, redundantly. Device memory of stage i of P:
+  its own state and the activations of its ``P - i`` microbatches in flight, plus the copy's
+  state and (``keep_redundant_activations``) the activations of the redundant forward for the
+  same ``P - i`` microbatches, kept so that a failover can run the lost stage's backward without
+  recomputing them. A layout whose busiest device does not fit is refused (out of memory), and
+  the memory it needs is stated. The cost model puts ``redundant_forward_exposed`` of the
+  redundant forward on the stage's critical path (our runtime runs it right after the stage's
+  own forward, before sending the activations on: calibrated on real Bamboo-style runs, see
+  conf/strategy/bamboo.yaml) and lets the rest fill the 1F1B bubble of ``(P-1) w_i``:
+  ``w_i + e F_{i+1} + max(0, (1 - e) m F_{i+1} - (P-1) w_i) / m``.
 - A lost node whose ring neighbours live: failover. Its predecessor already holds its layers and
   runs both stages from the next step with no state copy (a lost first stage goes to the second
   stage's node instead, copying stage 0 from live holders: our runtime runs one contiguous layer
@@ -27,6 +33,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Optional
@@ -56,6 +63,19 @@ class BambooConfig(StrategyConfig):
     # a number multiplies the iteration time instead while any pipeline is failed over (the
     # Oobleck artifact's Bamboo simulator used 1.5).
     failover_slowdown: Optional[float] = None
+    # Share of the redundant forward on a stage's critical path (1: none hidden in the bubbles).
+    redundant_forward_exposed: float = 1.0
+    # The redundant forward's activations stay in device memory until the step's backward.
+    keep_redundant_activations: bool = True
+
+    def __post_init__(self) -> None:
+        from oobleck.errors import ConfigError
+
+        if not 0.0 <= float(self.redundant_forward_exposed) <= 1.0:
+            raise ConfigError(
+                f"strategy.redundant_forward_exposed={self.redundant_forward_exposed!r} must be in [0, 1] "
+                "(the share of the redundant forward that adds to a stage's time)"
+            )
 
 
 @dataclass(frozen=True)
@@ -68,7 +88,13 @@ class BambooState:
 
 def balanced_partition(param_bytes: Sequence[int], parts: int) -> tuple[tuple[int, int], ...]:
     """Contiguous ``[start, end)`` ranges of ``parts`` non-empty stages minimising the largest
-    stage's parameter bytes (exact DP; ties go to the earliest split)."""
+    stage's parameter bytes (exact DP; ties go to the earliest split). Cached: every simulation
+    of a model asks for the same splits."""
+    return _balanced_partition(tuple(param_bytes), int(parts))
+
+
+@functools.lru_cache(maxsize=4096)
+def _balanced_partition(param_bytes: tuple[int, ...], parts: int) -> tuple[tuple[int, int], ...]:
     n = len(param_bytes)
     if not 1 <= parts <= n:
         raise PlanningError(f"cannot split {n} layers into {parts} stages")
@@ -102,19 +128,47 @@ class Bamboo(Strategy):
         super().__init__(config, context)
         self.depth: int | None = None  # fixed at the first start
         self._arrays = ProfileArrays(context.profile)
+        self._partitions: dict[int, tuple[tuple[int, int], ...]] = {}
+        self._memory: dict[tuple[tuple[int, int], ...], list[float]] = {}
+        self._templates: dict[tuple[tuple[int, int], ...], PipelineTemplate] = {}
+        self._plans: dict[tuple, ExecutionPlan] = {}
 
     # ----- cost model -------------------------------------------------------------------------
     def _template(self, ranges: Sequence[tuple[int, int]]) -> PipelineTemplate:
-        gpus = self.context.cluster.gpus_per_node
-        stages = [StageSpec(a, b, node=i, gpu_offset=0, gpus=gpus) for i, (a, b) in enumerate(ranges)]
-        return make_template(self.context.profile, self.context.cluster, stages, self.context.reference_microbatches_per_stage)
+        key = tuple(ranges)
+        if key not in self._templates:
+            gpus = self.context.cluster.gpus_per_node
+            stages = [StageSpec(a, b, node=i, gpu_offset=0, gpus=gpus) for i, (a, b) in enumerate(ranges)]
+            self._templates[key] = make_template(self.context.profile, self.context.cluster, stages, self.context.reference_microbatches_per_stage)
+        return self._templates[key]
+
+    def stage_memory(self, partition: Sequence[tuple[int, int]]) -> list[float]:
+        """Peak bytes on the device of each stage slot: its stage and its successor's copy (module docstring)."""
+        key = tuple(partition)
+        cached = self._memory.get(key)
+        if cached is not None:
+            return cached
+        arrays, gpus, size = self._arrays, self.context.cluster.gpus_per_node, len(partition)
+        keep = bool(self.config.keep_redundant_activations)
+        memory = []
+        for i, (a, b) in enumerate(partition):
+            c, d = partition[(i + 1) % size]
+            in_flight = size - i
+            own = arrays.state_bytes(a, b) + arrays.activation_bytes(a, b) * in_flight / gpus
+            copy = arrays.state_bytes(c, d) + (arrays.activation_bytes(c, d) * in_flight / gpus if keep else 0.0)
+            memory.append(own + copy)
+        self._memory[key] = memory
+        return memory
 
     def fits(self, partition: Sequence[tuple[int, int]]) -> bool:
         """Every stage's device holds its stage and its successor's copy (state and activations)."""
-        memory = self._template(partition).stage_memory_bytes
-        size = len(memory)
-        limit = self.context.cluster.device_memory_bytes
-        return size > 1 and all(memory[i] + memory[(i + 1) % size] <= limit for i in range(size))
+        return len(partition) > 1 and max(self.stage_memory(partition)) <= self.context.cluster.device_memory_bytes
+
+    def partition(self, depth: int) -> tuple[tuple[int, int], ...]:
+        """The fixed stage split of a depth (cached: it is a DP over the layers)."""
+        if depth not in self._partitions:
+            self._partitions[depth] = balanced_partition(self.context.layer_param_bytes, depth)
+        return self._partitions[depth]
 
     def _forward_s(self, start: int, end: int) -> float:
         return sum(layer.forward_s for layer in self.context.profile.layers[start:end]) / self.context.cluster.gpus_per_node
@@ -143,14 +197,22 @@ class Bamboo(Strategy):
         size = len(stages)
         if not redundancy or size == 1 or microbatches == 0:
             return template
+        exposed = float(self.config.redundant_forward_exposed)
         seconds = []
         for j, w in enumerate(template.stage_seconds):
             _, a, b = stages[(j + 1) % size]
-            extra = microbatches * self._forward_s(a, b)
-            seconds.append(w + max(0.0, extra - (size - 1) * w) / microbatches)
+            forward = self._forward_s(a, b)
+            hidden = (1.0 - exposed) * microbatches * forward  # what may fill the bubble of (P-1) w
+            seconds.append(w + exposed * forward + max(0.0, hidden - (size - 1) * w) / microbatches)
         return replace(template, stage_seconds=tuple(seconds))
 
     def _plan(self, state: BambooState, redundancy: bool = True) -> ExecutionPlan:
+        key = (state.partition, state.pipelines, redundancy)
+        if key not in self._plans:
+            self._plans[key] = self._build_plan(state, redundancy)
+        return self._plans[key]
+
+    def _build_plan(self, state: BambooState, redundancy: bool) -> ExecutionPlan:
         ctx = self.context
         split = even_split(ctx.num_microbatches, len(state.pipelines))
         templates, groups, shadows = [], [], []
@@ -178,10 +240,15 @@ class Bamboo(Strategy):
         if failed and self.config.failover_slowdown is not None:
             # The flat-slowdown model: the intact layout's time, times the constant.
             seconds = self._plan(self._intact(state)).predicted_iteration_s * float(self.config.failover_slowdown)
+        peak = max(self.stage_memory(state.partition)) / 1e9
+        memory = self.context.cluster.device_memory_bytes / 1e9
         return Layout(
             plan=plan,
             iteration_s=seconds,
-            description=f"D={len(state.pipelines)} x P={state.depth}, {failed} failed over, {len(state.spares)} standby",
+            description=(
+                f"D={len(state.pipelines)} x P={state.depth}, {failed} failed over, {len(state.spares)} standby, "
+                f"{peak:.1f} of {memory:.0f} GB per device"
+            ),
             redundant_fraction=max(0.0, 1.0 - plain / seconds),
             standby=tuple(state.spares),
             state=state,
@@ -203,13 +270,10 @@ class Bamboo(Strategy):
         if count < 1:
             return None
         pipelines = tuple(tuple(ordered[i * depth : (i + 1) * depth]) for i in range(count))
-        partition = balanced_partition(self.context.layer_param_bytes, depth)
-        return BambooState(depth, partition, pipelines, tuple(ordered[count * depth :]))
+        return BambooState(depth, self.partition(depth), pipelines, tuple(ordered[count * depth :]))
 
     def _memory_message(self, depth: int) -> str:
-        partition = balanced_partition(self.context.layer_param_bytes, depth)
-        memory = self._template(partition).stage_memory_bytes
-        need = max(memory[i] + memory[(i + 1) % depth] for i in range(depth))
+        need = max(self.stage_memory(self.partition(depth)))
         return (
             f"out of memory: with pipeline depth {depth} a stage and its successor's copy need "
             f"{need / 1e9:.2f} GB on one device but it has {self.context.cluster.device_memory_bytes / 1e9:.2f} GB"
@@ -225,12 +289,12 @@ class Bamboo(Strategy):
                     f"strategy.pipeline_depth={depth} needs {low} <= depth <= min(layers={layers}, nodes={len(nodes)}); "
                     "Bamboo's redundancy needs every stage's successor on another node"
                 )
-            if not self.fits(balanced_partition(self.context.layer_param_bytes, depth)):
+            if not self.fits(self.partition(depth)):
                 return None, self._memory_message(depth)
             return depth, ""
         best: tuple[float, int] | None = None
         for depth in range(low, min(layers, len(nodes)) + 1):
-            if not self.fits(balanced_partition(self.context.layer_param_bytes, depth)):
+            if not self.fits(self.partition(depth)):
                 continue
             state = self._fresh_state(depth, nodes)
             if state is None:
@@ -240,7 +304,12 @@ class Bamboo(Strategy):
                 best = key
         if best is None:
             deepest = min(layers, len(nodes))
-            why = self._memory_message(deepest) if deepest >= low else f"{len(nodes)} nodes cannot form a pipeline of depth >= {low}"
+            if deepest >= low:
+                # The depth that needs the least memory per device says by how much nothing fits.
+                leanest = min(range(low, deepest + 1), key=lambda d: (max(self.stage_memory(self.partition(d))), d))
+                why = self._memory_message(leanest)
+            else:
+                why = f"{len(nodes)} nodes cannot form a pipeline of depth >= {low}"
             return None, f"no pipeline depth from {low} to {deepest} fits: {why}"
         return best[1], ""
 

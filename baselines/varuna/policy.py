@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,35 +32,62 @@ class VarunaConfig(StrategyConfig):
     morph_on_join: bool = True  # restart onto joined nodes when the larger layout is faster
 
 
+# The best pipeline size per node count, per template set: a layout's speed depends on how many
+# nodes it has, not on which, so every restart of every simulation of a model shares the search.
+_BEST_SIZE: dict[int, dict[tuple[int, int, int], int | None]] = {}
+
+
+def _sizes_for(templates) -> dict[tuple[int, int, int], int | None]:  # type: ignore[no-untyped-def]
+    key = id(templates)
+    if key not in _BEST_SIZE:
+        _BEST_SIZE[key] = {}
+        weakref.finalize(templates, _BEST_SIZE.pop, key, None)
+    return _BEST_SIZE[key]
+
+
 class Varuna(Strategy):
     Config = VarunaConfig
     requires_checkpoints = True
     config: VarunaConfig
 
-    def best_layout(self, nodes: Sequence[int]) -> Layout | None:
-        """The fastest D x P layout of identical template pipelines on ``nodes`` (None if none fits)."""
+    def _plan(self, ordered: Sequence[int], size: int):  # type: ignore[no-untyped-def]
+        ctx = self.context
+        pipelines = min(len(ordered) // size, ctx.num_microbatches)
+        groups = [tuple(ordered[i * size : (i + 1) * size]) for i in range(pipelines)]
+        return pipelines, build_plan(ctx.templates(0), [size] * pipelines, groups, ctx.global_batch_size, ctx.microbatch_size, 0)
+
+    def _best_size(self, count: int) -> int | None:
         ctx = self.context
         templates = ctx.templates(0)
+        cache = _sizes_for(templates)
+        key = (count, ctx.global_batch_size, ctx.microbatch_size)
+        if key not in cache:
+            best: tuple[float, int, int] | None = None
+            for size in templates.sizes:
+                if count // size < 1:
+                    continue
+                pipelines, plan = self._plan(range(count), size)
+                # Fastest first; on a tie, fewer nodes, then shallower pipelines.
+                candidate = (plan.predicted_iteration_s, pipelines * size, size)
+                if best is None or candidate < best:
+                    best = candidate
+            cache[key] = best[2] if best is not None else None
+        return cache[key]
+
+    def best_layout(self, nodes: Sequence[int]) -> Layout | None:
+        """The fastest D x P layout of identical template pipelines on ``nodes`` (None if none fits)."""
         ordered = sorted(nodes)
-        best: tuple[float, int, int, Layout] | None = None
-        for size in templates.sizes:
-            pipelines = min(len(ordered) // size, ctx.num_microbatches)
-            if pipelines < 1:
-                continue
-            groups = [tuple(ordered[i * size : (i + 1) * size]) for i in range(pipelines)]
-            plan = build_plan(templates, [size] * pipelines, groups, ctx.global_batch_size, ctx.microbatch_size, 0)
-            # Fastest first; on a tie, fewer nodes, then shallower pipelines.
-            key = (plan.predicted_iteration_s, pipelines * size, size)
-            if best is None or key < best[:3]:
-                layout = Layout(
-                    plan=plan,
-                    iteration_s=plan.predicted_iteration_s,
-                    description=f"D={pipelines} x P={size}",
-                    standby=tuple(ordered[pipelines * size :]),
-                    state=(pipelines, size),
-                )
-                best = (*key, layout)
-        return best[3] if best is not None else None
+        size = self._best_size(len(ordered))
+        if size is None:
+            return None
+        pipelines, plan = self._plan(ordered, size)
+        return Layout(
+            plan=plan,
+            iteration_s=plan.predicted_iteration_s,
+            description=f"D={pipelines} x P={size}",
+            standby=tuple(ordered[pipelines * size :]),
+            state=(pipelines, size),
+        )
 
     def start(self, nodes: Sequence[int]) -> Decision:
         try:

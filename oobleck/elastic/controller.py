@@ -735,4 +735,8 @@ def summarize(outcome: Outcome, cfg: Any) -> dict[str, Any]:
         summary["events_not_applied"] = outcome.events_not_applied
     if outcome.stopped:
         summary["stopped"] = outcome.stopped.splitlines()[0]
+    if outcome.phase_seconds:
+        # Where each surviving worker's step time went ("node:rank" -> phase -> seconds, summed
+        # over the steps its last incarnation ran): the simulator's validation reads it.
+        summary["phase_seconds"] = outcome.phase_seconds
     return summary

@@ -2,37 +2,52 @@
 
 Iteration times always come from the planner's cost model (``pipeline_iteration_time``, paper
 Eq. 1-4, on the templates' stage times), so every strategy is timed by the same formula. This
-module adds what the planner does not model:
+module adds what the planner does not model, every figure from bytes over a bandwidth of the
+same cluster model (never seconds measured on another cluster):
 
-- model state: ``state_bytes_per_param`` bytes per parameter (fp32 Adam: parameters, gradients
-  and two moments = 16, DESIGN section 3); moving a layer to a new holder sends parameters and the
-  two Adam moments (``moved_bytes_per_param``, 12: gradients are recomputed, not moved);
+- model state: ``state_bytes_per_param`` bytes per parameter in device memory (fp32 Adam:
+  parameters, gradients and two moments = 16, DESIGN section 3); moving a layer to a new holder
+  sends parameters and the two Adam moments (``moved_bytes_per_param``, 12: gradients are
+  recomputed, not moved); a checkpoint holds the same 12 bytes per parameter
+  (``checkpoint_bytes_per_param``: what ``oobleck.checkpoint`` writes per layer);
 - a transfer set takes ``max(bytes into one node, bytes out of one node) / link bandwidth``: the
   nodes send and receive in parallel over their own links;
+- a checkpoint (``checkpoint_cost``) is what the checkpoint subsystem does: every layer is written
+  once, by the holder ``assign_checkpoint_writers`` picks (writers spread over the nodes); each
+  writer first copies its layers to host memory (``snapshot_s``: its bytes over
+  ``host_copy_gbps``), then writes them to storage (``write_s``: the busiest node's bytes over
+  ``storage_write_gbps``, by default the node's own link). With ``checkpoint_async`` (the
+  runtime's ``checkpoint.async_write``) only the snapshot is on the training path, and a
+  checkpoint waits for the previous one's write (``checkpoint.max_pending: 1``); the checkpoint is
+  durable (a restart can roll back to it) only once its write is done;
+- a restart (``restart_s``): every worker process stops and fresh ones start and rendezvous
+  (``restart_fixed_s``), then each node reads the checkpointed state of the layers it holds
+  (its bytes over ``storage_read_gbps``, by default its link), then the first step runs
+  (``restart_warmup_s`` beyond a steady one). A job's first start pays the same, without the read;
 - Varuna's and Bamboo's D identical pipelines are timed by the planner's own
   ``plan_iteration_time`` (slowest pipeline, then the cross-pipeline ring all-reduce), so all
   three strategies share one formula;
-- a checkpoint or restart takes ``fixed + state bytes / storage bandwidth`` unless a per-model
-  figure is given (the original artifact's measured constants, see conf/strategy/*.yaml);
-- ``CostConstants``: those constants, one typed block (``costs:``) in every strategy's config; the
-  charge of each kind of decision is ``oobleck.sim.engine.decision_downtime``;
+- ``CostConstants``: those constants, one typed block (``costs:``) in every strategy's config
+  (``sim.costs`` sets the cluster's for every strategy of an experiment); the charge of each kind
+  of decision is ``oobleck.sim.engine.decision_downtime``;
 - ``RuntimeOverhead``: what the real runtime on one machine spends beyond Eq. 1-4 (per microbatch,
   per step, CPU cores shared by the workers, the fixed part of a reconfiguration and the first
-  step's warm-up), measured on a calibration run by ``oobleck.sim.validate.calibrate``.
+  step's warm-up, the fixed part of a restart), measured on calibration runs by
+  ``oobleck.sim.validate.calibrate``.
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from oobleck.errors import ConfigError
 
-from oobleck.planning.plan import LayerTransfer, PipelineTemplate
+from oobleck.planning.plan import ExecutionPlan, LayerTransfer
 from oobleck.planning.profile import GB, ModelProfile
 
 FP32_BYTES = 4  # LayerProfile.param_bytes counts fp32 parameters
@@ -41,32 +56,55 @@ FP32_BYTES = 4  # LayerProfile.param_bytes counts fp32 parameters
 @dataclass
 class CostConstants:
     """What the simulator charges a strategy's decisions (``costs:`` in conf/strategy/<name>.yaml,
-    where every value carries its source)."""
+    where every value carries its source; ``sim.costs`` in an experiment sets the cluster's)."""
 
     state_bytes_per_param: float = 16.0  # fp32 Adam: parameters, gradients, two moments (DESIGN 3)
     # Parameters and two Adam moments move with a layer; gradients are recomputed.
     moved_bytes_per_param: float = 12.0
-    checkpoint_fixed_s: float = 4.4
-    storage_bandwidth_gbps: float = 0.95  # aggregate bandwidth to checkpoint storage
-    restart_fixed_s: float = 45.0  # new instances and rendezvous, before the state is read back
-    restart_bandwidth_gbps: float = 0.167
-    # Measured per-model figures take precedence over the formulas (model name -> seconds).
-    checkpoint_s_by_model: dict[str, float] = field(default_factory=dict)
-    restart_s_by_model: dict[str, float] = field(default_factory=dict)
+    # A checkpoint holds parameters and two Adam moments (oobleck.checkpoint's shards).
+    checkpoint_bytes_per_param: float = 12.0
+    # Device -> host memory, per device (the checkpoint snapshot): PCIe 4.0 x16 moves 31.5 GB/s
+    # each way (16 GT/s x 16 lanes, 128b/130b; the A100's host link); we assume 80% of it.
+    host_copy_gbps: float = 25.0
+    # Per node, to and from checkpoint storage; None: the node's link (cluster.inter_node_bandwidth_gbps).
+    storage_write_gbps: Optional[float] = None
+    storage_read_gbps: Optional[float] = None
+    # Only the snapshot is on the training path (checkpoint.async_write); false: the write too.
+    checkpoint_async: bool = True
+    # A restart's processes stop, start again and rendezvous before the checkpoint is read; a
+    # job's first start pays it too. 78 s: the Oobleck artifact's Varuna restart of GPT-3 medium
+    # (78.7 s, SymbioticLab/Oobleck sosp23-artifact, tools/simulator/varuna_simulator.py,
+    # local_rendezvous_timeout_delta), whose checkpoint our cluster model reads in under a second:
+    # the part of a restart that does not grow with the model.
+    restart_fixed_s: float = 78.0
     reconfigure_fixed_s: float = 2.0  # detect + plan + new process groups, before any state moves
     failover_s: float = 1.0  # a predecessor taking over a stage it already holds
+    # What the first step of new process groups (a reconfiguration) or of new workers (a start or
+    # restart) takes beyond a steady step.
+    warmup_s: float = 0.0
+    restart_warmup_s: float = 0.0
 
-    def checkpoint_s(self, profile: ModelProfile) -> float:
-        return per_model_or_formula(
-            self.checkpoint_s_by_model, profile.model, self.checkpoint_fixed_s,
-            model_state_bytes(profile, self.state_bytes_per_param), self.storage_bandwidth_gbps,
-        )  # fmt: skip
+    def __post_init__(self) -> None:
+        for name in ("state_bytes_per_param", "moved_bytes_per_param", "checkpoint_bytes_per_param", "host_copy_gbps"):
+            _positive(f"costs.{name}", getattr(self, name))
+        for name in ("storage_write_gbps", "storage_read_gbps"):
+            if getattr(self, name) is not None:
+                _positive(f"costs.{name}", getattr(self, name))
+        for name in ("restart_fixed_s", "reconfigure_fixed_s", "failover_s", "warmup_s", "restart_warmup_s"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"costs.{name}={getattr(self, name)!r} must be >= 0 seconds")
 
-    def restart_s(self, profile: ModelProfile) -> float:
-        return per_model_or_formula(
-            self.restart_s_by_model, profile.model, self.restart_fixed_s,
-            model_state_bytes(profile, self.state_bytes_per_param), self.restart_bandwidth_gbps,
-        )  # fmt: skip
+    def storage_write(self, link: float) -> float:
+        """Bytes/s one node writes to checkpoint storage (``link``: its network bytes/s)."""
+        return self.storage_write_gbps * GB if self.storage_write_gbps is not None else link
+
+    def storage_read(self, link: float) -> float:
+        return self.storage_read_gbps * GB if self.storage_read_gbps is not None else link
+
+
+def _positive(key: str, value: Any) -> None:
+    if not (isinstance(value, (int, float)) and value > 0):
+        raise ConfigError(f"{key}={value!r} must be a positive number")
 
 
 def layer_params(profile: ModelProfile, start: int, end: int) -> int:
@@ -100,13 +138,58 @@ def layer_transfer_s(transfers: Sequence[LayerTransfer], bandwidth: float, moved
     )
 
 
-def per_model_or_formula(
-    table: Mapping[str, float] | None, model: str, fixed_s: float, nbytes: float, bandwidth_gbps: float
-) -> float:
-    """A measured per-model figure if the table has the model, else ``fixed + bytes / bandwidth``."""
-    if table and model in table and table[model] is not None:
-        return float(table[model])
-    return fixed_s + nbytes / (bandwidth_gbps * GB)
+@dataclass(frozen=True)
+class CheckpointCost:
+    """One checkpoint of one plan: bytes written and the two parts of its time."""
+
+    nbytes: float  # written in all (each layer once)
+    snapshot_s: float  # the busiest writer's device -> host copy
+    write_s: float  # the busiest node's write to storage
+
+    def pause_s(self, costs: CostConstants, interval_s: float) -> float:
+        """Seconds training stops per checkpoint when one is taken every ``interval_s`` of training:
+        the snapshot, plus (asynchronous writes) waiting for the previous write when storage is
+        slower than the interval, or (synchronous) the whole write."""
+        if not costs.checkpoint_async:
+            return self.snapshot_s + self.write_s
+        return self.snapshot_s + max(0.0, self.write_s - interval_s)
+
+    def durable_after_s(self, costs: CostConstants) -> float:
+        """Seconds from the end of the pause until the checkpoint can be restored from."""
+        return self.write_s if costs.checkpoint_async else 0.0
+
+
+def checkpoint_bytes(profile: ModelProfile, costs: CostConstants) -> list[float]:
+    """Bytes of each layer's checkpoint shard."""
+    per_param_byte = costs.checkpoint_bytes_per_param / FP32_BYTES
+    return [layer.param_bytes * per_param_byte for layer in profile.layers]
+
+
+def checkpoint_cost(plan: ExecutionPlan, profile: ModelProfile, costs: CostConstants, link: float) -> CheckpointCost:
+    """A checkpoint of ``plan`` as ``oobleck.checkpoint`` takes it (module docstring)."""
+    from oobleck.planning.checkpoint_writers import assign_checkpoint_writers
+
+    sizes = checkpoint_bytes(profile, costs)
+    writers = assign_checkpoint_writers(plan.layer_holders(), dict(enumerate(sizes)))
+    per_worker: dict[Any, float] = defaultdict(float)
+    per_node: dict[int, float] = defaultdict(float)
+    for layer, worker in writers.items():
+        per_worker[worker] += sizes[layer]
+        per_node[worker[0]] += sizes[layer]
+    return CheckpointCost(
+        nbytes=sum(sizes[layer] for layer in writers),
+        snapshot_s=max(per_worker.values(), default=0.0) / (costs.host_copy_gbps * GB),
+        write_s=max(per_node.values(), default=0.0) / costs.storage_write(link),
+    )
+
+
+def restore_s(plan: ExecutionPlan, profile: ModelProfile, costs: CostConstants, link: float) -> float:
+    """Seconds for every node to read the checkpointed state of the layers its workers hold."""
+    sizes = checkpoint_bytes(profile, costs)
+    per_node: dict[int, float] = defaultdict(float)
+    for assignment in plan.assignments():
+        per_node[assignment.worker[0]] += sum(sizes[layer] for layer in assignment.held_layers)
+    return max(per_node.values(), default=0.0) / costs.storage_read(link)
 
 
 @dataclass(frozen=True)
@@ -123,11 +206,17 @@ class RuntimeOverhead:
     - ``dilation``: ``max(1, workers / cores)``: the worker processes are CPU-bound and share
       ``cores`` cores, so with more workers than cores each runs that much slower.
 
-    A reconfiguration takes ``reconfigure_fixed_s`` (failure detection + planning + process-group
-    rebuild, the runtime's own ``detect_s + plan_s + groups_s``) plus the state copy (bytes over
-    the link, as in the planner) plus ``warmup_s`` (what the first step of a new generation takes
-    beyond a steady one) plus the redone step. Every value is measured on a calibration run
-    (``source`` names it), never on the run it predicts.
+    A reconfiguration (or failover) takes ``reconfigure_fixed_s`` (failure detection + planning +
+    process-group rebuild, the runtime's own ``detect_s + plan_s + groups_s``) plus the state copy
+    (bytes over the link, as in the planner) plus ``warmup_s`` (what the first step of a new
+    generation takes beyond a steady one) plus the redone step. A restart takes
+    ``restart_fixed_s * dilation(restarted workers)`` (detection to the new workers' process groups:
+    their boot is CPU-bound on the shared cores) plus reading the checkpoint at
+    ``storage_read_gbps`` plus ``restart_warmup_s``; a checkpoint's snapshot and write run at
+    ``host_copy_gbps`` and ``storage_write_gbps``; a Bamboo layout puts ``redundant_exposed`` of its
+    redundant forward on the critical path. These are measured on calibration runs of the
+    strategy that needs them (None: no such run, the strategy's own constants stay). Every value
+    is measured on a calibration run (``source`` names it), never on the run it predicts.
     """
 
     per_microbatch_s: float
@@ -136,6 +225,13 @@ class RuntimeOverhead:
     reconfigure_fixed_s: float
     warmup_s: float
     source: str = ""
+    failover_fixed_s: Optional[float] = None  # None: reconfigure_fixed_s
+    restart_fixed_s: Optional[float] = None
+    restart_warmup_s: Optional[float] = None
+    host_copy_gbps: Optional[float] = None
+    storage_write_gbps: Optional[float] = None
+    storage_read_gbps: Optional[float] = None
+    redundant_exposed: Optional[float] = None
 
     def dilation(self, workers: int) -> float:
         return max(1.0, workers / self.cores)
@@ -143,6 +239,24 @@ class RuntimeOverhead:
     def step_s(self, planner_s: float, busiest_microbatches: int, workers: int) -> float:
         """Predicted seconds of one step of a layout."""
         return self.dilation(workers) * (planner_s + busiest_microbatches * self.per_microbatch_s + self.per_step_s)
+
+    def costs(self, base: CostConstants, restarted_workers: int) -> CostConstants:
+        """``base`` with every term this calibration measured (restarts of ``restarted_workers``)."""
+        from dataclasses import replace
+
+        measured: dict[str, Any] = {
+            "reconfigure_fixed_s": self.reconfigure_fixed_s,
+            "failover_s": self.reconfigure_fixed_s if self.failover_fixed_s is None else self.failover_fixed_s,
+            "warmup_s": self.warmup_s,
+        }
+        if self.restart_fixed_s is not None:
+            measured["restart_fixed_s"] = self.restart_fixed_s * self.dilation(restarted_workers)
+        if self.restart_warmup_s is not None:
+            measured["restart_warmup_s"] = self.restart_warmup_s
+        for name in ("host_copy_gbps", "storage_write_gbps", "storage_read_gbps"):
+            if getattr(self, name) is not None:
+                measured[name] = getattr(self, name)
+        return replace(base, **measured)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n")

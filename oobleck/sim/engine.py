@@ -2,22 +2,32 @@
 
 Time advances from one membership change to the next. Between changes the cluster is either
 recovering (a reaction's downtime: no node makes progress), running a ``Layout`` (iterations of
-``iteration_s``, and every ``checkpoint_every_steps`` iterations a checkpoint of ``checkpoint_s``), or
-stopped (no layout fits). Progress inside a running period is computed in closed form (whole
-checkpoint cycles at once), so an 11-hour trace costs one step per change, not per iteration.
+``iteration_s``, and every ``checkpoint_every_steps`` iterations a checkpoint), or stopped (no
+layout fits). Progress inside a running period is computed in closed form (whole checkpoint
+cycles at once), so an 11-hour trace costs one step per change, not per iteration.
+
+Nodes: a node the trace adds becomes usable ``node_creation_s`` later (instance creation; a
+node removed before then never joins), the cluster the trace starts with included, so a job
+starts only once its nodes exist. The start itself is charged like a restart without a
+checkpoint to read (``decision_downtime``): every strategy pays for its start.
 
 At a change the strategy decides (``Strategy.on_change``, the same decision the real runtime
 executes) and ``decision_downtime`` charges it by its kind: a reconfiguration or failover its
-fixed part plus the layer copies over the links, a restart the restart time (plus a checkpoint
-first when it is planned). Unless the decision is ``continue``, the iteration in flight is lost,
-and a restart also loses every iteration since the last completed checkpoint. A change that
-arrives during a recovery extends it: the cluster runs again only when both the old and the new
-recovery are done (a second restart starts its full restart time over).
+fixed part plus the layer copies over the links, a restart its fixed part plus reading the
+checkpoint (plus a checkpoint first when it is planned). Unless the decision is ``continue``,
+the iteration in flight is lost. A restart, or a stop (the job dies: nothing fits, or there is
+nothing to fall back on), also loses every iteration not in a durable checkpoint: checkpoints
+are written as ``oobleck.checkpoint`` writes them (``oobleck.sim.costs.checkpoint_cost``: with
+asynchronous writes training pauses only for the snapshot, and a checkpoint becomes durable when
+its write completes). A change that arrives during a recovery extends it: the cluster runs again
+only when both the old and the new recovery are done (a second restart starts its full restart
+time over; training never continues during a restart).
 
 Accounting is in node-seconds of alive nodes, split into useful work, redundant work (Bamboo),
-checkpointing, restart, reconfiguration (incl. failover), lost work and idle nodes; the parts sum
-to the alive node-seconds (a tested invariant). Throughput counts samples of iterations that
-were never rolled back.
+checkpointing, restart (which includes the start), reconfiguration (incl. failover), lost work
+and idle nodes; the parts sum to the alive node-seconds (a tested invariant). Throughput counts
+samples of iterations that were never rolled back; ``kept_samples`` counts those done before the
+last membership change that survived it (0 after a start: the strategy kept no durable progress).
 """
 
 from __future__ import annotations
@@ -27,8 +37,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from oobleck.faults.trace import Trace
-from oobleck.sim.costs import layer_transfer_s
+from oobleck.faults.trace import Trace, TraceChange
+from oobleck.sim.costs import CheckpointCost, checkpoint_cost, layer_transfer_s, restore_s
 from oobleck.strategy import Decision, Kind, Layout, RunState, Strategy
 
 # The event kind each decision is recorded as (the real runtime's events.csv uses the same names).
@@ -40,40 +50,94 @@ EVENT_KIND = {
     Kind.STOP: "stop",
 }
 # Event kinds that charge downtime (each has ``downtime_s``).
-DOWNTIME_EVENTS = ("reconfiguration", "failover", "restart")
+DOWNTIME_EVENTS = ("start", "reconfiguration", "failover", "restart")
 
 
-def decision_downtime(decision: Decision, strategy: Strategy, *, restarting: bool = False) -> tuple[float, tuple[tuple[str, float], ...]]:
+class CostCache:
+    """Per-plan costs (checkpoint, restore) of one strategy's layouts, shared by the simulations of
+    an experiment (plans are frozen: a plan object always costs the same)."""
+
+    def __init__(self) -> None:
+        self._checkpoints: dict[int, tuple[Any, CheckpointCost]] = {}
+        self._restores: dict[int, tuple[Any, float]] = {}
+
+    def checkpoint(self, strategy: Strategy, layout: Layout) -> CheckpointCost:
+        hit = self._checkpoints.get(id(layout.plan))
+        if hit is None:
+            ctx = strategy.context
+            hit = (layout.plan, checkpoint_cost(layout.plan, ctx.profile, strategy.config.costs, ctx.cluster.inter_node_bandwidth))
+            self._checkpoints[id(layout.plan)] = hit  # keeps the plan alive: its id stays unique
+        return hit[1]
+
+    def restore(self, strategy: Strategy, layout: Layout) -> float:
+        hit = self._restores.get(id(layout.plan))
+        if hit is None:
+            ctx = strategy.context
+            hit = (layout.plan, restore_s(layout.plan, ctx.profile, strategy.config.costs, ctx.cluster.inter_node_bandwidth))
+            self._restores[id(layout.plan)] = hit
+        return hit[1]
+
+
+def decision_downtime(
+    decision: Decision,
+    strategy: Strategy,
+    *,
+    previous: Layout | None = None,
+    restarting: bool = False,
+    cache: CostCache | None = None,
+) -> tuple[float, tuple[tuple[str, float], ...]]:
     """Seconds no node makes progress for carrying out ``decision``, and their named parts.
 
-    ``restarting``: a ``start`` after the job had stopped (it pays a restart).
+    ``previous``: the layout running before (a planned restart checkpoints it first);
+    ``restarting``: a ``start`` after the job had stopped (it pays a restart, reading the
+    checkpoint when ``decision.rollback_to_step`` is positive).
     """
     costs = strategy.config.costs
-    profile = strategy.context.profile
+    cache = cache or CostCache()
     kind = decision.kind
     if kind in (Kind.RECONFIGURE, Kind.FAILOVER):
         fixed = costs.reconfigure_fixed_s if kind is Kind.RECONFIGURE else costs.failover_s
         copy = layer_transfer_s(decision.transfers, strategy.context.cluster.inter_node_bandwidth, costs.moved_bytes_per_param / 4.0)
-        return fixed + copy, (("fixed", fixed), ("state_copy", copy))
-    if kind is Kind.RESTART or (kind is Kind.START and restarting):
-        restart = costs.restart_s(profile)
-        if decision.checkpoint_first:
-            checkpoint = costs.checkpoint_s(profile)
-            return checkpoint + restart, (("checkpoint", checkpoint), ("restart", restart))
-        return restart, (("restart", restart),)
-    return 0.0, ()
+        return fixed + copy + costs.warmup_s, (("fixed", fixed), ("state_copy", copy), ("warmup", costs.warmup_s))
+    if kind not in (Kind.RESTART, Kind.START):
+        return 0.0, ()
+    assert decision.layout is not None
+    parts: list[tuple[str, float]] = []
+    if decision.checkpoint_first and previous is not None:
+        # Training stops at the step boundary and waits for the checkpoint to be complete.
+        ck = cache.checkpoint(strategy, previous)
+        parts.append(("checkpoint", ck.snapshot_s + ck.write_s))
+    parts.append(("restart", costs.restart_fixed_s))
+    loads = kind is Kind.RESTART or restarting
+    if loads and (decision.rollback_to_step or 0) > 0:
+        parts.append(("load", cache.restore(strategy, decision.layout)))
+    parts.append(("warmup", costs.restart_warmup_s))
+    return sum(seconds for _, seconds in parts), tuple(parts)
+
 
 BREAKDOWN = ("useful", "redundant", "checkpoint", "restart", "reconfiguration", "lost", "idle")
 EPS = 1e-9
 
 
 @dataclass
-class SimResult:
-    """Tidy rows of one simulation: ``segments`` (throughput over time), ``events``, ``summary``."""
+class _Work:
+    """Completed iterations not yet durable (or, for ``committed``, counted for good)."""
 
-    segments: list[dict[str, Any]]
-    events: list[dict[str, Any]]
-    summary: dict[str, Any]
+    iters: int = 0
+    samples: float = 0.0
+    busy: float = 0.0  # node-seconds of those iterations
+    redundant: float = 0.0  # of which redundant work
+
+    def add(self, other: _Work) -> None:
+        self.iters += other.iters
+        self.samples += other.samples
+        self.busy += other.busy
+        self.redundant += other.redundant
+
+    def take(self) -> _Work:
+        taken = _Work(self.iters, self.samples, self.busy, self.redundant)
+        self.iters, self.samples, self.busy, self.redundant = 0, 0.0, 0.0, 0.0
+        return taken
 
 
 @dataclass
@@ -85,17 +149,67 @@ class _Run:
     recovery_kind: str = "restart"
     iters_since_checkpoint: int = 0
     in_checkpoint: bool = False
-    inflight_s: float = 0.0  # time spent on the current iteration or checkpoint
-    uncommitted_iters: int = 0
-    uncommitted_samples: float = 0.0
-    uncommitted_busy: float = 0.0  # node-seconds of those iterations
-    uncommitted_redundant: float = 0.0
-    committed_samples: float = 0.0
-    committed_iters: int = 0
+    inflight_s: float = 0.0  # time spent on the current iteration or checkpoint pause
+    uncommitted: _Work = field(default_factory=_Work)  # since the last checkpoint's snapshot
+    pending: _Work = field(default_factory=_Work)  # in a checkpoint whose write is not done yet
+    pending_durable_at: float = math.inf
+    committed: _Work = field(default_factory=_Work)
     lost_samples: float = 0.0
     started: bool = False
-    checkpointed: bool = False  # a checkpoint has completed (committed_iters is durable)
+    checkpointed: bool = False  # a checkpoint is durable (committed.iters can be restored)
     node_seconds: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in BREAKDOWN})
+
+    @property
+    def total_samples(self) -> float:
+        return self.committed.samples + self.pending.samples + self.uncommitted.samples
+
+    @property
+    def steps(self) -> int:
+        return self.committed.iters + self.pending.iters + self.uncommitted.iters
+
+
+def delayed_changes(trace: Trace, node_creation_s: float) -> list[TraceChange]:
+    """The trace's changes with every addition taking effect ``node_creation_s`` later.
+
+    A node removed before its addition took effect never joins (both are dropped); a name that
+    leaves and comes back is a new instance (``name#k`` for its k-th arrival after the first).
+    """
+    changes = trace.changes()
+    if node_creation_s <= 0:
+        return list(changes)
+    delay_ms = round(node_creation_s * 1000)
+    arrivals: dict[str, int] = {}
+    effective: dict[str, int] = {}  # instance name -> time its addition takes effect
+    events: dict[int, tuple[list[str], list[str]]] = {}
+    for change in changes:
+        for name in change.removed:
+            instance = _instance(name, arrivals)
+            if effective.get(instance, -1) >= change.time_ms:
+                adds = events[effective.pop(instance)][0]
+                adds.remove(instance)  # it never became usable
+                continue
+            effective.pop(instance, None)
+            events.setdefault(change.time_ms, ([], []))[1].append(instance)
+        for name in change.added:
+            arrivals[name] = arrivals.get(name, -1) + 1
+            instance = _instance(name, arrivals)
+            effective[instance] = change.time_ms + delay_ms
+            events.setdefault(change.time_ms + delay_ms, ([], []))[0].append(instance)
+    return [TraceChange(t, tuple(a), tuple(r)) for t, (a, r) in sorted(events.items()) if a or r]
+
+
+def _instance(name: str, arrivals: Mapping[str, int]) -> str:
+    count = arrivals.get(name, 0)
+    return name if count <= 0 else f"{name}#{count}"
+
+
+@dataclass
+class SimResult:
+    """Tidy rows of one simulation: ``segments`` (throughput over time), ``events``, ``summary``."""
+
+    segments: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    summary: dict[str, Any]
 
 
 class Simulator:
@@ -108,15 +222,20 @@ class Simulator:
         *,
         duration_s: float | None = None,
         labels: Mapping[str, Any] | None = None,
+        node_creation_s: float = 0.0,
+        cache: CostCache | None = None,
+        charge_start: bool = True,
     ) -> None:
         self.strategy = strategy
+        self.charge_start = charge_start
         self.trace = trace
         self.labels = dict(labels or {})
         self.labels.setdefault("strategy", strategy.name)
         self.labels.setdefault("trace", trace.name)
-        changes = trace.changes()
-        self.start_s = changes[0].time_s
+        self.cache = cache or CostCache()
+        self.start_s = trace.start_ms / 1000.0
         self.end_s = self.start_s + duration_s if duration_s is not None else trace.end_ms / 1000.0
+        changes = delayed_changes(trace, node_creation_s)
         self.changes = [c for c in changes if c.time_s < self.end_s or c is changes[0]]
         # Every arrival is a fresh node id (a name may leave and come back as a new instance).
         self.ids: dict[str, int] = {}
@@ -126,6 +245,7 @@ class Simulator:
         self.segments: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.counts: dict[str, int] = {}
+        self.kept_samples: float | None = None  # at the last membership change
 
     # ----- output rows -----------------------------------------------------------------------
     def _event(self, time_s: float, kind: str, count: int = 1, **fields: Any) -> None:
@@ -151,6 +271,46 @@ class Simulator:
             }
         )
 
+    # ----- durability ------------------------------------------------------------------------
+    def _settle(self, now: float) -> None:
+        """A checkpoint whose write is done by ``now`` is durable: its iterations count for good."""
+        run = self.run
+        if run.pending.iters and run.pending_durable_at <= now + EPS:
+            self._commit(run.pending)
+            run.pending_durable_at = math.inf
+
+    def _commit(self, work: _Work) -> None:
+        run, ns = self.run, self.run.node_seconds
+        done = work.take()
+        ns["useful"] += done.busy - done.redundant
+        ns["redundant"] += done.redundant
+        run.committed.add(done)
+        run.checkpointed = True
+
+    def _checkpoint_done(self, time_s: float, lag_s: float) -> None:
+        """A checkpoint's snapshot ended at ``time_s``: its iterations are durable ``lag_s`` later."""
+        run = self.run
+        self._settle(time_s)
+        run.pending.add(run.uncommitted.take())
+        run.pending_durable_at = time_s + lag_s
+        run.iters_since_checkpoint = 0
+        if lag_s <= EPS:
+            self._settle(time_s)
+
+    def _roll_back(self, now: float) -> float:
+        """Everything not durable at ``now`` is lost; returns the samples lost."""
+        run = self.run
+        self._settle(now)
+        lost = _Work()
+        lost.add(run.pending.take())
+        lost.add(run.uncommitted.take())
+        run.pending_durable_at = math.inf
+        run.node_seconds["lost"] += lost.busy
+        run.lost_samples += lost.samples
+        run.iters_since_checkpoint = 0
+        run.in_checkpoint, run.inflight_s = False, 0.0
+        return lost.samples
+
     # ----- time advance ----------------------------------------------------------------------
     def _advance(self, t_from: float, t_to: float) -> None:
         run, alive = self.run, len(self.alive)
@@ -158,7 +318,7 @@ class Simulator:
         t = t_from
         if run.layout is None:
             ns["idle"] += alive * (t_to - t)
-            self._segment(t, t_to, "stopped", 0.0)
+            self._segment(t, t_to, "stopped" if run.started or alive else "starting", 0.0)
             return
         if run.recovery_until > t:
             end = min(run.recovery_until, t_to)
@@ -174,31 +334,31 @@ class Simulator:
         layout = run.layout
         assert layout is not None
         ns = run.node_seconds
+        costs = self.strategy.config.costs
         used = len(layout.nodes)
         ns["idle"] += (len(self.alive) - used) * (t1 - t0)
         period = layout.iteration_s
         interval = self.strategy.checkpoint_every_steps
-        checkpoint = self.strategy.config.costs.checkpoint_s(self.strategy.context.profile) if interval else 0.0
-        busy_per_iter = used * period
+        pause = lag = 0.0
+        if interval:
+            ck = self.cache.checkpoint(self.strategy, layout)
+            pause, lag = ck.pause_s(costs, interval * period), ck.durable_after_s(costs)
+        per_iteration = _Work(1, layout.samples_per_iteration, used * period, used * period * layout.redundant_fraction)
         rate = layout.samples_per_iteration / period
         if interval:
-            rate = interval * layout.samples_per_iteration / (interval * period + checkpoint)
+            rate = interval * layout.samples_per_iteration / (interval * period + pause)
         self._segment(t0, t1, "running", rate)
 
         def complete(count: int) -> None:
-            run.uncommitted_iters += count
+            run.uncommitted.add(_Work(count, count * per_iteration.samples, count * per_iteration.busy, count * per_iteration.redundant))
             run.iters_since_checkpoint += count
-            run.uncommitted_samples += count * layout.samples_per_iteration
-            run.uncommitted_busy += count * busy_per_iter
-            run.uncommitted_redundant += count * busy_per_iter * layout.redundant_fraction
-            # Without periodic checkpoints nothing is ever durable: a rollback loses everything.
 
         remaining = t1 - t0
         checkpoints_done: list[float] = []
         while remaining > EPS:
             now = t1 - remaining
             if run.in_checkpoint:
-                need = checkpoint - run.inflight_s
+                need = pause - run.inflight_s
                 if remaining < need:
                     run.inflight_s += remaining
                     ns["checkpoint"] += used * remaining
@@ -206,19 +366,21 @@ class Simulator:
                     break
                 ns["checkpoint"] += used * need
                 remaining -= need
-                run.in_checkpoint, run.inflight_s, run.iters_since_checkpoint = False, 0.0, 0
-                run.checkpointed = True
-                self._commit()
+                run.in_checkpoint, run.inflight_s = False, 0.0
+                self._checkpoint_done(now + need, lag)
                 checkpoints_done.append(now + need)
-                # Whole cycles of (interval iterations + one checkpoint) in closed form.
-                cycle = interval * period + checkpoint
+                # Whole cycles of (interval iterations + one checkpoint) in closed form: every
+                # checkpoint but the last is durable by the end of the next cycle's pause.
+                cycle = interval * period + pause
                 cycles = int(remaining // cycle) if cycle > 0 else 0
                 if cycles:
                     start = t1 - remaining
-                    complete(cycles * interval)
-                    ns["checkpoint"] += used * cycles * checkpoint
-                    run.iters_since_checkpoint = 0
-                    self._commit()
+                    ns["checkpoint"] += used * cycles * pause
+                    if cycles > 1:
+                        complete((cycles - 1) * interval)
+                        self._checkpoint_done(start + (cycles - 1) * cycle, lag)
+                    complete(interval)
+                    self._checkpoint_done(start + cycles * cycle, lag)
                     checkpoints_done.extend(start + (j + 1) * cycle for j in range(cycles))
                     remaining -= cycles * cycle
                 continue
@@ -244,17 +406,8 @@ class Simulator:
             # ``count`` checkpoints completed, the first at ``first_time_s``, the last at ``time_s``.
             self._event(
                 checkpoints_done[-1], "checkpoint", count=len(checkpoints_done),
-                first_time_s=checkpoints_done[0], downtime_s=checkpoint,
-            )
-
-    def _commit(self) -> None:
-        run, ns = self.run, self.run.node_seconds
-        ns["useful"] += run.uncommitted_busy - run.uncommitted_redundant
-        ns["redundant"] += run.uncommitted_redundant
-        run.committed_samples += run.uncommitted_samples
-        run.committed_iters += run.uncommitted_iters
-        run.uncommitted_busy = run.uncommitted_redundant = run.uncommitted_samples = 0.0
-        run.uncommitted_iters = 0
+                first_time_s=checkpoints_done[0], downtime_s=pause, durable_after_s=lag,
+            )  # fmt: skip
 
     # ----- decisions -------------------------------------------------------------------------
     def _apply(self, time_s: float, decision: Decision, cause: str = "", restarting: bool = False) -> None:
@@ -263,27 +416,24 @@ class Simulator:
         if decision.kind is Kind.CONTINUE:
             run.layout = decision.layout if decision.layout is not None else run.layout
             return
-        downtime, breakdown = decision_downtime(decision, self.strategy, restarting=restarting)
         old = run.layout
+        downtime, breakdown = decision_downtime(decision, self.strategy, previous=old, restarting=restarting, cache=self.cache)
         if old is not None and run.recovery_until <= time_s + EPS:
             # The iteration in flight is abandoned (a checkpoint in flight just has to be redone).
             if not run.in_checkpoint:
                 ns["lost"] += len(old.nodes) * run.inflight_s
             run.inflight_s = 0.0
-        if decision.checkpoint_first and run.uncommitted_iters:
-            self._commit()
-            run.iters_since_checkpoint = 0
             run.in_checkpoint = False
-            run.checkpointed = True
-        if decision.kind is Kind.RESTART and not decision.checkpoint_first:
-            ns["lost"] += run.uncommitted_busy
-            lost_samples = run.uncommitted_samples
-            run.lost_samples += lost_samples
-            run.uncommitted_busy = run.uncommitted_redundant = run.uncommitted_samples = 0.0
-            run.uncommitted_iters = run.iters_since_checkpoint = 0
-            run.in_checkpoint, run.inflight_s = False, 0.0
+        if decision.checkpoint_first:
+            # Written synchronously before the restart: everything done so far is durable.
+            self._commit(run.pending)
+            self._commit(run.uncommitted)
+            run.pending_durable_at = math.inf
+            run.iters_since_checkpoint = 0
+        elif decision.kind in (Kind.RESTART, Kind.STOP) and old is not None:
+            lost_samples = self._roll_back(time_s)
         run.layout = decision.layout
-        restart_like = decision.kind is Kind.RESTART or (decision.kind is Kind.START and restarting)
+        restart_like = decision.kind in (Kind.RESTART, Kind.START)
         kind = "restart" if restart_like else "reconfiguration"
         if run.recovery_until > time_s:
             # A recovery in progress still has to finish: a new one can extend it, not shorten it.
@@ -300,7 +450,10 @@ class Simulator:
             ns["checkpoint"] += alive * checkpoint_part
             ns[run.recovery_kind] -= alive * checkpoint_part
         layout = decision.layout
-        event = "restart" if restart_like else ("oom" if decision.out_of_memory else EVENT_KIND[decision.kind])
+        if decision.kind is Kind.START:
+            event = "restart" if restarting else "start"
+        else:
+            event = "oom" if decision.out_of_memory else EVENT_KIND[decision.kind]
         self._event(
             time_s,
             event,
@@ -315,16 +468,17 @@ class Simulator:
             reason=decision.reason,
         )
 
-    def _state(self, removed: list[int], joined: list[int]) -> RunState:
+    def _state(self, removed: list[int], joined: list[int], now: float) -> RunState:
         run = self.run
         assert run.layout is not None
+        self._settle(now)
         return RunState(
             layout=run.layout,
             alive=tuple(sorted(self.alive)),
             removed=tuple(removed),
             joined=tuple(joined),
-            step=run.committed_iters + run.uncommitted_iters,
-            checkpoint_step=run.committed_iters if run.checkpointed else None,
+            step=run.steps,
+            checkpoint_step=run.committed.iters if run.checkpointed else None,
         )
 
     # ----- main loop -------------------------------------------------------------------------
@@ -333,13 +487,32 @@ class Simulator:
         self.next_id += 1
         return self.ids[name]
 
+    def _start(self, now: float, cause: str) -> bool:
+        """A fresh start (or, after a stop, a restart) on the alive nodes; False if still nothing runs."""
+        run = self.run
+        decision = self.strategy.start(sorted(self.alive))
+        kind = "oom" if decision.out_of_memory else EVENT_KIND[decision.kind]
+        if decision.layout is None and self.counts.get(kind):
+            return False  # still cannot run: already recorded
+        restarting = run.started
+        if restarting and decision.layout is not None:
+            self._settle(now)
+            rollback = run.committed.iters if run.checkpointed else 0
+            decision = Decision(Kind.START, decision.layout, rollback_to_step=rollback, reason=decision.reason)
+        run.started = run.started or decision.layout is not None
+        if not restarting and not self.charge_start and decision.layout is not None:
+            run.layout = decision.layout  # already running when the window opens (validation)
+            return True
+        self._apply(now, decision, cause=cause, restarting=restarting)
+        return True
+
     def simulate(self) -> SimResult:
         first, rest = self.changes[0], self.changes[1:]
+        if first.time_s > self.start_s:
+            self._advance(self.start_s, min(first.time_s, self.end_s))  # nodes being created
         self.alive = {self._arrive(n) for n in first.added}
-        decision = self.strategy.start(sorted(self.alive))
-        self.run.started = decision.layout is not None
-        self._apply(self.start_s, decision, cause="start")
-        now = self.start_s
+        now = first.time_s
+        self._start(now, cause="start")
         for change in rest:
             self._advance(now, change.time_s)
             now = change.time_s
@@ -351,17 +524,18 @@ class Simulator:
                 self._event(now, "failure", node=node)
             for node in joined:
                 self._event(now, "join", node=node)
+            self._settle(now)
+            if removed and self.run.pending.iters:
+                # A checkpoint still being written when a node dies is abandoned (its writer may be
+                # gone): its iterations are not durable, but in-place recovery keeps them.
+                self.run.uncommitted.add(self.run.pending.take())
+                self.run.pending_durable_at = math.inf
             cause = f"-{len(removed)}+{len(joined)}"
             if self.run.layout is None:
-                decision = self.strategy.start(sorted(self.alive))
-                kind = "oom" if decision.out_of_memory else EVENT_KIND[decision.kind]
-                if decision.layout is None and self.counts.get(kind):
-                    continue  # still cannot run: already recorded
-                restarting = self.run.started
-                self.run.started = self.run.started or decision.layout is not None
-                self._apply(now, decision, cause=cause, restarting=restarting)
+                self._start(now, cause)
             else:
-                self._apply(now, self.strategy.on_change(self._state(removed, joined)), cause=cause)
+                self._apply(now, self.strategy.on_change(self._state(removed, joined, now)), cause=cause)
+            self.kept_samples = self.run.total_samples
         self._advance(now, self.end_s)
         self._finish_run()
         return SimResult(self.segments, self.events, self._summary())
@@ -369,7 +543,8 @@ class Simulator:
     def _finish_run(self) -> None:
         run, ns = self.run, self.run.node_seconds
         # Training simply ends here: completed iterations count, the one in flight does not.
-        self._commit()
+        self._commit(run.pending)
+        self._commit(run.uncommitted)
         if run.layout is not None and run.recovery_until <= self.end_s and not run.in_checkpoint:
             ns["lost"] += len(run.layout.nodes) * run.inflight_s
 
@@ -377,16 +552,21 @@ class Simulator:
         run, ns = self.run, self.run.node_seconds
         duration = self.end_s - self.start_s
         total = sum(ns.values())
+        samples = run.committed.samples
+        kept = samples if self.kept_samples is None else self.kept_samples
         summary: dict[str, Any] = {
             **self.labels,
             "duration_s": duration,
-            "samples": run.committed_samples,
-            "iterations": run.committed_iters,
-            "throughput": run.committed_samples / duration if duration > 0 else 0.0,
+            "samples": samples,
+            "iterations": run.committed.iters,
+            "throughput": samples / duration if duration > 0 else 0.0,
             "lost_samples": run.lost_samples,
+            "kept_samples": kept,
+            # Only a strategy that ran can lose its progress (one that never fits is marked OOM).
+            "no_durable_progress": bool(run.started and kept <= 0),
             "node_seconds": total,
         }
-        for kind in ("reconfiguration", "failover", "restart", "checkpoint", "stop", "oom", "failure", "join"):
+        for kind in ("start", "reconfiguration", "failover", "restart", "checkpoint", "stop", "oom", "failure", "join"):
             summary[f"n_{kind}"] = self.counts.get(kind, 0)
         for key in BREAKDOWN:
             summary[f"{key}_node_s"] = ns[key]
@@ -396,7 +576,18 @@ class Simulator:
 
 
 def simulate(
-    strategy: Strategy, trace: Trace, *, duration_s: float | None = None, labels: Mapping[str, Any] | None = None
+    strategy: Strategy,
+    trace: Trace,
+    *,
+    duration_s: float | None = None,
+    labels: Mapping[str, Any] | None = None,
+    node_creation_s: float = 0.0,
+    cache: CostCache | None = None,
+    charge_start: bool = True,
 ) -> SimResult:
-    """Replay ``trace`` (until ``duration_s`` after its first event, default its last event) for ``strategy``."""
-    return Simulator(strategy, trace, duration_s=duration_s, labels=labels).simulate()
+    """Replay ``trace`` (until ``duration_s`` after its first event, default its last event) for
+    ``strategy``; nodes become usable ``node_creation_s`` after the trace adds them; without
+    ``charge_start`` the job is already running at the trace's start (a real run's window)."""
+    return Simulator(
+        strategy, trace, duration_s=duration_s, labels=labels, node_creation_s=node_creation_s, cache=cache, charge_start=charge_start
+    ).simulate()

@@ -1,12 +1,18 @@
 """Simulation experiments: strategies x models x traces from one config, as tidy pandas tables.
 
-``run_experiment(cfg)`` builds one ``StrategyContext`` per model (profile, cluster, job; the
-planner's templates are generated once per model and shared by all traces and strategies), runs
-``oobleck.sim.engine.simulate`` for every combination and returns three DataFrames:
+``run_experiment(cfg)`` builds one ``StrategyContext`` per model (profile, cluster, job, the
+model's batch from ``sim.global_batch_size_by_model``; the planner's templates are generated once
+per model and shared by all traces and strategies), runs ``oobleck.sim.engine.simulate`` for
+every (model, trace, shifted start, strategy) (``oobleck.sim.replay``: ``sim.trace_starts``
+replays of each trace from shifted starts; decisions shared between them) and returns DataFrames:
 
 - ``metrics``: one row per period of constant state (throughput over time), ``sim_metrics.csv``;
 - ``events``: one row per failure, join, reconfiguration, failover, restart, checkpoint, OOM, stop;
-- ``summary``: one row per (model, trace, strategy) with throughput and the effective-time breakdown.
+- ``summary``: one row per (model, trace, start, strategy) with throughput, the effective-time
+  breakdown and Oobleck's speedups over each baseline on the same start (``add_speedups``);
+- ``ratios``: one row per (model, trace, baseline): the median and range of those speedups over
+  the starts, and how many starts each strategy kept no durable progress in
+  (``oobleck.sim.ratios``), ``sim_ratios.csv``.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +32,8 @@ from oobleck.faults.trace import Trace, load_trace
 from oobleck.planning.profile import GB, ClusterSpec, ModelProfile
 from oobleck.config import CONF_DIR
 from oobleck.sim.engine import simulate
+from oobleck.sim.ratios import add_speedups, speedup_ranges
+from oobleck.sim.replay import DecisionMemo, Memoized, shifted_trace, start_offsets
 from oobleck.strategy import Strategy, StrategyContext, build_strategy
 
 
@@ -52,6 +60,12 @@ def model_profile(cfg: Any, name: str) -> ModelProfile:
     return get_profile(local)
 
 
+def model_batch(cfg: Any, model: str) -> int:
+    """The global batch a simulation of ``model`` uses (``sim.global_batch_size_by_model``, else ``job``)."""
+    by_model = cfg.sim.get("global_batch_size_by_model") or {}
+    return int(by_model.get(model, cfg.job.global_batch_size))
+
+
 def build_context(cfg: Any, profile: ModelProfile, nodes: int, *, named_gpu: bool | None = None) -> StrategyContext:
     """The strategies' context for ``nodes`` nodes of ``cfg.cluster``.
 
@@ -70,7 +84,9 @@ def build_context(cfg: Any, profile: ModelProfile, nodes: int, *, named_gpu: boo
         intra_node_bandwidth=cluster.intra_node_bandwidth,
         inter_node_bandwidth=cluster.inter_node_bandwidth,
     )
-    return StrategyContext.from_config(cfg, profile, cluster)
+    context = StrategyContext.from_config(cfg, profile, cluster)
+    context.global_batch_size = model_batch(cfg, profile.model)
+    return context
 
 
 def strategy_section(cfg: Any, name: str) -> Any:
@@ -86,13 +102,16 @@ def strategy_section(cfg: Any, name: str) -> Any:
 
 
 def sim_overrides(cfg: Any, name: str) -> dict[str, Any]:
-    """``sim.params.<name>``: per-strategy overrides of its config in a simulation (typed when applied)."""
+    """What a simulation changes in strategy ``name``'s config (typed when applied): the cluster's
+    ``sim.costs`` under its ``costs``, then ``sim.params.<name>`` (which wins)."""
     overrides = cfg.sim.params.get(name) if cfg.sim.params else None
-    if overrides is None:
-        return {}
-    if not isinstance(overrides, (dict, DictConfig)):
+    if overrides is not None and not isinstance(overrides, (dict, DictConfig)):
         raise ConfigError(f"sim.params.{name}={overrides!r} must be a mapping of that strategy's settings")
-    return OmegaConf.to_container(overrides, resolve=True) if isinstance(overrides, DictConfig) else dict(overrides)  # type: ignore[return-value]
+    cluster_costs = cfg.sim.get("costs") or {}
+    if not isinstance(cluster_costs, (dict, DictConfig)):
+        raise ConfigError(f"sim.costs={cluster_costs!r} must be a mapping of cost constants (oobleck/sim/costs.py, CostConstants)")
+    merged = OmegaConf.merge({"costs": cluster_costs} if cluster_costs else {}, overrides or {})
+    return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
 
 
 def strategy_settings(cfg: Any, name: str) -> dict[str, Any]:
@@ -116,60 +135,70 @@ class ExperimentResult:
     events: pd.DataFrame
     summary: pd.DataFrame
     seconds: float  # wall time of the whole experiment
+    ratios: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    def first_start(self) -> ExperimentResult:
+        """The rows of each trace's unshifted replay (start 0) only: one timeline per run."""
+
+        def keep(frame: pd.DataFrame) -> pd.DataFrame:
+            return frame[frame["start"] == 0] if "start" in frame else frame
+
+        return ExperimentResult(keep(self.metrics), keep(self.events), keep(self.summary), self.seconds, self.ratios)
 
 
 def run_experiment(
     cfg: Any, *, progress: Callable[[str], None] | None = None, profiles: dict[str, ModelProfile] | None = None
 ) -> ExperimentResult:
-    """Simulate every (model, trace, strategy) of ``cfg.sim``; ``profiles`` overrides per model."""
+    """Simulate every (model, trace, start, strategy) of ``cfg.sim``; ``profiles`` overrides per model."""
     started = time.perf_counter()
     traces: list[Trace] = [load_trace(name) for name in cfg.sim.traces]
     nodes = int(cfg.sim.nodes) if cfg.sim.nodes else max(t.max_nodes() for t in traces)
-    duration = float(cfg.sim.duration_h) * 3600.0 if cfg.sim.duration_h else None
+    starts = int(cfg.sim.get("trace_starts", 1) or 1)
+    spacing = cfg.sim.get("trace_start_spacing_s")
+    creation = float(cfg.sim.get("node_creation_s", 0.0) or 0.0)
     metrics: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     summaries: list[dict[str, Any]] = []
     for model in cfg.sim.models:
         profile = (profiles or {}).get(model) or model_profile(cfg, model)
         context = build_context(cfg, profile, nodes)  # shared: templates are generated once per model
+        memos = {name: DecisionMemo() for name in cfg.sim.strategies}
         for trace in traces:
-            for name in cfg.sim.strategies:
-                if progress:
-                    progress(f"{model} {trace.name} {name}")
-                clock = time.perf_counter()
-                strategy = simulated_strategy(cfg, name, context)
-                labels = {"model": model, "trace": trace.name, "strategy": name}
-                try:
-                    result = simulate(strategy, trace, duration_s=duration, labels=labels)
-                except PlanningError as error:
-                    raise PlanningError(f"simulating {name} on {model} over {trace.name}: {error}") from None
-                result.summary["sim_wall_s"] = time.perf_counter() - clock
-                metrics.extend(result.segments)
-                events.extend(result.events)
-                summaries.append(result.summary)
+            offsets = start_offsets(trace, starts, None if spacing is None else float(spacing))
+            # Every start replays the same length: sim.duration_h, or inside the trace (its span
+            # less the last offset).
+            span = (trace.end_ms - trace.start_ms) / 1000.0 - offsets[-1]
+            if span <= 0 and len(offsets) > 1:
+                raise ConfigError(
+                    f"sim.trace_start_spacing_s={spacing}: the last of sim.trace_starts={starts} starts is "
+                    f"{offsets[-1]:.0f} s into {trace.name}, past its end; use a smaller spacing"
+                )
+            duration = float(cfg.sim.duration_h) * 3600.0 if cfg.sim.duration_h else span
+            for index, offset in enumerate(offsets):
+                replay = shifted_trace(trace, offset)
+                for name in cfg.sim.strategies:
+                    if progress:
+                        progress(f"{model} {trace.name} start {index} {name}")
+                    clock = time.perf_counter()
+                    strategy = Memoized(simulated_strategy(cfg, name, context), memos[name])
+                    labels = {"model": model, "trace": trace.name, "start": index, "start_offset_s": offset, "strategy": name}
+                    try:
+                        result = simulate(
+                            strategy, replay, duration_s=duration, labels=labels, node_creation_s=creation, cache=memos[name].costs
+                        )
+                    except PlanningError as error:
+                        raise PlanningError(f"simulating {name} on {model} over {trace.name}: {error}") from None
+                    result.summary["global_batch_size"] = context.global_batch_size
+                    result.summary["sim_wall_s"] = time.perf_counter() - clock
+                    metrics.extend(result.segments)
+                    events.extend(result.events)
+                    summaries.append(result.summary)
     summary = pd.DataFrame(summaries)
+    ratios = pd.DataFrame()
     if not summary.empty:
         summary = add_speedups(summary)
-    return ExperimentResult(pd.DataFrame(metrics), pd.DataFrame(events), summary, time.perf_counter() - started)
-
-
-def add_speedups(summary: pd.DataFrame) -> pd.DataFrame:
-    """Columns ``speedup_vs_<baseline>``: Oobleck's throughput over each baseline's, per model and trace."""
-    out = summary.copy()
-    keyed = summary.set_index(["model", "trace", "strategy"])["throughput"]
-    for baseline in ("varuna", "bamboo"):
-        column = f"speedup_vs_{baseline}"
-        values = []
-        for _, row in summary.iterrows():
-            try:
-                ours = keyed[(row["model"], row["trace"], row["strategy"])]
-                theirs = keyed[(row["model"], row["trace"], baseline)]
-            except KeyError:
-                values.append(float("nan"))
-                continue
-            values.append(ours / theirs if theirs > 0 else float("inf"))
-        out[column] = values
-    return out
+        ratios = speedup_ranges(summary)
+    return ExperimentResult(pd.DataFrame(metrics), pd.DataFrame(events), summary, time.perf_counter() - started, ratios)
 
 
 def write_outputs(result: ExperimentResult, run_dir: Path, extra: dict[str, Any] | None = None) -> dict[str, Path]:
@@ -182,11 +211,13 @@ def write_outputs(result: ExperimentResult, run_dir: Path, extra: dict[str, Any]
         "metrics": run_dir / "sim_metrics.csv",
         "events": run_dir / "sim_events.csv",
         "summary_csv": run_dir / "sim_summary.csv",
+        "ratios": run_dir / "sim_ratios.csv",
         "summary": run_dir / "summary.json",
     }
     result.metrics.to_csv(paths["metrics"], index=False)
     result.events.to_csv(paths["events"], index=False)
     result.summary.to_csv(paths["summary_csv"], index=False)
+    result.ratios.to_csv(paths["ratios"], index=False)
 
     def clean(value: Any) -> Any:
         if isinstance(value, float) and not math.isfinite(value):
@@ -196,6 +227,7 @@ def write_outputs(result: ExperimentResult, run_dir: Path, extra: dict[str, Any]
         return value
 
     runs = [{k: clean(v) for k, v in row.items()} for row in result.summary.to_dict(orient="records")]
-    payload = {**(extra or {}), "wall_time_s": result.seconds, "runs": runs}
+    ratios = [{k: clean(v) for k, v in row.items()} for row in result.ratios.to_dict(orient="records")]
+    payload = {**(extra or {}), "wall_time_s": result.seconds, "runs": runs, "ratios": ratios}
     paths["summary"].write_text(json.dumps(payload, indent=1))
     return paths

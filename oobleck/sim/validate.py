@@ -1,31 +1,44 @@
 """Validate the simulator against a real run: simulate the run's own schedule and compare.
 
-Input: a run dir of ``python -m oobleck.run`` (``.hydra/config.yaml``, ``plan.json``,
-``metrics.csv``, ``events.csv``; the profile is ``profile.json`` there if present, else
-``get_profile`` of the run's config, i.e. the same cached measured profile the run planned with).
+Input: a run dir of ``python -m oobleck.run`` with any strategy (``.hydra/config.yaml``,
+``plan.json``, ``metrics.csv``, ``events.csv``, ``summary.json``; the profile is ``profile.json``
+there if present, else ``get_profile`` of the run's config, i.e. the same cached measured profile
+the run planned with).
 
 The run's membership changes (``failure``/``join`` rows of events.csv, at their times) become a
-trace that starts at the first completed step with the plan's nodes; the Oobleck strategy (real
-planner, the run's cluster, job and conf/strategy/oobleck.yaml constants) replays it over the same
-window. Compared (``compare`` returns one row per metric, with the target and whether it is met):
+trace that starts at the first completed step with the plan's nodes; the run's own strategy (its
+``strategy`` config, with the run's checkpoint interval and write mode, on the run's cluster and
+job) replays it over the same window, already running when it opens. Compared (``compare``
+returns one row per metric, with the target and whether it is met):
 
 - ``steady_iteration_s``: median step time of the first generation vs the plan's predicted time;
-- ``later_iteration_s``: the same after the (last) reconfiguration, vs the new plan's time;
+- ``later_iteration_s``: the same after the (last) recovery, vs the new layout's time;
 - ``throughput``: samples/s over the window, measured vs simulated (target: within 15%);
-- ``recovery_s``: median reconfiguration time (events' ``total_s``: detect to first step done) vs
-  the simulated downtime plus the redone step (target: within 50%).
+- ``recovery_s``, ``failover_s``, ``restart_s``: median time of the run's reconfigurations,
+  failovers (Bamboo) and restarts (Varuna, Bamboo, Oobleck's fall-back) from the failure to the
+  first step done (events' ``total_s``) vs the simulated downtime plus the redone step (50%);
+- ``checkpoint_snapshot_s``, ``checkpoint_write_s``: median per checkpoint (50%);
+- ``redundant_share``: the redundant forward's share of the workers' 1F1B time (Bamboo; the
+  workers' ``phase_seconds`` in summary.json) vs the cost model's (50%).
 Each for the planner's cost model as is, for a ``calibrated`` one (one per-microbatch overhead
 fitted on the run's own first generation: in-sample for that generation) and, given a
 ``RuntimeOverhead`` measured on *different* calibration runs (``calibrate``), for a ``predicted``
-one: the out-of-sample validation (issue 6). ``RuntimeOverhead`` (oobleck/sim/costs.py) states
-the model; ``calibrate`` measures each of its terms on the calibration runs (pooled):
+one: the out-of-sample validation (issues 6 and 13). ``RuntimeOverhead`` (oobleck/sim/costs.py)
+states the model; ``calibrate`` measures each of its terms on the calibration runs (pooled):
 
 - per-microbatch and per-step overhead: fitted (``fit_step_overhead``) on each generation's
   median steady step (``step_time_s`` without a generation's first step), undilated by the
   worker/core ratio, minus the planner's predicted iteration of that generation's layout;
-- ``reconfigure_fixed_s``: median ``detect_s + plan_s + groups_s`` of its reconfigurations;
-- ``warmup_s``: median excess of the step redone after a reconfiguration (its ``first_step_s``)
-  over the new generation's steady step;
+- ``reconfigure_fixed_s``: median ``detect_s + plan_s + groups_s`` of its reconfigurations (of
+  its failovers if it has none); ``failover_fixed_s``: the same of its failovers; ``warmup_s``:
+  median excess of the step redone after a reconfiguration (its ``first_step_s``) over the new
+  generation's steady step;
+- restarts: ``restart_fixed_s`` (``total_s - load_s - first_step_s``, undilated by the restarted
+  workers), ``restart_warmup_s``, and the read bandwidth (the model's restore bytes over
+  ``load_s``); checkpoints: the snapshot and write bandwidths (the model's busiest writer's
+  bytes over ``snapshot_s`` and ``write_s``);
+- Bamboo: the exposed share of the redundant forward, from its generations' steady steps beyond
+  the fitted overhead, over their workers' redundant forward seconds per step;
 - ``cores``: ``os.cpu_count()`` where the calibration runs (the runs are local).
 
 CLI: ``python -m oobleck.sim.validate RUN_DIR [--calibration CAL_RUN_DIR ...]`` prints the table and
@@ -39,7 +52,8 @@ import math
 import os
 import re
 import sys
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +61,9 @@ import pandas as pd
 
 from oobleck.errors import RunError, report_errors
 from oobleck.faults.trace import parse_trace
-from oobleck.planning.plan import ExecutionPlan
+from oobleck.planning.plan import ExecutionPlan, Worker
 from oobleck.planning.profile import ModelProfile
-from oobleck.sim.costs import RuntimeOverhead, fit_step_overhead
+from oobleck.sim.costs import RuntimeOverhead, checkpoint_cost, fit_step_overhead, restore_s
 from oobleck.sim.engine import SimResult, simulate
 from oobleck.strategy import Decision, Layout, RunState, Strategy
 
@@ -111,7 +125,9 @@ def _busiest_microbatches(plan: ExecutionPlan | None) -> int:
 
 
 class _WithOverhead(Strategy):
-    """A strategy whose layouts take ``overhead_s`` more per microbatch of their busiest pipeline.
+    """A strategy whose layouts take ``overhead_s`` more per microbatch of their busiest pipeline,
+    or (given ``runtime``) the measured runtime's step, with its restarts' fixed part dilated by
+    the workers that restart.
 
     Per microbatch, because what a tiny model's step spends outside Eq. 1-4 (Python per op,
     point-to-point and launch latency) recurs with every microbatch a pipeline runs.
@@ -120,12 +136,16 @@ class _WithOverhead(Strategy):
     def __init__(self, inner: Strategy, overhead_s: float, runtime: RuntimeOverhead | None = None) -> None:
         super().__init__(inner.config, inner.context)
         self.inner, self.overhead_s, self.runtime = inner, overhead_s, runtime
+        self.base_costs = inner.config.costs
 
     def _adjust(self, decision: Decision) -> Decision:
         if decision.layout is None:
             return decision
         layout = decision.layout
         if self.runtime is not None:
+            # The engine charges the decision right after it is taken, with these costs.
+            costs = self.runtime.costs(self.base_costs, _workers(layout))
+            self.config = replace(self.inner.config, costs=costs)
             return replace(decision, layout=replace(layout, iteration_s=_runtime_step_s(self.runtime, layout)))
         extra = self.overhead_s * _busiest_microbatches(layout.plan)
         return replace(decision, layout=replace(layout, iteration_s=layout.iteration_s + extra))
@@ -137,10 +157,12 @@ class _WithOverhead(Strategy):
         return self._adjust(self.inner.on_change(state))
 
 
-def _with_fixed_reconfiguration(strategy: Strategy, fixed_s: float) -> Strategy:
-    """The same strategy with the simulator charging ``fixed_s`` for a reconfiguration's fixed part."""
-    costs = replace(strategy.config.costs, reconfigure_fixed_s=fixed_s)
-    return type(strategy)(replace(strategy.config, costs=costs), strategy.context)
+def _with_measured(strategy: Strategy, runtime: RuntimeOverhead) -> Strategy:
+    """The same strategy with what the calibration measured in its settings (Bamboo's exposure)."""
+    config = strategy.config
+    if runtime.redundant_exposed is not None and hasattr(config, "redundant_forward_exposed"):
+        config = replace(config, redundant_forward_exposed=runtime.redundant_exposed)  # type: ignore[type-var]
+    return type(strategy)(config, strategy.context) if config is not strategy.config else strategy
 
 
 def _workers(layout: Layout) -> int:
@@ -157,6 +179,41 @@ def _median_step_s(metrics: pd.DataFrame) -> float:
     return float(times.median()) if not times.empty else math.nan
 
 
+def _rows(events: pd.DataFrame, kind: str) -> pd.DataFrame:
+    return events[events["kind"] == kind] if not events.empty and "kind" in events else pd.DataFrame()
+
+
+def _median(frame: pd.DataFrame, column: str) -> float:
+    return float(frame[column].median()) if not frame.empty and column in frame else math.nan
+
+
+def _redundant_seconds(plan: ExecutionPlan, profile: ModelProfile) -> dict[Worker, float]:
+    """Per worker, the forward seconds of its shadow layers per step (the cost model's)."""
+    pipelines = {p.index: p for p in plan.pipelines}
+    out: dict[Worker, float] = {}
+    for a in plan.assignments():
+        forward = sum(profile.layers[layer].forward_s for layer in a.shadow_layers if layer not in a.layers) / a.shards
+        out[a.worker] = forward * pipelines[a.pipeline].microbatches
+    return out
+
+
+def redundant_share(plan: ExecutionPlan, profile: ModelProfile, step_s: float, dilation: float) -> float:
+    """Simulated share of the workers' 1F1B time spent on the redundant forward (Bamboo)."""
+    seconds = _redundant_seconds(plan, profile)
+    if not seconds or step_s <= 0:
+        return math.nan
+    return sum(seconds.values()) * dilation / (len(seconds) * step_s)
+
+
+def measured_redundant_share(phase_seconds: Mapping[str, Mapping[str, float]] | None) -> float:
+    """The workers' redundant forward seconds over their 1F1B seconds (summary.json's phase_seconds)."""
+    if not phase_seconds:
+        return math.nan
+    redundant = sum(float(p.get("redundant_forward", 0.0)) for p in phase_seconds.values())
+    pipeline = sum(float(p.get("pipeline_1f1b", 0.0)) for p in phase_seconds.values())
+    return redundant / pipeline if pipeline > 0 and redundant > 0 else math.nan
+
+
 def compare(
     plan: ExecutionPlan,
     metrics: pd.DataFrame,
@@ -165,6 +222,7 @@ def compare(
     *,
     origin: str = "run",
     runtime: RuntimeOverhead | None = None,
+    phase_seconds: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Validation:
     """Simulate the run's schedule with ``strategy`` (the run's own) and compare with its measurements.
 
@@ -172,7 +230,11 @@ def compare(
     ``calibrated``, which adds an overhead per microbatch of the busiest pipeline (what Eq. 1-4
     does not model: Python per op, point-to-point and launch latency, the optimizer and commit
     barrier folded in) fitted on the first generation's median step only; its rows for later
-    generations and for the whole window are therefore out-of-sample checks.
+    generations and for the whole window are therefore out-of-sample checks. With ``runtime``
+    (measured on other runs) a third, ``predicted``. Recovery metrics are per kind (``recovery_s``
+    for reconfigurations, ``failover_s``, ``restart_s``: detection to the first step done),
+    checkpoint metrics per checkpoint (``checkpoint_snapshot_s``, ``checkpoint_write_s``), and
+    ``redundant_share`` is the redundant forward's share of the workers' 1F1B time (Bamboo).
     """
     if metrics.empty or len(metrics) < 2:
         raise RunError(f"{origin}: metrics.csv needs at least two steps to measure throughput")
@@ -189,8 +251,15 @@ def compare(
     # Steps of later generations, without the first one after each change (it includes recovery).
     later_steady = later[later["generation"].duplicated()] if not later.empty else later
     measured_later = _median_step_s(later_steady) if len(later_steady) >= 2 else math.nan
-    recoveries = events[events["kind"] == "reconfiguration"] if not events.empty and "kind" in events else pd.DataFrame()
-    measured_recovery = float(recoveries["total_s"].median()) if not recoveries.empty and "total_s" in recoveries else math.nan
+    checkpoints = _rows(events, "checkpoint")
+    measured = {
+        "recovery_s": _median(_rows(events, "reconfiguration"), "total_s"),
+        "failover_s": _median(_rows(events, "failover"), "total_s"),
+        "restart_s": _median(_rows(events, "restart"), "total_s"),
+        "checkpoint_snapshot_s": _median(checkpoints, "snapshot_s"),
+        "checkpoint_write_s": _median(checkpoints, "write_s"),
+        "redundant_share": measured_redundant_share(phase_seconds),
+    }
 
     gap = max(0.0, measured_first - plan.predicted_iteration_s) if math.isfinite(measured_first) else 0.0
     overhead = gap / _busiest_microbatches(plan)  # seconds per microbatch of the busiest pipeline
@@ -199,32 +268,44 @@ def compare(
     models: list[tuple[str, float, RuntimeOverhead | None]] = [("planner", 0.0, None), ("calibrated", overhead, None)]
     if runtime is not None:
         models.append(("predicted", 0.0, runtime))
+    profile = strategy.context.profile
     for model, extra, terms in models:
-        base = strategy
-        if terms is not None:
-            # The reconfiguration's fixed part and the new generation's warm-up, as measured.
-            base = _with_fixed_reconfiguration(strategy, terms.reconfigure_fixed_s + terms.warmup_s)
+        base = _with_measured(strategy, terms) if terms is not None else strategy
         adjusted = _WithOverhead(base, extra, terms)
-        sim = simulate(adjusted, trace, duration_s=t1 - t0, labels={"strategy": strategy.name, "trace": origin})
+        first_layout = adjusted.start(list(plan.nodes)).layout
+        sim = simulate(adjusted, trace, duration_s=t1 - t0, labels={"strategy": strategy.name, "trace": origin}, charge_start=False)
         result = result or sim
         later_layouts = [r for r in sim.segments if r["phase"] == "running" and r["t_start_s"] > 0]
         simulated_later = float(later_layouts[-1]["iteration_s"]) if later_layouts else math.nan
-        recoveries_sim = [e["downtime_s"] + _iteration_after(sim, e["time_s"]) for e in sim.events if e["kind"] == "reconfiguration"]
-        first_layout = adjusted.start(list(plan.nodes)).layout
+
+        def recovery(kind: str) -> float:
+            times = [e["downtime_s"] + _iteration_after(sim, e["time_s"]) for e in sim.events if e["kind"] == kind]
+            return float(pd.Series(times).median()) if times else math.nan
+
         simulated_first = first_layout.iteration_s if first_layout is not None else math.nan
+        ck = None
+        if first_layout is not None:
+            ck = checkpoint_cost(first_layout.plan, profile, adjusted.config.costs, adjusted.context.cluster.inter_node_bandwidth)
+        dilation = terms.dilation(_workers(first_layout)) if terms is not None and first_layout is not None else 1.0
+        simulated = {
+            "recovery_s": recovery("reconfiguration"),
+            "failover_s": recovery("failover"),
+            "restart_s": recovery("restart"),
+            "checkpoint_snapshot_s": ck.snapshot_s if ck is not None else math.nan,
+            "checkpoint_write_s": ck.write_s if ck is not None else math.nan,
+            "redundant_share": redundant_share(first_layout.plan, profile, simulated_first, dilation) if first_layout is not None else math.nan,
+        }
         candidates = [
             ("steady_iteration_s", measured_first, simulated_first, THROUGHPUT_TOLERANCE, model == "calibrated"),
             ("later_iteration_s", measured_later, simulated_later, THROUGHPUT_TOLERANCE, False),
             # Without a later generation the calibrated throughput is in-sample too.
             ("throughput", measured_throughput, _throughput_with_inflight(sim, t1 - t0), THROUGHPUT_TOLERANCE, model == "calibrated" and later.empty),
-            ("recovery_s", measured_recovery, float(pd.Series(recoveries_sim).median()) if recoveries_sim else math.nan, RECOVERY_TOLERANCE, False),
         ]
-        for metric, measured, simulated, target, fitted in candidates:
-            if math.isfinite(measured) and math.isfinite(simulated):
-                rows.append(
-                    {"model": model, "metric": metric, "measured": measured, "simulated": simulated, "target": target, "fitted": fitted}
-                )
-    table = pd.DataFrame(rows)
+        candidates += [(metric, measured[metric], simulated[metric], RECOVERY_TOLERANCE, False) for metric in measured]
+        for metric, value, predicted, target, fitted in candidates:
+            if math.isfinite(value) and math.isfinite(predicted):
+                rows.append({"model": model, "metric": metric, "measured": value, "simulated": predicted, "target": target, "fitted": fitted})
+    table = pd.DataFrame(rows, columns=["model", "metric", "measured", "simulated", "target", "fitted"])
     table["ratio"] = [_ratio(s, m) for s, m in zip(table["simulated"], table["measured"])]
     table["within_target"] = (table["ratio"] - 1.0).abs() <= table["target"]
     table.attrs["overhead_s"] = overhead
@@ -249,23 +330,25 @@ def _throughput_with_inflight(result: SimResult, duration_s: float) -> float:
 
 
 def _iteration_after(result: SimResult, time_s: float) -> float:
-    """The iteration time of the layout a reconfiguration at ``time_s`` switched to (the redone step)."""
+    """The iteration time of the layout a recovery at ``time_s`` switched to (the redone step)."""
     for row in result.segments:
         if row["t_start_s"] >= time_s and row["phase"] == "running":
             return float(row["iteration_s"])
     return 0.0
 
 
-def _changes(events: pd.DataFrame) -> list[tuple[list[int], list[int]]]:
-    """The run's membership changes in order, as ``(removed, joined)`` node ids."""
-    if events.empty or "kind" not in events:
+RECOVERY_KINDS = ("reconfiguration", "failover", "restart")
+
+
+def _changes(events: pd.DataFrame) -> list[tuple[int, list[int], list[int]]]:
+    """The run's generation changes in order, as ``(new generation, removed, joined)`` of each recovery row."""
+    rows = events[events["kind"].isin(RECOVERY_KINDS)] if not events.empty and "kind" in events else pd.DataFrame()
+    if rows.empty:
         return []
-    rows = events[events["kind"].isin(["failure", "join"])].sort_values("time_s", kind="stable")
-    changes = []
-    for _, row in rows.iterrows():
-        ids = _nodes(row.get("nodes")) or _nodes(row.get("node"))
-        changes.append((ids, []) if row["kind"] == "failure" else ([], ids))
-    return changes
+    return [
+        (int(row["generation"]), _nodes(row.get("removed")), _nodes(row.get("joined")))
+        for _, row in rows.sort_values("time_s", kind="stable").iterrows()
+    ]
 
 
 @dataclass
@@ -277,63 +360,144 @@ class _Calibration:
     # The step redone after a reconfiguration beyond the new generation's steady step (not a run's
     # step 0: that one also pays the run's own start, lazy allocation, and is slower still).
     warmups: list[float]
+    failover_fixed: list[float] = field(default_factory=list)  # detect + plan + groups of each failover
+    restart_fixed: list[float] = field(default_factory=list)  # before reading state, undilated
+    restart_warmups: list[float] = field(default_factory=list)
+    read_gbps: list[float] = field(default_factory=list)
+    snapshot_gbps: list[float] = field(default_factory=list)
+    write_gbps: list[float] = field(default_factory=list)
+    exposed: list[float] = field(default_factory=list)  # Bamboo: redundant forward on the critical path
 
 
-def _measure(plan: ExecutionPlan, metrics: pd.DataFrame, events: pd.DataFrame, strategy: Strategy, origin: str, cores: int) -> _Calibration:
+def _measure(
+    plan: ExecutionPlan,
+    metrics: pd.DataFrame,
+    events: pd.DataFrame,
+    strategy: Strategy,
+    origin: str,
+    cores: int,
+    phase_seconds: Mapping[str, Mapping[str, float]] | None = None,
+) -> _Calibration:
     if "step_time_s" not in metrics or "generation" not in metrics:
         raise RunError(f"{origin}: metrics.csv needs step_time_s and generation columns to calibrate on")
     layout = strategy.start(list(plan.nodes)).layout
     if layout is None:
         raise RunError(f"{origin}: the planner finds no layout for the run's nodes {list(plan.nodes)}")
-    layouts = [layout]
+    generations = sorted(metrics["generation"].unique())
+    by_generation = {int(generations[0]): layout}
     alive = set(plan.nodes)
-    for removed, joined in _changes(events):
+    for generation, removed, joined in _changes(events):
         alive = (alive - set(removed)) | set(joined)
-        state = RunState(layouts[-1], tuple(sorted(alive)), tuple(removed), tuple(joined), step=1)
+        state = RunState(layout, tuple(sorted(alive)), tuple(removed), tuple(joined), step=1, checkpoint_step=1)
         decision = strategy.on_change(state)
         if decision.layout is None:
-            raise RunError(f"{origin}: the planner finds no layout after the change (-{removed}, +{joined})")
-        layouts.append(decision.layout)
-    generations = sorted(metrics["generation"].unique())
-    if len(generations) > len(layouts):
-        raise RunError(f"{origin}: {len(generations)} generations in metrics.csv but {len(layouts) - 1} membership changes in events.csv")
+            raise RunError(f"{origin}: the strategy finds no layout after the change (-{removed}, +{joined})")
+        layout = by_generation[generation] = decision.layout
     found = _Calibration([], [], [])
     steady: dict[int, float] = {}
-    for index, generation in enumerate(generations):
+    costs = strategy.config.costs
+    link = strategy.context.cluster.inter_node_bandwidth
+    profile = strategy.context.profile
+    for generation in generations:
         rows = metrics[metrics["generation"] == generation].sort_values("step", kind="stable")
-        if len(rows) < 3:
-            continue  # too few steps for a steady median beside the first step
-        layout = layouts[index]
+        layout = by_generation.get(int(generation))
+        if len(rows) < 3 or layout is None:
+            continue  # too few steps for a steady median beside the first step, or no recovery row
         median = float(rows["step_time_s"].iloc[1:].median())
         steady[int(generation)] = median
-        found.samples.append((layout.iteration_s, _busiest_microbatches(layout.plan), median / max(1.0, _workers(layout) / cores)))
-    recoveries = events[events["kind"] == "reconfiguration"] if not events.empty and "kind" in events else pd.DataFrame()
-    for _, row in recoveries.iterrows():
+        undilated = median / max(1.0, _workers(layout) / cores)
+        plain = getattr(strategy, "iteration_s", None)
+        if layout.plan.shadows and plain is not None and layout.state is not None:
+            # Bamboo: the step without its redundant forward is what the overhead model is fitted
+            # on; the rest is the exposed redundant forward (fitted below, once the overhead is known).
+            found.exposed.append(_exposure_sample(strategy, layout, undilated, phase_seconds, metrics, cores))
+            continue
+        found.samples.append((layout.iteration_s, _busiest_microbatches(layout.plan), undilated))
+    for _, row in _rows(events, "reconfiguration").iterrows():
         found.fixed.append(float(row["detect_s"]) + float(row["plan_s"]) + float(row["groups_s"]))
         if int(row["generation"]) in steady:
             found.warmups.append(float(row["first_step_s"]) - steady[int(row["generation"])])
+    for _, row in _rows(events, "failover").iterrows():
+        # Apart from reconfigurations: a failover plans nothing (Bamboo's predecessor already
+        # holds the stage), and pooling the two made a loaded planner's seconds a failover's.
+        found.failover_fixed.append(float(row["detect_s"]) + float(row["plan_s"]) + float(row["groups_s"]))
+    for _, row in _rows(events, "restart").iterrows():
+        restarted = len(_nodes(row.get("restarted_nodes"))) * strategy.context.cluster.gpus_per_node
+        load, first_step = float(row.get("load_s", 0.0) or 0.0), float(row["first_step_s"])
+        found.restart_fixed.append((float(row["total_s"]) - load - first_step) / max(1.0, restarted / cores))
+        generation = int(row["generation"])
+        if generation in steady:
+            found.restart_warmups.append(first_step - steady[generation])
+        layout = by_generation.get(generation)
+        if layout is not None and load > 0 and int(row.get("resume_step", 0) or 0) > 0:
+            # The model's read at 1 GB/s, over what the run took: the bandwidth in GB/s.
+            found.read_gbps.append(restore_s(layout.plan, profile, replace(costs, storage_read_gbps=1.0), link) / load)
+    for _, row in _rows(events, "checkpoint").iterrows():
+        layout = by_generation.get(int(row["generation"]))
+        if layout is None:
+            continue
+        # The model's busiest writer at 1 GB/s, over what the run took: the bandwidth in GB/s.
+        ck = checkpoint_cost(layout.plan, profile, replace(costs, host_copy_gbps=1.0, storage_write_gbps=1.0), link)
+        if float(row["snapshot_s"]) > 0:
+            found.snapshot_gbps.append(ck.snapshot_s / float(row["snapshot_s"]))
+        if float(row["write_s"]) > 0:
+            found.write_gbps.append(ck.write_s / float(row["write_s"]))
     return found
 
 
-def calibrate(runs: list[tuple[ExecutionPlan, pd.DataFrame, pd.DataFrame, Any, str]]) -> RuntimeOverhead:
-    """Measure ``RuntimeOverhead``'s terms on calibration runs ``(plan, metrics, events, strategy, origin)``.
+def _exposure_sample(strategy: Strategy, layout: Layout, undilated: float, phase_seconds, metrics, cores) -> tuple[float, float, int, float]:  # type: ignore[no-untyped-def]
+    """``(plain planner s, busiest microbatches, undilated step s, undilated redundant s per step)``
+    of a Bamboo generation: what ``calibrate`` needs to fit the exposed share once it knows the
+    runtime overhead."""
+    plain = strategy.iteration_s(layout.state, redundancy=False)  # type: ignore[attr-defined]
+    seconds = _redundant_seconds(layout.plan, strategy.context.profile)
+    predicted = max(seconds.values(), default=0.0)
+    measured = math.nan
+    if phase_seconds:
+        steps = max(1, len(metrics))
+        per_worker = [float(p.get("redundant_forward", 0.0)) / steps for p in phase_seconds.values()]
+        measured = max(per_worker, default=0.0) / max(1.0, _workers(layout) / cores)
+    return (plain, _busiest_microbatches(layout.plan), undilated, measured if math.isfinite(measured) and measured > 0 else predicted)
 
-    Each generation's layout is the planner's (the run's plan, then the Oobleck strategy's
-    reaction to each membership change, as in the simulation); its steady step is the median
-    ``step_time_s`` of the generation without its first step. The step samples of all runs are
-    pooled into one fit; at least one run must have a reconfiguration (for the fixed part).
+
+def calibrate(runs: list[tuple[Any, ...]]) -> RuntimeOverhead:
+    """Measure ``RuntimeOverhead``'s terms on calibration runs ``(plan, metrics, events, strategy,
+    origin[, phase_seconds])``.
+
+    Each generation's layout is the run's strategy's (its first plan, then its decision at each
+    recovery, as in the simulation); its steady step is the median ``step_time_s`` of the
+    generation without its first step. The step samples of all runs are pooled into one fit
+    (Bamboo generations excluded: their redundant forward is fitted after, as the share of it
+    the steps show beyond the fitted overhead); at least one run must have a reconfiguration or
+    failover (for the fixed part). Restart, checkpoint and Bamboo terms come from the runs of
+    strategies that have them (``None`` otherwise).
     """
     cores = os.cpu_count() or 1
-    parts = [_measure(plan, metrics, events, strategy, origin, cores) for plan, metrics, events, strategy, origin in runs]
-    samples = [s for part in parts for s in part.samples]
-    fixed = [f for part in parts for f in part.fixed]
-    warmups = [w for part in parts for w in part.warmups]
-    names = ", ".join(origin for *_, origin in runs)
+    parts = [_measure(run[0], run[1], run[2], run[3], run[4], cores, run[5] if len(run) > 5 else None) for run in runs]
+
+    def pooled(name: str) -> list[Any]:
+        return [value for part in parts for value in getattr(part, name)]
+
+    def median(name: str) -> float | None:
+        values = pooled(name)
+        return float(pd.Series(values).median()) if values else None
+
+    samples, fixed = pooled("samples"), pooled("fixed") or pooled("failover_fixed")
+    names = ", ".join(str(run[4]) for run in runs)
     if not samples:
         raise RunError(f"{names}: no generation with at least 3 steps to calibrate the step overhead on")
     if not fixed:
         raise RunError(f"{names}: no reconfiguration in events.csv: a calibration needs a run with one failure to measure the fixed reconfiguration time")
     per_mb, per_step = fit_step_overhead(samples)
+    exposed = None
+    if pooled("exposed"):
+        shares = []
+        for plain, busiest, step, redundant in pooled("exposed"):
+            if redundant > 0:
+                shares.append((step - (plain + busiest * per_mb + per_step)) / redundant)
+        exposed = min(1.0, max(0.0, float(pd.Series(shares).median()))) if shares else None
+    warmups = pooled("warmups")
+    restart_warmup = median("restart_warmups")
     return RuntimeOverhead(
         per_microbatch_s=per_mb,
         per_step_s=per_step,
@@ -341,14 +505,23 @@ def calibrate(runs: list[tuple[ExecutionPlan, pd.DataFrame, pd.DataFrame, Any, s
         reconfigure_fixed_s=float(pd.Series(fixed).median()),
         warmup_s=max(0.0, float(pd.Series(warmups).median())) if warmups else 0.0,
         source=names,
+        failover_fixed_s=median("failover_fixed"),
+        restart_fixed_s=median("restart_fixed"),
+        restart_warmup_s=max(0.0, restart_warmup) if restart_warmup is not None else None,
+        host_copy_gbps=median("snapshot_gbps"),
+        storage_write_gbps=median("write_gbps"),
+        storage_read_gbps=median("read_gbps"),
+        redundant_exposed=exposed,
     )
 
 
 def _load(run_dir: str | Path, profile_path: str | Path | None) -> tuple[ExecutionPlan, Any, Strategy, str]:
-    """A run dir's plan, its data (metrics, events) and its strategy (its config, on its cluster)."""
+    """A run dir's plan, its data (metrics, events, summary) and its strategy as the run had it:
+    its config on its cluster, with the run's checkpoint interval and write mode."""
     from analysis.load import load_run
     from oobleck.config import from_container
     from oobleck.sim.experiment import build_context, simulated_strategy
+    from oobleck.strategy import checkpoint_every_steps
 
     data = load_run(run_dir)
     if not data.config:
@@ -369,7 +542,14 @@ def _load(run_dir: str | Path, profile_path: str | Path | None) -> tuple[Executi
         profile = get_profile(cfg)
     nodes = max(len(plan.nodes), int(cfg.cluster.nodes))
     context = build_context(cfg, profile, nodes, named_gpu=False)
-    return plan, data, simulated_strategy(cfg, str(cfg.strategy.name), context), str(data.path)
+    async_write = bool(cfg.checkpoint.async_write) if "checkpoint" in cfg else True
+    extra = {"checkpoint_every_steps": checkpoint_every_steps(cfg), "costs": {"checkpoint_async": async_write}}
+    return plan, data, simulated_strategy(cfg, str(cfg.strategy.name), context, extra), str(data.path)
+
+
+def _phase_seconds(data: Any) -> Mapping[str, Mapping[str, float]] | None:
+    summary = getattr(data, "summary", None) or {}
+    return summary.get("phase_seconds")
 
 
 def calibrate_runs(run_dirs: list[str | Path]) -> RuntimeOverhead:
@@ -377,16 +557,16 @@ def calibrate_runs(run_dirs: list[str | Path]) -> RuntimeOverhead:
     runs = []
     for run_dir in run_dirs:
         plan, data, strategy, origin = _load(run_dir, None)
-        runs.append((plan, data.metrics, data.events, strategy, origin))
+        runs.append((plan, data.metrics, data.events, strategy, origin, _phase_seconds(data)))
     return calibrate(runs)
 
 
 def validate_run(
     run_dir: str | Path, profile_path: str | Path | None = None, *, runtime: RuntimeOverhead | None = None
 ) -> Validation:
-    """Load a real run dir, rebuild its context (config, profile) and ``compare``."""
+    """Load a real run dir, rebuild its context (config, profile, strategy) and ``compare``."""
     plan, data, strategy, origin = _load(run_dir, profile_path)
-    return compare(plan, data.metrics, data.events, strategy, origin=origin, runtime=runtime)
+    return compare(plan, data.metrics, data.events, strategy, origin=origin, runtime=runtime, phase_seconds=_phase_seconds(data))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,7 +38,7 @@ def test_paper_figures_notebook_on_a_short_simulation(tmp_path: Path):
     trace = tmp_path / "short.csv"
     trace.write_text("\n".join(TRACE) + "\n")
     simulate = ["experiment=paper_spot", "sim.models=[gpt2_small]", f"sim.traces=[{trace},synthetic/10m]",
-                "sim.duration_h=1.5", "logger.wandb.mode=disabled"]
+                "sim.duration_h=1.5", "sim.trace_starts=2", "sim.trace_start_spacing_s=300", "logger.wandb.mode=disabled"]
     notebook = execute("01_paper_figures", {"simulate": simulate, "out_dir": str(tmp_path / "out"), "bin_s": 300.0},
                        out=tmp_path / "01.ipynb", cwd=tmp_path, timeout_s=CELL_S)
     assert _errors(notebook) == [] and (tmp_path / "01.ipynb").is_file()

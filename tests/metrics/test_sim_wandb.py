@@ -32,7 +32,7 @@ def simulated(tmp_path_factory):
     trace = root / "short.csv"
     trace.write_text("\n".join(TRACE) + "\n")
     cfg = _compose(
-        "experiment=paper_spot", "sim.models=[gpt2_small]", f"sim.traces=[{trace}]", "sim.duration_h=1.5",
+        "experiment=paper_spot", "sim.models=[gpt2_small]", f"sim.traces=[{trace}]", "sim.duration_h=1.5", "sim.trace_starts=1",
         "sim.timeline_bin_s=600", "logger.progress_bar=false", "logger.wandb.mode=offline",
     )
     simulate(cfg, root / "run")
@@ -65,7 +65,8 @@ def test_history_is_numeric_over_simulated_time(simulated):
     assert len(rows) == 2 * len(segments)  # both ends of every period of constant state
     assert rows[-1][SIM_TIME] == pytest.approx(1.5)
     assert all(isinstance(r["sim/samples_per_s"], (int, float)) and isinstance(r["sim/nodes_alive"], int) for r in rows)
-    assert {r["sim/nodes_alive"] for r in rows} == {8, 7, 6}
+    # 0 while paper_spot's nodes are being created (sim.node_creation_s), then 8, 7, 6.
+    assert {r["sim/nodes_alive"] for r in rows} == {0, 8, 7, 6}
     # Events: markers at their simulated time, and the typed table.
     assert run.column("event/failure") == [1, 2] and run.column("event/join") == [1]
     failures = [r[SIM_TIME] for r in run.history if "event/failure" in r]

@@ -111,7 +111,7 @@ def test_profile_files_that_are_not_profiles(tmp_path):
             "cluster.nodes=abc: Value 'abc' of type 'str' could not be converted to Integer; "
             "set cluster.nodes=<int> (python -m oobleck.plan --cfg job shows every key)",
         ),
-        ("model=nosuch", "Could not find 'model/nosuch'; Available options in 'model': gpt2_small, gpt3_1_3b,"),
+        ("model=nosuch", "Could not find 'model/nosuch'; Available options in 'model': bert_large, gpt2_medium, gpt2_small, gpt3_1_3b,"),
     ],
     ids=["float-for-int", "text-for-int", "missing-option"],
 )

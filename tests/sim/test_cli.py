@@ -36,19 +36,28 @@ def test_cli_simulates_every_strategy_on_a_short_trace(tmp_path: Path):
         f"sim.traces=[{trace}]",
         "sim.duration_h=1.5",
         "sim.timeline_bin_s=600",
+        "sim.trace_starts=2",
+        "sim.trace_start_spacing_s=300",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "run"
     summary = pd.read_csv(run / "sim_summary.csv")
-    assert sorted(summary["strategy"]) == ["bamboo", "oobleck", "varuna"]
+    assert sorted(summary["strategy"]) == ["bamboo", "bamboo", "oobleck", "oobleck", "varuna", "varuna"]
+    assert sorted(set(summary["start"])) == [0, 1] and sorted(set(summary["start_offset_s"])) == [0.0, 300.0]
     assert (summary["duration_s"] == 5400).all() and (summary["throughput"] > 0).all()
+    assert "inf" not in (run / "sim_summary.csv").read_text()
+    ratios = pd.read_csv(run / "sim_ratios.csv")
+    assert sorted(ratios["baseline"]) == ["bamboo", "varuna"] and (ratios["starts"] == 2).all()
+    assert (ratios["ratio_min"] <= ratios["ratio_median"]).all() and (ratios["ratio_median"] <= ratios["ratio_max"]).all()
     events = pd.read_csv(run / "sim_events.csv")
-    assert (events.groupby("strategy")["kind"].apply(lambda k: (k == "failure").sum()) == 2).all()
+    failures = events[events["kind"] == "failure"].groupby(["strategy", "start"]).size()
+    assert (failures == 2).all() and len(failures) == 6
+    assert set(events[events["kind"] == "start"]["time_s"]) == {45.0}  # paper_spot: 45 s to create the nodes
     assert {"reconfiguration"} <= set(events[events["strategy"] == "oobleck"]["kind"])
     metrics = pd.read_csv(run / "sim_metrics.csv")
     assert {"t_start_s", "t_end_s", "phase", "samples_per_s", "nodes_alive"} <= set(metrics.columns)
     payload = json.loads((run / "summary.json").read_text())
-    assert payload["experiment"] == "paper_spot" and len(payload["runs"]) == 3
+    assert payload["experiment"] == "paper_spot" and len(payload["runs"]) == 6 and len(payload["ratios"]) == 2
     for figure in ("throughput_over_time.png", "effective_time_breakdown.png"):
         assert (run / figure).stat().st_size > 10_000
     assert "oobleck/varuna" in done.stdout

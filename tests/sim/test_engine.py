@@ -18,14 +18,27 @@ from oobleck.strategy import Decision, Kind, Layout, Strategy, StrategyConfig, S
 ONE_STAGE = PipelineTemplate(1, (StageSpec(0, 1, 0, 0, 1),), (10.0,), (0.0,), 4, 10.0)
 
 
+PROFILE = synthetic_profile(1, seed=0)
+CHECKPOINT_GB = PROFILE.param_bytes * 3 / 1e9  # parameters and two Adam moments of the one layer
+
+
+def round_costs(**changes) -> CostConstants:
+    """Synchronous checkpoints of 2.5 s snapshot + 2.5 s write; restarts of 20 s (reading the
+    checkpoint back is instant); starts free unless ``changes`` say otherwise."""
+    values = dict(
+        checkpoint_async=False, host_copy_gbps=CHECKPOINT_GB / 2.5, storage_write_gbps=CHECKPOINT_GB / 2.5,
+        storage_read_gbps=1e9, restart_fixed_s=20.0, reconfigure_fixed_s=1.0,
+    )  # fmt: skip
+    return CostConstants(**{**values, **changes})
+
+
 class RoundNumbers(Strategy):
     """Every alive node works; one sample per 10 s iteration; checkpoints every 3 iterations (5 s);
     any removal rolls back and restarts in 20 s; joins are absorbed by a 1 s reconfiguration."""
 
-    def __init__(self, interval: int = 3) -> None:
-        costs = CostConstants(checkpoint_s_by_model={"synthetic": 5.0}, restart_s_by_model={"synthetic": 20.0}, reconfigure_fixed_s=1.0)
-        config = StrategyConfig(_target_="test_engine.RoundNumbers", name="round", checkpoint_every_steps=interval, costs=costs)
-        context = StrategyContext(synthetic_profile(1, seed=0), ClusterSpec(8, 1, 1e9, 1e10, 1e9), 1, 1, 0)
+    def __init__(self, interval: int = 3, costs: CostConstants | None = None) -> None:
+        config = StrategyConfig(_target_="test_engine.RoundNumbers", name="round", checkpoint_every_steps=interval, costs=costs or round_costs())
+        context = StrategyContext(PROFILE, ClusterSpec(8, 1, 1e9, 1e10, 1e9), 1, 1, 0)
         super().__init__(config, context)
 
     def _layout(self, nodes: Sequence[int]) -> Layout:
@@ -48,7 +61,7 @@ def _trace(text: str):
 
 
 def test_rollback_loses_exactly_the_work_since_the_last_checkpoint():
-    result = simulate(RoundNumbers(), _trace("0,add,a\n0,add,b\n95000,remove,b\n"), duration_s=200.0)
+    result = simulate(RoundNumbers(), _trace("0,add,a\n0,add,b\n95000,remove,b\n"), duration_s=200.0, charge_start=False)
     s = result.summary
     # Before the removal: 2 checkpointed cycles (6 iterations), 2 more iterations and 5 s in flight.
     # After: restart 20 s, then 115..200 s: 7 iterations (6 checkpointed), 5 s in flight at the end.
@@ -56,7 +69,7 @@ def test_rollback_loses_exactly_the_work_since_the_last_checkpoint():
     assert s["useful_node_s"] == pytest.approx(2 * 60 + 1 * 70)
     assert s["checkpoint_node_s"] == pytest.approx(2 * 10 + 1 * 10)
     assert s["lost_node_s"] == pytest.approx(2 * 20 + 2 * 5 + 1 * 5)
-    assert s["restart_node_s"] == pytest.approx(20)
+    assert s["restart_node_s"] == pytest.approx(20, rel=1e-6)
     assert s["node_seconds"] == pytest.approx(2 * 95 + 1 * 105)
     assert s["n_checkpoint"] == 4 and s["n_restart"] == 1 and s["n_failure"] == 1
     assert s["throughput"] == pytest.approx(13 / 200)
@@ -67,7 +80,7 @@ def test_rollback_loses_exactly_the_work_since_the_last_checkpoint():
 
 def test_breakdown_sums_to_alive_node_seconds_and_segments_tile_time():
     text = "0,add,a\n0,add,b\n0,add,c\n12000,remove,a\n13000,add,d\n50000,add,e\n51000,remove,b\n"
-    result = simulate(RoundNumbers(interval=0), _trace(text), duration_s=300.0)
+    result = simulate(RoundNumbers(interval=0), _trace(text), duration_s=300.0, charge_start=False)
     s = result.summary
     assert sum(s[f"{k}_node_s"] for k in BREAKDOWN) == pytest.approx(s["node_seconds"])
     alive = [(0, 3), (12, 2), (13, 3), (50, 4), (51, 3)]
@@ -86,9 +99,65 @@ def test_breakdown_sums_to_alive_node_seconds_and_segments_tile_time():
 
 def test_a_second_restart_during_a_restart_starts_over():
     # The second removal comes 10 s into the first 20 s restart: recovery restarts from there.
-    result = simulate(RoundNumbers(), _trace("0,add,a\n0,add,b\n0,add,c\n40000,remove,a\n50000,remove,b\n"), duration_s=100.0)
+    result = simulate(
+        RoundNumbers(), _trace("0,add,a\n0,add,b\n0,add,c\n40000,remove,a\n50000,remove,b\n"), duration_s=100.0, charge_start=False
+    )
     restarts = [e for e in result.events if e["kind"] == "restart"]
     assert [e["time_s"] for e in restarts] == [40, 50]
     running = [r for r in result.segments if r["phase"] == "running"]
     assert running[-1]["t_start_s"] == pytest.approx(70)
-    assert result.summary["restart_node_s"] == pytest.approx(2 * 10 + 1 * 20)
+    assert result.summary["restart_node_s"] == pytest.approx(2 * 10 + 1 * 20, rel=1e-6)
+
+
+def test_every_start_waits_for_its_nodes_and_pays_a_start():
+    # Nodes come up 45 s after the trace adds them; the start then takes the restart's fixed 20 s.
+    result = simulate(RoundNumbers(interval=0), _trace("0,add,a\n0,add,b\n"), duration_s=200.0, node_creation_s=45.0)
+    start = next(e for e in result.events if e["kind"] == "start")
+    assert start["time_s"] == pytest.approx(45) and start["downtime_s"] == pytest.approx(20)
+    running = [r for r in result.segments if r["phase"] == "running"]
+    assert running[0]["t_start_s"] == pytest.approx(65)
+    assert [r["phase"] for r in result.segments][:2] == ["starting", "recovering"]
+    # 135 s of running: 13 iterations of one sample; the creation time counts in the throughput.
+    assert result.summary["samples"] == 13 and result.summary["throughput"] == pytest.approx(13 / 200)
+    assert result.summary["restart_node_s"] == pytest.approx(2 * 20) and result.summary["n_start"] == 1
+
+
+def test_a_node_lost_before_it_is_up_never_joins():
+    from oobleck.sim.engine import delayed_changes
+
+    trace = _trace("0,add,a\n10000,add,b\n30000,remove,b\n40000,add,b\n50000,remove,a\n")
+    changes = [(c.time_ms, c.added, c.removed) for c in delayed_changes(trace, 45.0)]
+    # b's first instance is removed 20 s after it was added: before it is up, so it never joins;
+    # its second instance comes up 45 s after it is added again.
+    assert changes == [(45000, ("a",), ()), (50000, (), ("a",)), (85000, ("b#1",), ())]
+
+
+def test_an_asynchronous_checkpoint_is_durable_only_once_written():
+    # 2.5 s snapshot on the training path, 12 s write in the background: the checkpoint of the
+    # 3 iterations done at 30 s is durable at 32.5 + 12 = 44.5 s; the next iteration ends at 42.5 s.
+    costs = round_costs(checkpoint_async=True, storage_write_gbps=CHECKPOINT_GB / 12.0)
+    for failure_s, lost in ((40, 3), (50, 1)):
+        result = simulate(
+            RoundNumbers(costs=costs), _trace(f"0,add,a\n0,add,b\n{failure_s * 1000},remove,b\n"), duration_s=100.0, charge_start=False
+        )
+        # At 40 s the checkpoint's 3 iterations are lost (its write is in flight); at 50 s only the
+        # iteration after it.
+        assert result.summary["lost_samples"] == lost, failure_s
+    checkpoint = next(e for e in result.events if e["kind"] == "checkpoint")
+    assert checkpoint["downtime_s"] == pytest.approx(2.5) and checkpoint["durable_after_s"] == pytest.approx(12.0)
+
+
+def test_a_stop_loses_what_is_not_durable_and_a_later_start_restarts():
+    class StopsOnLoss(RoundNumbers):
+        def on_change(self, state):
+            if state.removed:
+                return Decision(Kind.STOP, reason="nothing to fall back on")
+            return super().on_change(state)
+
+    trace = _trace("0,add,a\n0,add,b\n95000,remove,b\n150000,add,c\n")
+    result = simulate(StopsOnLoss(interval=0), trace, duration_s=200.0, charge_start=False)
+    s = result.summary
+    # Without checkpoints everything done before the stop (9 iterations) is lost; the start at
+    # 150 s is a restart (20 s) from nothing; 170..200 s: 3 iterations.
+    assert s["lost_samples"] == 9 and s["samples"] == 3 and s["n_stop"] == 1 and s["n_restart"] == 1
+    assert s["kept_samples"] == 0 and s["no_durable_progress"]

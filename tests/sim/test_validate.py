@@ -115,6 +115,13 @@ def test_runtime_overhead_model_and_fit(tmp_path: Path):
     assert runtime.step_s(0.02, 4, workers=5) == pytest.approx(0.038 * 2.5)  # 5 CPU-bound workers on 2 cores
     runtime.save(tmp_path / "o.json")
     assert RuntimeOverhead.load(tmp_path / "o.json") == runtime
+    # A failover's fixed part is measured apart from a reconfiguration's (it plans nothing).
+    from dataclasses import replace
+
+    from oobleck.sim.costs import CostConstants
+
+    assert runtime.costs(CostConstants(), 2).failover_s == 0.1
+    assert replace(runtime, failover_fixed_s=0.03).costs(CostConstants(), 2).failover_s == 0.03
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ConfigError, match="bad.json"):
         RuntimeOverhead.load(tmp_path / "bad.json")

@@ -37,12 +37,36 @@ def _log_error(table, model: str, metric: str) -> float:
     return abs(math.log(ratio))
 
 
+# Compute of one microbatch of gpt3_tiny (forward + backward, all layers) measured here on a quiet
+# machine (analytic/README.md, "Earlier uncalibrated runs": 4 ms).
+QUIET_MICROBATCH_S = 0.004
+
+
+def _fixed_profile(path: Path) -> Path:
+    """The planner's profile for every run here: the analytic per-layer shape of gpt3_tiny scaled
+    to its quiet-machine compute. A profile measured under other jobs' load (up to 30x on single
+    layers on the 2 shared cores) would move the planner's prediction with that load; fixed, it
+    is the same for the runs and for the validation, and only the runtime's terms are calibrated."""
+    from dataclasses import replace
+
+    from oobleck.models import load_model_config
+    from oobleck.profiling import analytic_profile, load_gpu_config
+
+    shape = analytic_profile(load_model_config("gpt3_tiny"), load_gpu_config("a100_40gb"), 2)
+    scale = QUIET_MICROBATCH_S / sum(layer.forward_s + layer.backward_s for layer in shape.layers)
+    layers = [replace(layer, forward_s=layer.forward_s * scale, backward_s=layer.backward_s * scale) for layer in shape.layers]
+    return replace(shape, layers=tuple(layers), device="cpu", source="synthetic").save(path)
+
+
 def _run(run_dir: Path, nodes: int, steps: int, failure_step: int | None, *extra: str) -> Path:
+    profile = run_dir.parent / "profile.json"
+    if not profile.is_file():
+        _fixed_profile(profile)
     run_id = uuid.uuid4().hex[:12]
     env = dict(os.environ, OOBLECK_RUN_ID=run_id, WANDB_SILENT="true")
     command = [
         sys.executable, "-m", "oobleck.run", f"hydra.run.dir={run_dir}", "logger.progress_bar=false",
-        "logger.wandb.mode=disabled", f"cluster.nodes={nodes}", f"job.steps={steps}", *extra,
+        "logger.wandb.mode=disabled", "profile.source=file", f"profile.path={profile}", f"cluster.nodes={nodes}", f"job.steps={steps}", *extra,
         "failures=none" if failure_step is None else f"failures.events=[{{action:remove,step:{failure_step},count:1}}]",
     ]  # fmt: skip
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -65,7 +89,11 @@ def test_calibrated_on_one_run_predicts_another(runs):
     runtime = calibrate_runs(calibration)
     # Every term is measured (positive) and smaller than a whole measured step or recovery.
     assert runtime.per_microbatch_s + runtime.per_step_s > 0 and runtime.cores == (os.cpu_count() or 1)
-    assert 0 < runtime.reconfigure_fixed_s < 5.0 and runtime.warmup_s >= 0
+    import pandas as pd
+
+    events = pd.read_csv(calibration[0] / "events.csv")
+    recovery = events[events["kind"] == "reconfiguration"]["total_s"]
+    assert 0 < runtime.reconfigure_fixed_s <= recovery.max() and runtime.warmup_s >= 0
     table = validation_table(calibration, [failure]).set_index("metric")
     assert set(table.index) == {"steady_iteration_s", "later_iteration_s", "throughput", "recovery_s"}, table
     assert all(math.isfinite(v) and v > 0 for v in table["measured"]) and all(table["simulated"] > 0)
