@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from oobleck.faults.trace import Trace, TraceEvent
+from oobleck.faults.kinds import FaultKind
 from oobleck.sim.engine import CostCache
 from oobleck.strategy import Decision, Kind, RunState, Strategy
 
@@ -35,13 +36,13 @@ def shifted_trace(trace: Trace, offset_s: float) -> Trace:
     later: list[TraceEvent] = []
     for event in trace.events:
         if event.time_ms <= offset_ms:
-            if event.action == "add":
+            if event.kind == FaultKind.JOIN:
                 live[event.node] = event
             else:
                 live.pop(event.node, None)
         else:
-            later.append(TraceEvent(event.time_ms - offset_ms, event.action, event.node, event.line))
-    first = [TraceEvent(0, "add", node, event.line) for node, event in live.items()]
+            later.append(TraceEvent(event.time_ms - offset_ms, event.kind, event.node, event.line))
+    first = [TraceEvent(0, FaultKind.JOIN, node, event.line) for node, event in live.items()]
     if not first:
         raise ValueError(f"{trace.name}: no node is alive {offset_s:.0f} s into the trace")
     return Trace(name=trace.name, path=trace.path, events=tuple(first + later))

@@ -8,10 +8,13 @@ import pandas as pd
 import pytest
 from simhelpers import make_strategy
 
+from oobleck.faults.kinds import FaultKind
 from oobleck.faults.trace import parse_trace
 from oobleck.sim.engine import CostCache, simulate
 from oobleck.sim.ratios import add_speedups, speedup_ranges
 from oobleck.sim.replay import DecisionMemo, Memoized, shifted_trace, start_offsets
+
+JOIN, REMOVE = FaultKind.JOIN, FaultKind.REMOVE
 
 TEXT = "0,add,a\n0,add,b\n0,add,c\n600000,remove,b\n900000,add,d\n1200000,remove,a\n1800000,remove,d\n"
 
@@ -19,8 +22,8 @@ TEXT = "0,add,a\n0,add,b\n0,add,c\n600000,remove,b\n900000,add,d\n1200000,remove
 def test_a_shifted_start_begins_with_the_nodes_alive_there():
     trace = parse_trace(TEXT, origin="t.csv")
     shifted = shifted_trace(trace, 1000.0)  # 1000 s in: a, c, d alive
-    assert [(e.time_ms, e.action, e.node) for e in shifted.events] == [
-        (0, "add", "a"), (0, "add", "c"), (0, "add", "d"), (200000, "remove", "a"), (800000, "remove", "d")]
+    assert [(e.time_ms, e.kind, e.node) for e in shifted.events] == [
+        (0, JOIN, "a"), (0, JOIN, "c"), (0, JOIN, "d"), (200000, REMOVE, "a"), (800000, REMOVE, "d")]
     assert shifted.name == trace.name and shifted_trace(trace, 0.0) is trace
     # Spacing: the median time between changes (600, 300, 300, 600 s -> 450 s) over the starts.
     assert start_offsets(trace, 3) == pytest.approx([0.0, 150.0, 300.0])
