@@ -25,7 +25,8 @@ import socket
 import threading
 from typing import Any, Optional
 
-SECRET_ENV = "OOBLECK_AGENT_SECRET"
+from oobleck.runtime.keys import SECRET_ENV  # torch-free; re-exported: agents read it here
+
 MAX_LINE_BYTES = 1 << 16  # no legitimate message comes near this
 
 _INT = (int,)
