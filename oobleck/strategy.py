@@ -16,8 +16,10 @@ Each answer is one frozen ``Decision`` whose ``kind`` says how to carry it out:
   checkpoint of ``rollback_to_step`` (0: the seeded initial state) and redoing every step since;
   with ``checkpoint_first`` a checkpoint of the current step is written first, so nothing is lost
   (a planned restart, e.g. Varuna morphing onto joined nodes);
-- ``CONTINUE``: training is unaffected (an idle node came or went); ``layout`` says which alive
-  nodes stand by;
+- ``CONTINUE``: the runtime changes nothing: an idle node came or went (``layout`` says which
+  alive nodes stand by), or the strategy's own workers absorb the change themselves (an external
+  peer such as torchft, whose replicas heal in place); a lost node that was not standing by is then
+  recorded as a ``continue`` recovery, ending at the next committed step;
 - ``STOP``: training cannot go on (``reason``; ``out_of_memory`` when nothing fits).
 
 The real runtime (``oobleck.elastic``) dispatches on the kind and has no strategy-specific code;
@@ -25,14 +27,20 @@ the simulator (``oobleck.sim``) charges each kind by its cost model. A strategy 
 ``_target_`` in ``conf/strategy/<name>.yaml``: the target is the strategy's class, whose ``Config``
 dataclass types the rest of that file (``strategy_config`` checks it). Oobleck's own policy is
 ``oobleck.policy.Oobleck``; the baselines live in ``baselines/``. Nothing here imports them.
+
+A strategy whose workers need a server for the whole run (torchft's lighthouse) provides it from
+``services(run)``: the controller enters that context before it starts any node, publishes what it
+yields to the workers (store key ``services``) and leaves it after the workers are gone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -121,6 +129,17 @@ class RunState:
     joined: tuple[int, ...]  # nodes that arrived since then
     step: int  # the step in flight: the number of steps committed so far
     checkpoint_step: int | None = None  # steps held by the latest complete checkpoint
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a strategy's run-long services may need to know about the run they serve."""
+
+    host: str  # the controller's address (cluster.master_addr): bind services there
+    store_address: str  # HOST:PORT of the run's TCPStore
+    run_id: str
+    run_dir: Path
+    config: Mapping[str, Any] = field(default_factory=dict)  # the resolved run config (as the workers get it)
 
 
 @dataclass
@@ -239,6 +258,12 @@ class Strategy(ABC):
     def on_change(self, state: RunState) -> Decision:
         """The decision on ``state.removed`` nodes failing and ``state.joined`` nodes arriving."""
 
+    def services(self, run: RunInfo) -> contextlib.AbstractContextManager[dict[str, Any]]:
+        """Servers the workers need for the whole run, as a context manager: entered before any node
+        starts (so it may still refuse the run's settings), left at shutdown after the workers; the
+        JSON-serialisable dict it yields is published to the workers (``keys.SERVICES``). Default: none."""
+        return contextlib.nullcontext({})
+
     def restart(self, state: RunState, reason: str) -> Decision:
         """Stop everything and start afresh on the alive nodes from the latest checkpoint (or from
         the initial state when there is none): the shared fall-back of every strategy."""
@@ -257,7 +282,7 @@ def _as_dict(section: Mapping[str, Any] | DictConfig) -> dict[str, Any]:
 
 def strategy_class(section: Mapping[str, Any] | DictConfig) -> type[Strategy]:
     """The class a strategy section's ``_target_`` names (one clear error if it names none)."""
-    from hydra.utils import get_class
+    import importlib
 
     name = section.get("name", "?")
     target = section.get("_target_")
@@ -266,10 +291,11 @@ def strategy_class(section: Mapping[str, Any] | DictConfig) -> type[Strategy]:
             f"strategy={name} has no _target_; conf/strategy/<name>.yaml must name the strategy class, "
             "e.g. _target_: oobleck.policy.Oobleck"
         )
+    module, _, attribute = str(target).rpartition(".")
     try:
-        cls = get_class(str(target))
-    except Exception as error:  # ImportError, AttributeError or Hydra's wrapper of them
-        raise ConfigError(f"strategy._target_={target} cannot be imported ({str(error).splitlines()[0]}); check the class path") from None
+        cls = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ConfigError(f"strategy._target_={target} cannot be imported ({error}); check the class path") from None
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
         raise ConfigError(f"strategy._target_={target} is not an oobleck.strategy.Strategy subclass")
     return cls

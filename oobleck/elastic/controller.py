@@ -17,14 +17,20 @@ ties together what each part owns:
     fresh ones; generation g+1 tells them to load the checkpoint of the step rolled back to
     (or build the seeded initial state at step 0). With ``checkpoint_first`` a checkpoint of the
     next step boundary is written first, while training goes on, so nothing is lost;
-  - ``continue``: nothing to do but note the nodes standing by; ``stop``: end the run with the
-    reason.
+  - ``continue``: nothing to do but note the nodes standing by; when a node that was not
+    standing by was lost, the strategy's workers carry on by themselves (torchft's replicas):
+    a ``continue`` recovery measures the time from the loss to the next committed step;
+    ``stop``: end the run with the reason.
+
+The strategy's run-long services (``Strategy.services``) are started before any node and stopped
+after the workers; what they yield is published under ``keys.SERVICES``.
 
 Only the controller writes outputs (plan.json, metrics.csv, events.csv, summary.json, wandb).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -50,7 +56,7 @@ from oobleck.faults.injector import Injector
 from oobleck.faults.schedule import FaultEvent
 from oobleck.planning.plan import ExecutionPlan, ReconfigurationPlan, tolerated_failures
 from oobleck.runtime import keys
-from oobleck.strategy import Decision, Kind, Layout, RunState, Strategy, checkpoint_every_steps
+from oobleck.strategy import Decision, Kind, Layout, RunInfo, RunState, Strategy, checkpoint_every_steps
 
 LOOP_TICK_S = 0.002
 STOP_GRACE_S = 5.0
@@ -62,7 +68,7 @@ __all__ = ["Controller", "Outcome", "summarize"]
 class Recovery:
     """One decision carried out after a membership change, filled in as its phases complete."""
 
-    kind: str  # reconfiguration | failover | restart
+    kind: str  # reconfiguration | failover | restart | continue
     generation: int
     reason: str  # what caused it: failure | join
     decision: str  # the strategy's reason for what it decided
@@ -128,6 +134,7 @@ class Controller:
         self.checkpoint_stop: Optional[str] = None  # why: checkpoint the next boundary, then stop
         self.checkpoint_stop_at: Optional[int] = None
         self._outcome = Outcome()
+        self._services = contextlib.ExitStack()  # the strategy's run-long services
 
     # ------------------------------------------------------------------ outputs
     @property
@@ -197,6 +204,8 @@ class Controller:
                 Injector(list(self.schedule), seed=int(self.cfg.failures.seed)), self.store, self.membership, self._event, secret=self.secret
             )
             self.firing.next_node_id = int(self.cfg.cluster.nodes)
+            run = RunInfo(str(self.cfg.cluster.master_addr), self.store_address, self.run_id, self.run_dir, self.config_dict)
+            self.store.set(keys.SERVICES, json.dumps(self._services.enter_context(self.strategy.services(run))))
             self.membership.launcher = self._launcher()
             for node in range(int(self.cfg.cluster.nodes)):
                 self.membership.start_node(node)
@@ -210,6 +219,7 @@ class Controller:
             raise
         finally:
             self._shutdown()
+            self._services.close()  # after the workers, which may use the services until they exit
 
     def _launcher(self) -> Any:
         assert self.membership is not None
@@ -461,7 +471,7 @@ class Controller:
         guessed = self._state(ledger.next_step)
         guess = self._decide(guessed)
         if guess.kind is Kind.CONTINUE:
-            self._continue(guess)
+            self._continue(guess, tuple(changes.removed), started)
             return
         if guess.kind is Kind.RESTART and guess.checkpoint_first and self.restart_pending is None:
             self._plan_restart(guess)
@@ -487,14 +497,25 @@ class Controller:
             return
         self._reconfigure(decision, state, step, plan_s)
 
-    def _continue(self, decision: Decision) -> None:
+    def _continue(self, decision: Decision, removed: tuple[int, ...] = (), started: float = 0.0) -> None:
         assert self.ledger is not None
+        generation = self.ledger.generations[self.ledger.base if self.ledger.base >= 0 else self.ledger.generation]
+        lost = tuple(sorted(n for n in removed if n not in generation.layout.standby))
         if decision.layout is not None:
-            generation = self.ledger.generations[self.ledger.base if self.ledger.base >= 0 else self.ledger.generation]
             if decision.layout.plan != generation.layout.plan:
                 raise RunError(f"strategy {self.strategy.name} answered 'continue' with a different plan")
             generation.layout = decision.layout
-        if decision.reason:
+        if lost and self.recovery is not None:  # lost before the workers recovered from the last loss
+            self.recovery.removed = tuple(sorted({*self.recovery.removed, *lost}))
+        elif lost:
+            # A node doing work was lost and the strategy's own workers carry on (they heal in
+            # place, e.g. torchft): the recovery lasts until the next committed step.
+            self.recovery = Recovery(
+                kind="continue", generation=self.ledger.generation, reason="failure", decision=decision.reason,
+                removed=lost, joined=(), failure_time=min(self.causes, default=started), detect_s=max(self.detects, default=0.0),
+                plan_s=time.time() - started, started=started, resume_step=self.ledger.next_step, bytes_moved=0,
+            )  # fmt: skip
+        elif decision.reason:
             self._event("standby", nodes=list(decision.layout.standby) if decision.layout else [], reason=decision.reason)
         self.causes.clear()
         self.detects.clear()
@@ -585,6 +606,8 @@ class Controller:
         generation = self.ledger.generations[r.generation]
         established = generation.established_at or now
         timings = generation.timings
+        if r.kind == "continue":  # no new generation was established: nothing was rebuilt
+            established, timings = r.started, []
         row: dict[str, Any] = {
             "generation": r.generation,
             "reason": r.reason,
@@ -704,7 +727,7 @@ def summarize(outcome: Outcome, cfg: Any) -> dict[str, Any]:
         "recoveries": len(recoveries),
         "retried_steps": sum(1 for s in steps if s["attempts"] > 1),
     }
-    for kind in ("reconfiguration", "failover", "restart"):
+    for kind in ("reconfiguration", "failover", "restart", "continue"):
         chosen = [r for r in recoveries if r["kind"] == kind]
         if chosen:
             summary[f"{kind}s"] = len(chosen)

@@ -3,10 +3,11 @@
 The workers decide each step's commit among themselves in the store (``keys.decision``); the
 ledger reads those decisions in step order, records one row per committed step (the mean loss
 over the global batch, the step's own time as the deciding rank measured it, the attempts it
-took), and keeps the generations' bookkeeping: which plan each generation ran, when it was
-established, and whether every replica of every layer was bit-identical then. A restart rolls
-the ledger back to the checkpoint's step: the rows after it are dropped from the run's record
-(metrics.csv keeps them, appended as they happened) and those steps are committed again.
+took; or what the worker's own ``step_report`` of it says), and keeps the generations'
+bookkeeping: which plan each generation ran, when it was established, and whether every replica
+of every layer was bit-identical then. A restart rolls the ledger back to the checkpoint's step:
+the rows after it are dropped from the run's record (metrics.csv keeps them, appended as they
+happened) and those steps are committed again.
 """
 
 from __future__ import annotations
@@ -148,8 +149,15 @@ class StepLedger:
 
     def record_commit(self, generation: int, step: int, value: str) -> None:
         plan = self.generations[generation].layout.plan
-        last = [a.rank for a in plan.assignments() if a.stage == plan.pipelines[a.pipeline].template.num_stages - 1]
-        loss_sum = sum(float(self.store.get(keys.loss(generation, step, r)).decode()) for r in last)
+        report_key = keys.step_report(generation, step)
+        # A worker whose replicas change within a generation reports the step itself (keys.step_report).
+        report = json.loads(self.store.get(report_key)) if self.store.check([report_key]) else {}
+        samples = int(report.pop("samples", self.global_batch))
+        if "loss_sum" in report:
+            loss_sum = float(report.pop("loss_sum"))
+        else:
+            last = [a.rank for a in plan.assignments() if a.stage == plan.pipelines[a.pipeline].template.num_stages - 1]
+            loss_sum = sum(float(self.store.get(keys.loss(generation, step, r)).decode()) for r in last)
         now = time.time()
         observed = now - self.last_commit_time
         self.last_commit_time = now
@@ -160,15 +168,16 @@ class StepLedger:
         self.attempts[step] = attempts
         row = {
             "step": step,
-            "samples": self.global_batch,
-            "samples_per_s": self.global_batch / step_time if step_time > 0 else 0.0,
-            "loss": loss_sum / self.global_batch,
+            "samples": samples,
+            "samples_per_s": samples / step_time if step_time > 0 else 0.0,
+            "loss": loss_sum / samples if samples else 0.0,
             "generation": generation,
             "pipelines": len(plan.pipelines),
             "attempts": attempts,
             "step_time_s": step_time,
             "nodes": len(plan.nodes),
         }
+        row.update({k: v for k, v in report.items() if k not in ("step", "generation")})
         self.outcome.steps.append(row)
         self.on_step(row)
         self.next_step = step + 1

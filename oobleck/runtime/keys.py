@@ -3,7 +3,8 @@
 Everything the control plane and the workers say to each other goes through these keys, so the
 protocol can be read in one place:
 
-- ``config`` (JSON of the resolved run config), ``gen`` (the newest generation number),
+- ``config`` (JSON of the resolved run config), ``services`` (JSON: what the strategy's run-long
+  services publish, e.g. torchft's lighthouse address), ``gen`` (the newest generation number),
   ``plan/<g>`` (JSON: the plan of generation g, its reconfiguration and the step to resume at);
 - ``abort/<g>``: generation g is over (a newer one exists, or the run stops: then ``stop`` holds why);
 - ``g<g>/decision/<s>``: the commit decision of step s in generation g, "commit" (or
@@ -17,6 +18,9 @@ protocol can be read in one place:
   "no" when the controller aborted g first (same compare_set race, so both sides agree which
   plan owns the layers);
 - per-rank reports: losses, timings, checksums; per-worker registration and errors;
+- ``g<g>/step_report/<s>``: a worker's own account of committed step s (JSON), set before its
+  decision by workers whose replicas change without a new generation (torchft's): it replaces the
+  per-rank losses of the plan (see ``step_report``).
 - ``hb/<node>/<rank>/<incarnation>``: a worker's heartbeat (``oobleck.runtime.liveness``): a counter
   and what the worker is waiting on, so the controller catches a frozen worker and the ranks that
   never answered a collective.
@@ -37,6 +41,7 @@ from typing import Optional
 
 CONFIG = "config"
 GEN = "gen"
+SERVICES = "services"
 STOP = "stop"
 COMMIT = "commit"
 COMMIT_CHECKPOINT = "commit+checkpoint"
@@ -93,6 +98,14 @@ def is_commit(value: str) -> bool:
 def step_time(generation: int, step: int) -> str:
     """Seconds step s took on the rank that decided its commit (the last to finish its reduction)."""
     return f"g{generation}/step_time/{step}"
+
+
+def step_report(generation: int, step: int) -> str:
+    """One JSON account of committed step s, written before its decision: ``loss_sum`` (summed over
+    the samples trained), ``samples``, optionally ``nodes``/``pipelines``/``attempts``/``step_time_s``
+    and any further fields, which become columns of metrics.csv. When present, the ledger takes
+    it instead of summing the plan's per-rank ``loss`` keys."""
+    return f"g{generation}/step_report/{step}"
 
 
 def checkpoint_shard(boundary: int, layer: int) -> str:

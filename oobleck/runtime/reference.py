@@ -8,6 +8,7 @@ learning-rate schedule as the runtime. Used by the exactness tests and the bench
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,10 +27,16 @@ class ReferenceResult:
     step_ends: list[float] = field(default_factory=list)
 
 
-def train_reference(cfg: Any, steps: int | None = None, *, device: str = "cpu") -> ReferenceResult:
-    """Train on ``device`` (the truth is the CPU; a GPU run measures its kernels against it)."""
+def train_reference(cfg: Any, steps: int | None = None, *, device: str = "cpu", batches: Sequence[int] | None = None) -> ReferenceResult:
+    """Train on ``device`` (the truth is the CPU; a GPU run measures its kernels against it).
+
+    Update k trains on the sampler's global batch of step ``batches[k]`` (default: k), with the
+    learning rate of step k: the truth for a strategy that skips batches by design (torchft)."""
     job, model_cfg = cfg.job, cfg.model
-    steps = int(job.steps) if steps is None else steps
+    if batches is None:
+        batches = range(int(job.steps) if steps is None else steps)
+    batches = list(batches)[:steps]
+    steps = len(batches)
     if int(cfg.cluster.torch_threads) > 0:
         torch.set_num_threads(int(cfg.cluster.torch_threads))  # as the workers do
     torch.manual_seed(int(job.seed))
@@ -44,7 +51,7 @@ def train_reference(cfg: Any, steps: int | None = None, *, device: str = "cpu") 
     for step in range(steps):
         total = 0.0
         for mb in range(batch // micro):
-            inputs, targets = collate(dataset, sampler.microbatch_indices(step, mb, micro))
+            inputs, targets = collate(dataset, sampler.microbatch_indices(batches[step], mb, micro))
             loss = loss_fn(model(inputs.to(device)), targets.to(device))
             (loss / batch).backward()
             total += float(loss.detach())

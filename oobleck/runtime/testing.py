@@ -70,6 +70,13 @@ def hand_plan(pipelines: list[tuple[PipelineTemplate, tuple[int, ...], int]], *,
     return ExecutionPlan(tuple(instances), layers, batch, micro, f, gpus, 1.0)
 
 
+def two_pipelines_of_two_nodes() -> ExecutionPlan:
+    """gpt3_tiny's 6 layers as two 2-node pipelines (layers 0-2 on nodes 0 and 2, 3-5 on nodes 1
+    and 3), 4 microbatches each of tiny_config's batch: losing nodes 0 and 2 loses layers 0-2."""
+    two_stages = template([(0, 3, 0, 0, 1), (3, 6, 1, 0, 1)])
+    return hand_plan([(two_stages, (0, 1), 4), (two_stages, (2, 3), 4)], batch=16, micro=2, layers=6, f=1, gpus=1)
+
+
 def assert_matches_reference(
     cfg: Any, outcome: Any, run_dir: Path, reference: Any = None, *, loss_rtol: float = 1e-5, param_atol: float = 1e-5
 ) -> float:

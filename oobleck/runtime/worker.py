@@ -23,13 +23,9 @@ controller stops the run and prints it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import signal
-import sys
 import time
-import traceback
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -43,6 +39,7 @@ from oobleck.planning.plan import ExecutionPlan, ReconfigurationPlan
 from oobleck.runtime import keys
 from oobleck.runtime.checkpointing import CheckpointWriter, restore_layers
 from oobleck.runtime.comm import Aborted, AbortWatch, Communicator, Reaper, Waiter, channel_name, make_store
+from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, parse_strike, run_worker, stop_requested
 from oobleck.runtime.executor import StepContext, clip_and_step, global_grad_norm, run_schedule, sync_gradients
 from oobleck.runtime.liveness import Liveness
 from oobleck.runtime.state import (
@@ -56,10 +53,6 @@ from oobleck.runtime.state import (
     new_layer_state,
 )
 from oobleck.runtime.topology import Topology, build_topology, group_specs, rank_of
-
-
-class InjectedFault(Exception):
-    """Raised on purpose by a ``raise`` fault event (tests the error path)."""
 
 
 def resource_probe(extra: dict[str, Any]) -> dict[str, Any]:
@@ -152,8 +145,7 @@ class Worker:
             self._wait_key(key, self.timeout_s + self.waiter.peer_grace_s, what)
 
     def _stopped(self) -> bool:
-        # Only the controller's own (signed) stop counts: a foreign ``stop`` key ends nothing.
-        return self.store.check([keys.STOP]) and keys.verified(self.secret, self.store.get(keys.STOP)) is not None
+        return stop_requested(self.store, self.secret)
 
     def next_generation(self, after: Optional[int]) -> Optional[int]:
         """The newest generation after ``after`` (None: at start-up); None when the run stops."""
@@ -345,11 +337,7 @@ class Worker:
         elif step is None or step < int(strike["step"]):  # armed late: strike at the next chance
             return
         self.strike = None
-        self.store.set(keys.strike_time(self.node), repr(time.time()))
-        if strike["action"] == "raise":
-            raise InjectedFault(f"injected failure on node {self.node} at step {step}, phase {phase}")
-        # A node failure: the whole process group of the node (agent and workers) goes at once.
-        os.killpg(os.getpgrp(), signal.SIGSTOP if strike["action"] == "freeze" else signal.SIGKILL)
+        carry_out_strike(strike, self.store, self.node, f"step {step}, phase {phase}")
 
     def train(self, generation: int, document: dict[str, Any], topology: Topology, comm: Communicator) -> bool:
         job = self.cfg.job
@@ -428,60 +416,18 @@ class Worker:
                 self.store.set(keys.final_params(index), buffer.getvalue())
 
 
-STRIKE_ACTIONS = ("remove", "freeze", "raise")
-
-
-def parse_strike(secret: str, value: bytes) -> Optional[dict[str, Any]]:
-    """The armed fault a ``strike/<node>`` value holds, if the controller signed it (anything
-    else, e.g. a foreign write, is ignored: it must not take the node down)."""
-    text = keys.verified(secret, value)
-    try:
-        strike = json.loads(text) if text is not None else None
-    except ValueError:
-        strike = None
-    if not isinstance(strike, dict) or strike.get("action") not in STRIKE_ACTIONS or not isinstance(strike.get("phase"), str):
-        return None
-    return strike
-
-
 def _reconfiguration(document: dict[str, Any]) -> Optional[ReconfigurationPlan]:
     data = document.get("reconfiguration")
     return ReconfigurationPlan.from_dict(data) if data else None
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="oobleck.runtime.worker", description=__doc__.splitlines()[0])
-    parser.add_argument("--store", required=True, help="HOST:PORT of the controller's TCPStore")
-    parser.add_argument("--node-id", type=int, required=True)
-    parser.add_argument("--local-rank", type=int, required=True)
-    parser.add_argument("--incarnation", type=int, default=0, help="how many times this node's workers were restarted")
-    parser.add_argument("--run-id", default="", help="a tag of the run (lets tools find its processes)")
-    args = parser.parse_args(argv)
-    host, _, port = args.store.rpartition(":")
-    store = None
-    try:
-        worker = Worker(host, int(port), args.node_id, args.local_rank, args.incarnation)
-        store = worker.store
-        store.set(keys.worker_registered(args.node_id, args.local_rank, args.incarnation), json.dumps({"pid": os.getpid()}))
-        worker.run()
-        return 0
-    except Superseded:
-        return 0  # a restart replaced this process; its successor carries on
-    except BaseException:
-        text = traceback.format_exc()
-        try:
-            if store is None:
-                store = make_store(host, int(port), 10.0)
-            store.set(keys.worker_error(args.node_id, args.local_rank), text)
-        except Exception:
-            pass
-        print(text, file=sys.stderr, flush=True)
-        return 1
+    def build(args: WorkerArgs) -> Worker:
+        return Worker(args.host, args.port, args.node, args.local_rank, args.incarnation)
+
+    # Superseded: a restart replaced this process; its successor carries on.
+    return run_worker("oobleck.runtime.worker", __doc__.splitlines()[0], build, argv, quiet=(Superseded,))
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip interpreter teardown: abandoned process groups may still hold gloo threads.
-    os._exit(code)
+    exit_now(main())

@@ -139,7 +139,7 @@ def test_bamboo_runs_the_redundant_forward_for_real(bamboo_run):
 def test_oobleck_beyond_f_restarts_from_its_checkpoint(tmp_path):
     """Two 2-node pipelines; both first stages die after step 4 commits: no live replica of their
     layers, so the run restarts from step 4's checkpoint on the two survivors."""
-    from oobleck.runtime.testing import hand_plan, template
+    from oobleck.runtime.testing import two_pipelines_of_two_nodes
 
     cfg = tiny_config(**{
         "cluster.nodes": 4,
@@ -149,8 +149,7 @@ def test_oobleck_beyond_f_restarts_from_its_checkpoint(tmp_path):
         "failures.kind": "explicit",
         "failures.events": [{"action": "remove", "step": 5, "nodes": [0, 2]}],
     })
-    two_stages = template([(0, 3, 0, 0, 1), (3, 6, 1, 0, 1)])
-    plan = hand_plan([(two_stages, (0, 1), 4), (two_stages, (2, 3), 4)], batch=16, micro=2, layers=6, f=1, gpus=1)
+    plan = two_pipelines_of_two_nodes()
     outcome, summary = launch(cfg, tmp_path / "run", initial_plan=plan)
     (restart,) = outcome.recoveries
     assert restart["kind"] == "restart" and restart["resume_step"] == 4 and "no live replica" in restart["decision"]
@@ -166,3 +165,42 @@ def test_bad_strategy_settings_fail_before_any_process_starts(tmp_path):
     with pytest.raises(ConfigError, match="strategy=bamboo: .*pipline_depth"):
         launch(tiny_config("strategy=bamboo", "+strategy.pipline_depth=2"), tmp_path / "c")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_bamboo_failover_in_the_optimizer_and_during_the_failover(tmp_path):
+    """Stage 1 of pipeline 0 dies in the optimizer step of step 3 (the step committed: its
+    predecessor and shadow holder applied it too), and stage 1 of pipeline 1 dies while that
+    failover is being established: the second failover supersedes the first; both pipelines end
+    on one node each, exactly."""
+    cfg = tiny_config("strategy=bamboo", **{
+        "cluster.nodes": 4,
+        "job.steps": 10,
+        "strategy.pipeline_depth": 2,
+        "failures.kind": "explicit",
+        "failures.events": [
+            {"action": "remove", "step": 3, "nodes": [1], "phase": "optimizer"},
+            {"action": "remove", "step": 3, "nodes": [3], "phase": "reconfigure"},
+        ],
+    })
+    outcome, _ = launch(cfg, tmp_path / "run")
+    assert_matches_reference(cfg, outcome, tmp_path / "run")
+    (failover,) = outcome.recoveries
+    assert failover["kind"] == "failover" and failover["removed"] == [1, 3]
+    assert outcome.steps[-1]["nodes"] == 2 and outcome.steps[-1]["pipelines"] == 2
+    assert "failover_superseded" in set(pd.read_csv(tmp_path / "run" / "events.csv")["kind"])
+
+
+def test_varuna_failures_in_the_forward_pass_and_the_all_reduce(tmp_path):
+    cfg = tiny_config("strategy=varuna", **{
+        "cluster.nodes": 3,
+        "job.steps": 12,
+        "checkpoint.every_steps": 2,
+        "failures.kind": "explicit",
+        "failures.events": [
+            {"action": "remove", "step": 3, "nodes": [1], "phase": "forward"},
+            {"action": "remove", "step": 8, "nodes": [2], "phase": "allreduce"},
+        ],
+    })
+    outcome, _ = launch(cfg, tmp_path / "run")
+    assert_matches_reference(cfg, outcome, tmp_path / "run")
+    assert [(r["kind"], r["removed"], r["resume_step"]) for r in outcome.recoveries] == [("restart", [1], 2), ("restart", [2], 8)]

@@ -17,7 +17,7 @@ from oobleck.elastic import controller as controller_module
 from oobleck.elastic.job import launch
 from oobleck.elastic.local import run_processes
 from oobleck.errors import RunError
-from oobleck.runtime.testing import assert_matches_reference, hand_plan, template, tiny_config
+from oobleck.runtime.testing import assert_matches_reference, tiny_config, two_pipelines_of_two_nodes
 
 PHASE_EVENTS = [
     {"action": "remove", "step": 2, "nodes": [1], "phase": "forward"},
@@ -89,8 +89,7 @@ def test_lost_layers_stop_cleanly(tmp_path):
         "failures.kind": "explicit",
         "failures.events": [{"action": "remove", "step": 3, "nodes": [0, 2]}],
     })
-    two_stages = template([(0, 3, 0, 0, 1), (3, 6, 1, 0, 1)])
-    plan = hand_plan([(two_stages, (0, 1), 4), (two_stages, (2, 3), 4)], batch=16, micro=2, layers=6, f=1, gpus=1)
+    plan = two_pipelines_of_two_nodes()
     seen: dict[str, float] = {}
     ids: list[str] = []
     original = controller_module.Controller.__init__
@@ -127,8 +126,7 @@ def test_failure_before_the_first_commit_seeds_instead_of_copying(tmp_path):
         "failures.kind": "explicit",
         "failures.events": [{"action": "remove", "step": 0, "nodes": [1], "phase": "forward"}],
     })
-    two_stages = template([(0, 3, 0, 0, 1), (3, 6, 1, 0, 1)])
-    plan = hand_plan([(two_stages, (0, 1), 4), (two_stages, (2, 3), 4)], batch=16, micro=2, layers=6, f=1, gpus=1)
+    plan = two_pipelines_of_two_nodes()
     outcome, _ = launch(cfg, tmp_path / "run", initial_plan=plan)
     assert [(r["resume_step"], r["removed"], r["bytes_moved"]) for r in outcome.recoveries] == [(0, [1], 0)]
     assert_matches_reference(cfg, outcome, tmp_path / "run")
@@ -146,8 +144,7 @@ def test_every_replica_lost_before_the_first_commit_starts_over(tmp_path):
         "failures.kind": "explicit",
         "failures.events": [{"action": "remove", "step": 0, "nodes": [0, 2], "phase": "forward"}],
     })
-    two_stages = template([(0, 3, 0, 0, 1), (3, 6, 1, 0, 1)])
-    plan = hand_plan([(two_stages, (0, 1), 4), (two_stages, (2, 3), 4)], batch=16, micro=2, layers=6, f=1, gpus=1)
+    plan = two_pipelines_of_two_nodes()
     outcome, _ = launch(cfg, tmp_path / "run", initial_plan=plan)
     assert [(r["resume_step"], r["removed"], r["bytes_moved"]) for r in outcome.recoveries] == [(0, [0, 2], 0)]
     assert outcome.steps[-1]["nodes"] == 2

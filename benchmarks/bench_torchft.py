@@ -1,0 +1,167 @@
+"""Oobleck against torchft (PyTorch's fault-tolerance library) on the same local cluster and schedule.
+
+    python benchmarks/bench_torchft.py [--nodes 5] [--steps 300] [--out results.json]
+        [--torchft strategy.heartbeat_timeout_ms=1000 ...] [--only oobleck|torchft]
+
+1. failures: gpt3_tiny on ``--nodes`` local nodes (f=2 for Oobleck), one run each of
+   ``strategy=oobleck`` and ``strategy=torchft`` (its defaults from conf/strategy/torchft.yaml,
+   plus any ``--torchft`` overrides), the same schedule: node 1 SIGKILLed in the backward pass of
+   step 20, node 3 SIGKILLed as step 40 starts, a new node joining at step 60. Side by side:
+   throughput (committed samples over the training window, from the first to the last commit,
+   and the median per-step rate), samples lost (torchft: batches of failed votes it drops;
+   Oobleck: rolled-back steps), attempts thrown away, recovery time per failure (kill to the next
+   committed step) and healing time per join (the joined node ready to the first step it trains).
+2. too big for one node: the same cluster with cluster.device_memory_gb=0.006, where gpt3_tiny
+   needs two nodes per replica (n0=2): torchft is refused before launch (printed), Oobleck runs
+   pipelines of two nodes (f=1, 20 steps, no failures; its throughput printed).
+
+Both columns are measured in the same invocation on the same machine; the ratio is Oobleck /
+torchft. Under load from other jobs the absolute numbers swing; compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+SCHEDULE = [
+    {"action": "remove", "step": 20, "nodes": [1], "phase": "backward"},
+    {"action": "remove", "step": 40, "nodes": [3]},
+    {"action": "join", "step": 60, "count": 1},
+]
+
+
+def bench_config(strategy: str, nodes: int, steps: int, overrides: dict[str, Any]):
+    from oobleck.runtime.testing import tiny_config
+
+    cfg = tiny_config(f"strategy={strategy}", **{
+        "cluster.nodes": nodes, "job.steps": steps, "job.global_batch_size": 32, "job.microbatch_size": 2,
+        "job.fault_tolerance": 2, "failures.kind": "explicit", "failures.events": SCHEDULE,
+        "cluster.heartbeat_timeout_s": 10.0, "cluster.collective_timeout_s": 60.0, **overrides,
+    })  # fmt: skip
+    cfg.runtime.save_final_params = False
+    return cfg
+
+
+def measure(strategy: str, cfg: Any) -> dict[str, Any]:
+    """One run: its throughput, losses, recoveries and heals from its own outputs."""
+    from oobleck.elastic.job import launch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        outcome, summary = launch(cfg, Path(tmp) / "run")
+        metrics = pd.read_csv(Path(tmp) / "run" / "metrics.csv")
+    window = float(metrics["time_s"].iloc[-1] - metrics["time_s"].iloc[0])
+    samples = int(metrics["samples"].iloc[1:].sum())
+    batch = int(cfg.job.global_batch_size)
+    failures = [r for r in outcome.recoveries if r["removed"]]
+    joins = [r for r in outcome.recoveries if r["joined"] and not r["removed"]]
+    result: dict[str, Any] = {
+        "strategy": strategy,
+        "steps": len(metrics),
+        "samples_per_s": round(samples / window, 1) if window > 0 else 0.0,
+        "median_step_samples_per_s": summary["median_samples_per_s"],
+        "samples_lost": int(metrics.get("skipped_samples", pd.Series([0])).sum()) + int(summary.get("samples_rolled_back", 0)),
+        "attempts_thrown_away": int((metrics["attempts"] - 1).sum()),
+        "recovery_s": [round(r["total_s"], 3) for r in failures],
+        "recovery_kinds": [r["kind"] for r in failures],
+        "heal_s": [round(r["total_s"], 3) for r in joins],
+        "joins_not_absorbed": summary.get("joins_not_absorbed", []),
+        "generations": summary["generations"],
+    }
+    if "join_to_heal_s" in metrics:  # torchft: the joiner reports its own heal (no new generation)
+        healed = metrics[metrics["healed"].astype(str) != "[]"]
+        result["heal_s"] = [round(float(v), 3) for v in healed["join_to_heal_s"]]
+        result["heal_transfer_s"] = [round(float(v), 3) for v in healed["heal_s"]]
+        result["samples_lost_batches"] = int(metrics["skipped_batches"].sum())
+    result["attempt_samples_thrown_away"] = result["attempts_thrown_away"] * batch
+    # Where the workers' step time went (summed over the workers that finished), in shares.
+    phases: dict[str, float] = {}
+    for seconds in outcome.phase_seconds.values():
+        for name, value in seconds.items():
+            phases[name] = phases.get(name, 0.0) + value
+    total = sum(phases.values())
+    result["phase_share"] = {name: round(value / total, 3) for name, value in phases.items()} if total else {}
+    return result
+
+
+def too_big(nodes: int) -> dict[str, Any]:
+    from oobleck.elastic.job import make_strategy
+    from oobleck.strategy import Kind
+
+    small = {"cluster.device_memory_gb": 0.006, "job.fault_tolerance": 1, "failures.events": [], "job.steps": 20}
+    refused = make_strategy(bench_config("torchft", nodes, 20, small)).start(list(range(nodes)))
+    assert refused.kind is Kind.STOP
+    oobleck = measure("oobleck", bench_config("oobleck", nodes, 20, small))
+    plan = make_strategy(bench_config("oobleck", nodes, 20, small)).start(list(range(nodes))).layout
+    return {"torchft": refused.reason, "oobleck_layout": plan.description, "oobleck_samples_per_s": oobleck["samples_per_s"]}
+
+
+def table(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
+    def cell(value: Any) -> str:
+        if isinstance(value, list):
+            return ", ".join(str(v) for v in value) or "-"
+        if isinstance(value, dict):
+            return ", ".join(f"{k} {v:.0%}" for k, v in sorted(value.items(), key=lambda kv: -kv[1]) if v >= 0.01) or "-"
+        return "-" if value is None else str(value)
+
+    rows = [
+        ("committed samples/s (training window)", "samples_per_s"),
+        ("median per-step samples/s", "median_step_samples_per_s"),
+        ("samples lost (never trained)", "samples_lost"),
+        ("attempts thrown away (redone / dropped)", "attempts_thrown_away"),
+        ("recovery per failure, kill to next commit (s)", "recovery_s"),
+        ("recovery kind", "recovery_kinds"),
+        ("healing per join, node ready to training (s)", "heal_s"),
+        ("generations (new plans)", "generations"),
+        ("share of worker step time per phase", "phase_share"),
+    ]
+    lines = ["| | oobleck | torchft |", "| --- | ---: | ---: |"]
+    lines += [f"| {label} | {cell(ours.get(key))} | {cell(theirs.get(key))} |" for label, key in rows]
+    return "\n".join(lines)
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    import yaml
+
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--torchft {item!r}: expected key=value, e.g. strategy.heartbeat_timeout_ms=1000")
+        overrides[key] = yaml.safe_load(value)
+    return overrides
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=300, help="long enough for the joining node to boot and heal")
+    parser.add_argument("--torchft", nargs="*", default=[], help="overrides of the torchft run, key=value")
+    parser.add_argument("--only", choices=("oobleck", "torchft"), help="run one side (its column only; no ratio)")
+    parser.add_argument("--out", type=Path, help="write the results as JSON")
+    args = parser.parse_args()
+    skip = {"samples_per_s": 0.0, "recovery_s": []}
+    ours = skip if args.only == "torchft" else measure("oobleck", bench_config("oobleck", args.nodes, args.steps, {}))
+    theirs = skip if args.only == "oobleck" else measure("torchft", bench_config("torchft", args.nodes, args.steps, parse_overrides(args.torchft)))
+    print(f"\ngpt3_tiny, {args.nodes} local nodes, {args.steps} steps, global batch 32; kill node 1 (backward, step 20), "
+          "kill node 3 (step 40), one node joins (step 60)")  # fmt: skip
+    print(table(ours, theirs))
+    if args.only is None:
+        ratio = ours["samples_per_s"] / theirs["samples_per_s"] if theirs["samples_per_s"] else float("inf")
+        recovery = statistics.median(theirs["recovery_s"]) / statistics.median(ours["recovery_s"]) if ours["recovery_s"] and theirs["recovery_s"] else None
+        print(f"\nthroughput oobleck / torchft: {ratio:.2f}x" + (f"; median recovery torchft / oobleck: {recovery:.1f}x" if recovery else ""))
+    big = too_big(args.nodes)
+    print(f"\ncluster.device_memory_gb=0.006 (gpt3_tiny needs 2 nodes per replica):\n  torchft: refused before launch: {big['torchft']}")
+    print(f"  oobleck: {big['oobleck_layout']}, {big['oobleck_samples_per_s']} samples/s")
+    if args.out:
+        args.out.write_text(json.dumps({"oobleck": ours, "torchft": theirs, "too_big": big}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""What every worker program shares: its command line, registration, error report and faults.
+
+A node agent starts ``python -m <Strategy.worker_module> --store HOST:PORT --node-id K
+--local-rank R --incarnation I --run-id X`` (``oobleck.runtime.worker``, or a baseline's own
+worker such as ``baselines.torchft.worker``). ``run_worker`` parses that, builds the worker,
+registers it in the store (``keys.worker_registered``: the controller counts the node up), runs
+it, and on an exception writes the traceback to ``keys.worker_error`` (the controller stops the
+run and prints it) and returns 1. ``exit_now`` ends the process without interpreter teardown.
+``parse_strike`` reads a fault armed for the worker's node (``keys.strike``, signed by the
+controller) and ``carry_out_strike`` fires it at the point of the step it names; ``stop_requested``
+is the controller's signed ``keys.STOP``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from oobleck.runtime import keys
+
+
+class InjectedFault(Exception):
+    """Raised on purpose by a ``raise`` fault event (tests the error path)."""
+
+
+STRIKE_ACTIONS = ("remove", "freeze", "raise")
+
+
+def parse_strike(secret: str, value: bytes) -> Optional[dict[str, Any]]:
+    """The armed fault a ``strike/<node>`` value holds, if the controller signed it (anything
+    else, e.g. a foreign write, is ignored: it must not take the node down)."""
+    text = keys.verified(secret, value)
+    try:
+        strike = json.loads(text) if text is not None else None
+    except ValueError:
+        strike = None
+    if not isinstance(strike, dict) or strike.get("action") not in STRIKE_ACTIONS or not isinstance(strike.get("phase"), str):
+        return None
+    return strike
+
+
+def stop_requested(store: Any, secret: str) -> bool:
+    """Whether the controller stopped the run: only its own (signed) ``stop`` counts, a foreign
+    write of the key ends nothing."""
+    return store.check([keys.STOP]) and keys.verified(secret, store.get(keys.STOP)) is not None
+
+
+def carry_out_strike(strike: dict[str, Any], store: Any, node: int, where: str) -> None:
+    """Fire an armed fault now: record when (``keys.strike_time``), then raise (``raise``) or take
+    the node's whole process group, agent and workers, down at once (SIGKILL; SIGSTOP to freeze)."""
+    store.set(keys.strike_time(node), repr(time.time()))
+    if strike["action"] == "raise":
+        raise InjectedFault(f"injected failure on node {node} at {where}")
+    os.killpg(os.getpgrp(), signal.SIGSTOP if strike["action"] == "freeze" else signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    host: str
+    port: int
+    node: int
+    local_rank: int
+    incarnation: int
+    run_id: str
+
+
+def parse_worker_args(prog: str, description: str, argv: Optional[list[str]] = None) -> WorkerArgs:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--store", required=True, help="HOST:PORT of the controller's TCPStore")
+    parser.add_argument("--node-id", type=int, required=True)
+    parser.add_argument("--local-rank", type=int, required=True)
+    parser.add_argument("--incarnation", type=int, default=0, help="how many times this node's workers were restarted")
+    parser.add_argument("--run-id", default="", help="a tag of the run (lets tools find its processes)")
+    args = parser.parse_args(argv)
+    host, _, port = args.store.rpartition(":")
+    return WorkerArgs(host, int(port), args.node_id, args.local_rank, args.incarnation, args.run_id)
+
+
+def run_worker(
+    prog: str,
+    description: str,
+    build: Callable[[WorkerArgs], Any],
+    argv: Optional[list[str]] = None,
+    *,
+    quiet: tuple[type[BaseException], ...] = (),
+) -> int:
+    """Build (``build(args)``: an object with ``store`` and ``run()``, optionally ``close()``),
+    register and run a worker; 0 when it returns or raises one of ``quiet``, 1 on an error."""
+    args = parse_worker_args(prog, description, argv)
+    store = worker = None
+    try:
+        worker = build(args)
+        store = worker.store
+        store.set(keys.worker_registered(args.node, args.local_rank, args.incarnation), json.dumps({"pid": os.getpid()}))
+        worker.run()
+        return 0
+    except quiet:
+        return 0
+    except BaseException:
+        text = traceback.format_exc()
+        try:
+            if store is None:
+                from oobleck.runtime.comm import make_store
+
+                store = make_store(args.host, args.port, 10.0)
+            store.set(keys.worker_error(args.node, args.local_rank), text)
+        except Exception:
+            pass
+        print(text, file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if worker is not None and hasattr(worker, "close"):
+            worker.close()
+
+
+def exit_now(code: int) -> None:
+    """Flush and exit without interpreter teardown: abandoned process groups and communication
+    libraries' threads may still hold sockets, and their destructors can block."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
