@@ -58,7 +58,7 @@ def parse(line: str) -> dict[str, Any]:
     """The message a line holds, checked against its schema."""
     try:
         message = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep, e.g. "[" * 60000
         raise ProtocolError(f"not JSON: {line[:80]!r}") from None
     if not isinstance(message, dict):
         raise ProtocolError(f"not a JSON object: {line[:80]!r}")

@@ -114,3 +114,21 @@ def test_join_the_run_outlives_is_reported_not_hidden(tmp_path):
     assert {"join_started", "join_not_absorbed"} <= set(events["kind"])
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["joins_not_absorbed"] == [4] and summary["steps"] == 6
+
+
+def test_a_run_dir_that_cannot_be_written_is_one_line(tmp_path):
+    """The run dir cannot be created (a file stands where its parent should be: this fails even
+    for root, which a read-only mode would not stop): one line naming the key, exit 2, and
+    nothing started. ``launch`` refuses it the same way before any process starts."""
+    from oobleck.elastic.job import check_writable
+    from oobleck.errors import RunError
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    result, strays = run_cli(blocker / "run", "failures=none", timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot write" in lines[0] and "hydra.run.dir=<a writable directory>" in lines[0], lines
+    assert strays == []
+    with pytest.raises(RunError, match="cannot write the run dir .*not-a-dir/run"):
+        check_writable(blocker / "run")
