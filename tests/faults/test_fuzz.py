@@ -22,6 +22,8 @@ import socket
 import threading
 import time
 
+import pytest
+
 from oobleck.elastic.job import launch
 from oobleck.runtime import keys
 from oobleck.runtime.comm import make_store
@@ -131,3 +133,10 @@ def test_hostile_clients_and_foreign_writes_change_nothing(tmp_path, capfd):
     assert "Traceback" not in err, err[-3000:]
     # one line per client dropped before it said a valid hello (every attacking client)
     assert err.count("oobleck: dropped an agent connection from 127.0.0.1:") >= attacker.rounds - 1, err[-3000:]
+
+
+def test_a_line_nested_too_deep_for_json_is_a_protocol_error():
+    from oobleck.elastic.protocol import ProtocolError, parse
+
+    with pytest.raises(ProtocolError, match="not JSON"):
+        parse("[" * 60_000)

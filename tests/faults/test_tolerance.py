@@ -39,13 +39,18 @@ def test_recovery_keeps_f_plus_one_pipelines_and_reports_the_drop(tmp_path, caps
     assert [sorted(r["removed"]) for r in outcome.recoveries] == [[2], [3], [4], [0, 5]]
     assert all(r["kind"] == "reconfiguration" for r in outcome.recoveries), outcome.recoveries
 
-    # Every plan is checked when published: only the one after step 30 (one pipeline) survives
-    # fewer than f failures, so recovery kept f+1 pipelines until then.
-    assert outcome.fault_tolerance == [{"step": 30, "tolerated": 0, "wanted": 2}]
+    # Every plan is checked when published: only plans after step 30 survive fewer than f
+    # failures, so recovery kept f+1 pipelines until then. (Nodes 0 and 5 may be detected apart:
+    # the plan for the first loss, superseded by the second, tolerates one and is reported too.)
+    drops = outcome.fault_tolerance
+    assert {d["step"] for d in drops} == {30} and drops[-1] == {"step": 30, "tolerated": 0, "wanted": 2}, drops
     assert (summary["fault_tolerance_min"], summary["fault_tolerance_wanted"]) == (0, 2)
     assert json.loads((run_dir / "summary.json").read_text())["fault_tolerance_min"] == 0
     events = pd.read_csv(run_dir / "events.csv")
-    (drop,) = events[events["kind"] == "fault_tolerance_reduced"].itertuples()
-    assert (drop.tolerated, drop.wanted) == (0, 2)
-    lines = [line for line in capsys.readouterr().out.splitlines() if "job.fault_tolerance=2" in line]
-    assert lines == ["oobleck: warning: the plan now survives only 0 simultaneous node failure(s), not job.fault_tolerance=2"]
+    reported = events[events["kind"] == "fault_tolerance_reduced"]
+    assert list(zip(reported["tolerated"], reported["wanted"])) == [(d["tolerated"], 2) for d in drops]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("oobleck: warning: the plan now survives")]
+    assert lines == [
+        f"oobleck: warning: the plan now survives only {d['tolerated']} simultaneous node failure(s), not job.fault_tolerance=2"
+        for d in drops
+    ]
