@@ -1,13 +1,15 @@
 """The chaos suite (issue 18): a random fault loop on a real local cluster, checked end to end.
 
 One run of gpt3_tiny (f=1) starts on ``NODES`` local nodes while the schedule keeps joining nodes
-(``JOINS`` batches of ``JOIN_SIZE``). A seeded chaos thread waits until the run is settled (no
-recovery in flight, ``GAP`` steps committed since the last one) and hits one node of the plan with
+(``JOINS`` of one node each, one booting at a time). A seeded chaos thread waits until the run is
+settled (no failure or join in flight, ``GAP`` steps committed in the current generation, at least
+``MIN_ALIVE`` nodes left after the fault) and hits one node of the plan, never two at once, with
 the next fault of a seeded shuffle that holds every kind: SIGKILL of one worker, of the agent alone,
 of the whole node; SIGSTOP of one worker or of the agent alone (only heartbeats reveal those); or
 a strike armed through the store (signed with the run's secret, as the injector does) that kills
 or freezes the node at a phase of the next step: forward, backward, gradient all-reduce,
-optimizer, or while the next reconfiguration forms (a second failure during a recovery). Node 0 is
+or optimizer. (A second failure while a recovery forms is tested on chosen nodes in
+``tests/faults/test_recovery.py``: at random, with f=1, it may take a layer's last replica.) Node 0 is
 never hit: it is the survivor whose resources are watched. Then:
 
 - the run equals single-process training (losses and final parameters), with every step
@@ -40,14 +42,17 @@ from oobleck.runtime.worker import resource_probe
 
 SEED = 18
 NODES = 6
-JOINS, JOIN_SIZE = 7, 3
+JOINS, JOIN_SIZE = 12, 1  # one node per join: a generation per boot (boots are what costs)
 STEPS = 500
 GAP = 3  # steps committed after a recovery before the next fault
 MIN_ALIVE = 3  # never hit a node when fewer would be left than this (f+1 pipelines and a spare)
-FAULTS = 24
+FAULTS = 16  # with the joins, up to 28 generation changes
 SURVIVOR = 0
 HEARTBEAT_TIMEOUT_S = 2.5
-PHASES = ("forward", "backward", "allreduce", "optimizer", "reconfigure")
+# A strike while a reconfiguration forms is a second failure during a recovery: with f=1 it may
+# hit the last replica of a layer, which no recovery survives (tests/faults/test_recovery.py
+# covers it on a chosen node). The chaos loop hits one node at a time.
+PHASES = ("forward", "backward", "allreduce", "optimizer")
 KINDS = ("kill_worker", "kill_agent", "kill_node", "freeze_worker", "freeze_agent", *(f"strike_{p}" for p in PHASES))
 # What the controller must say each kind was (events.csv, the failure's reason).
 REASONS = {
@@ -68,7 +73,6 @@ class Chaos:
         self.hits: list[tuple[str, int]] = []
         self.samples: list[dict] = []  # the controller's resources after each recovery
         self.ports: list[int] = []  # the store's and the agent port
-        self.armed_reconfigure: int | None = None  # a victim struck in the next reconfiguration
         self.error: BaseException | None = None
         self._stop = threading.Event()
 
@@ -110,37 +114,31 @@ class Chaos:
         host, _, port = c.store_address.rpartition(":")
         store = make_store(host, int(port), 30.0)
         for kind in kinds:
-            victim = self._settle(kind)
+            victim = self._settle()
             if victim is None:
                 return
             self.hits.append((kind, victim))
             self._strike(kind, victim, store, c.secret)
-            if kind == "strike_reconfigure":
-                self.armed_reconfigure = victim  # it fires while the next fault is recovered
-            else:
-                self._wait_failed(victim)
+            self._wait_recovered(victim)
 
-    def _settle(self, kind: str) -> int | None:
-        """Wait until a fault may land; returns its victim (None: the run is ending)."""
+    def _settle(self) -> int | None:
+        """Wait until a fault may land: no failure or join in flight, ``GAP`` steps committed in
+        the current generation, and ``MIN_ALIVE`` nodes left after it; returns its victim (None:
+        the run is ending)."""
         c = self.controller
         while not self._stop.wait(0.02):
             ledger, membership = c.ledger, c.membership
             if ledger.next_step > STEPS - 40:
                 return None  # leave the last steps to finish the run
-            last = c.outcome.recoveries[-1]["resume_step"] if c.outcome.recoveries else 0
-            if c.recovery is not None or membership.pending() or ledger.next_step < last + GAP:
+            generation = ledger.generations.get(ledger.generation)
+            if c.recovery is not None or membership.pending() or generation is None or ledger.next_step < generation.resume_step + GAP:
                 continue
             try:  # the controller's thread may be adding a joining node to the table right now
                 alive = membership.alive()
             except RuntimeError:
                 continue
-            if self.armed_reconfigure is not None and membership.nodes[self.armed_reconfigure].failed:
-                self.armed_reconfigure = None
-            doomed = {SURVIVOR, self.armed_reconfigure}
-            candidates = sorted(n for n in alive if n in ledger.layout.plan.nodes and n not in doomed)
-            # every fault leaves MIN_ALIVE nodes, also after an armed reconfigure strike fires
-            left = len(alive) - 1 - (self.armed_reconfigure is not None) - (kind == "strike_reconfigure")
-            if left < MIN_ALIVE or not candidates or (kind == "strike_reconfigure" and self.armed_reconfigure is not None):
+            candidates = sorted(n for n in alive if n in generation.layout.plan.nodes and n != SURVIVOR)
+            if len(alive) - 1 < MIN_ALIVE or not candidates:
                 continue
             return self.rng.choice(candidates)
         return None
@@ -152,8 +150,6 @@ class Chaos:
         if kind.startswith("strike_"):
             phase = kind.removeprefix("strike_")
             strike = {"step": self.controller.ledger.next_step + 1, "phase": phase, "action": self.rng.choice(["remove", "freeze"])}
-            if phase == "reconfigure":
-                strike["generation"] = self.controller.ledger.generation + 1
             store.set(keys.strike(victim), keys.sign(secret, json.dumps(strike)))
         elif kind == "kill_worker":
             os.kill(worker, signal.SIGKILL)
@@ -166,9 +162,11 @@ class Chaos:
         elif kind == "freeze_agent":
             os.kill(agent, signal.SIGSTOP)
 
-    def _wait_failed(self, victim: int) -> None:
+    def _wait_recovered(self, victim: int) -> None:
+        """Until a finished recovery removed ``victim`` (its failure and plan are then done with:
+        the controller's own flags leave gaps between detecting, planning and publishing)."""
         c = self.controller
-        while not c.membership.nodes[victim].failed and c.ledger.next_step <= STEPS - 40:
+        while not any(victim in r["removed"] for r in list(c.outcome.recoveries)) and c.ledger.next_step <= STEPS - 40:
             if self._stop.wait(0.02):
                 return
 
@@ -218,8 +216,6 @@ def test_every_fault_became_a_failure_with_its_cause(chaos_run):
     failures = failures[failures["kind"] == "failure"].set_index("node")
     removed = {n for r in outcome.recoveries for n in r["removed"]}
     for kind, node in chaos.hits:
-        if kind == "strike_reconfigure" and node not in failures.index:
-            continue  # armed for a reconfiguration that had not come yet when the run ended
         assert node in removed and node in failures.index, (kind, node)
         row = failures.loc[node]
         if kind in REASONS:
