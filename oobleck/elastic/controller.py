@@ -179,7 +179,7 @@ class Controller:
                 f"cannot host the store on {cluster.master_addr}:{cluster.master_port} ({error}); "
                 "the port is probably in use: set cluster.master_port=<free port> or 0 to pick one"
             ) from None
-        self._listener = listener  # the server owns the descriptor now; keep the object alive
+        listener.detach()  # the server owns the descriptor now (and closes it when the store goes)
         self.store.set(keys.CONFIG, json.dumps(self.config_dict))
 
     @property

@@ -409,6 +409,12 @@ class Membership:
             if state.channel is not None:
                 state.channel.close()
         if self.server is not None:
+            # close() alone neither wakes the accept thread (blocked in accept, it keeps this
+            # object and the store alive) nor ends the LISTEN state; shutdown does both.
+            try:
+                self.server.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self.server.close()
 
     def describe(self) -> dict[int, dict[str, Any]]:

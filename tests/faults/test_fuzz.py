@@ -16,6 +16,7 @@ with one log line.
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import socket
@@ -27,7 +28,8 @@ import pytest
 from oobleck.elastic.job import launch
 from oobleck.runtime import keys
 from oobleck.runtime.comm import make_store
-from oobleck.runtime.testing import assert_matches_reference, tiny_config
+from oobleck.elastic.local import run_processes
+from oobleck.runtime.testing import assert_matches_reference, tcp_states, tiny_config
 
 SEED = 18
 NODES = 3
@@ -65,6 +67,7 @@ class Attacker:
         self.rounds = 0
         self.refused_elsewhere: list[int] = []
         self.error: BaseException | None = None
+        self.ports: list[int] = []
 
     def __call__(self, controller) -> None:
         self.controller = controller
@@ -83,6 +86,7 @@ class Attacker:
         while c.train_started is None and time.monotonic() < deadline:
             time.sleep(0.05)
         agent_port = c.membership.server.getsockname()[1]
+        self.ports = [c.store.port, agent_port]
         for port in (c.store.port, agent_port):
             with socket.socket() as probe:
                 probe.settimeout(5)
@@ -131,6 +135,11 @@ def test_hostile_clients_and_foreign_writes_change_nothing(tmp_path, capfd):
     assert_matches_reference(cfg, outcome, run_dir)
     err = capfd.readouterr().err
     assert "Traceback" not in err, err[-3000:]
+    # Once the run's objects are gone, neither port listens (the store's server lives with its object).
+    run_id, attacker.controller = attacker.controller.run_id, None
+    gc.collect()
+    assert run_processes(run_id) == [] and len(attacker.ports) == 2
+    assert [port for port in attacker.ports if "LISTEN" in tcp_states(port)] == []
     # one line per client dropped before it said a valid hello (every attacking client)
     assert err.count("oobleck: dropped an agent connection from 127.0.0.1:") >= attacker.rounds - 1, err[-3000:]
 
