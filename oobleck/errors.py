@@ -77,10 +77,14 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
 EXIT_REQUEUE = 75  # sysexits.h EX_TEMPFAIL: slurm/run.sbatch requeues the job on it
 
 
+_body = {"started": False}  # set once an entry point's body runs (``report_errors``)
+
+
 @contextlib.contextmanager
 def report_errors(program: str) -> Iterator[None]:
     """Print an ``OobleckError`` as ``<program>: error: <message>`` and exit with status 2 (or the
     error's own ``exit_code``: a run stopped by a signal)."""
+    _body["started"] = True
     try:
         yield
     except Stopped as error:
@@ -108,6 +112,7 @@ def run_app(main: Callable[[], Any], program: str) -> None:
         main()
         return
     os.environ[HYDRA_FULL_ERROR] = "1"
+    _body["started"] = False
     try:
         main()
     except (HydraException, OmegaConfBaseException) as error:
@@ -116,8 +121,32 @@ def run_app(main: Callable[[], Any], program: str) -> None:
     except KeyboardInterrupt:  # before the task's own handling (oobleck.cli.entry) took over
         print(f"\n{program}: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
+    except (OSError, ValueError) as error:
+        # Before the body runs, Hydra creates the run dir and opens its log file there; a run dir
+        # that cannot be written fails right there (an OSError, or logging's ValueError around it).
+        cause = _os_error(error)
+        if _body["started"] or cause is None:
+            raise
+        print(f"{program}: error: {unwritable_message(cause)}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USER_ERROR)
     finally:
         os.environ.pop(HYDRA_FULL_ERROR, None)
+
+
+def unwritable_message(error: OSError, where: str | None = None) -> str:
+    """One line for a run dir that cannot be written, naming the key that chooses it."""
+    where = where or (str(error.filename) if error.filename else "the run dir")
+    return f"cannot write {where} ({error.strerror or error}); set hydra.run.dir=<a writable directory>"
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """The OSError behind ``error`` (itself, or along its causes)."""
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None or isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def hydra_error_message(error: BaseException, program: str) -> str:

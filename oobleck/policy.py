@@ -7,7 +7,8 @@
   stand by.
 - Beyond what in-place recovery covers (more than f failures, a layer without a live replica,
   too few nodes): before the first commit every layer is still its seeded state, so the
-  survivors simply start over on a fresh plan; after it, restart from the latest checkpoint on
+  survivors simply start over on a fresh plan (with as many of the f+1 pipelines as they can
+  host; the runtime reports a plan that tolerates fewer than f failures); after it, restart from the latest checkpoint on
   the survivors with a fresh plan (``RESTART``), or stop when there is no checkpoint.
 """
 
@@ -41,11 +42,12 @@ class Oobleck(Strategy):
     Config = OobleckConfig
     tolerates_in_place = True
 
-    def _instantiate(self, nodes: Sequence[int]) -> ExecutionPlan:
+    def _instantiate(self, nodes: Sequence[int], fault_tolerance: int | None = None) -> ExecutionPlan:
         from oobleck.planning.instantiate import instantiate
 
         ctx = self.context
-        return instantiate(ctx.templates(), sorted(nodes), ctx.global_batch_size, ctx.microbatch_size, ctx.fault_tolerance)
+        f = ctx.fault_tolerance if fault_tolerance is None else fault_tolerance
+        return instantiate(ctx.templates(), sorted(nodes), ctx.global_batch_size, ctx.microbatch_size, f)
 
     def start(self, nodes: Sequence[int]) -> Decision:
         try:
@@ -81,12 +83,7 @@ class Oobleck(Strategy):
 
     def _beyond_in_place(self, state: RunState, why: str) -> Decision:
         if state.step == 0:
-            # Nothing has committed: every layer is still its seeded initial state, which each
-            # worker builds itself, so a fresh plan on the survivors loses nothing.
-            fresh = self.start(state.alive)
-            if fresh.kind is Kind.STOP:
-                return fresh
-            return Decision(Kind.RECONFIGURE, fresh.layout, reason=f"starting over before the first commit: {why}")
+            return self._start_over(state.alive, why)
         if state.checkpoint_step is None:
             return Decision(
                 Kind.STOP,
@@ -94,3 +91,22 @@ class Oobleck(Strategy):
                 "checkpoint to fall back on; set checkpoint.every_steps=<k> to make runs restartable",
             )
         return self.restart(state, f"in-place recovery impossible ({why}): restart from the checkpoint of step {state.checkpoint_step}")
+
+    def _start_over(self, alive: Sequence[int], why: str) -> Decision:
+        """Nothing has committed: every layer is still its seeded initial state, which each worker
+        builds itself, so a fresh plan on the survivors loses nothing. Like a reconfiguration it
+        keeps as many of the f+1 pipelines as the survivors can host."""
+        n0 = self.context.templates().min_nodes
+        most = len(alive) // n0 - 1  # the largest f the survivors allow
+        if most < 0:
+            return Decision(
+                Kind.STOP,
+                reason=f"{why}; nor can the run start over before the first commit: the {len(alive)} surviving node(s) "
+                f"{list(alive)} cannot hold one pipeline (n0={n0} nodes)",
+            )
+        try:
+            plan = self._instantiate(alive, min(self.context.fault_tolerance, most))
+        except PlanningError as error:
+            return Decision(Kind.STOP, reason=f"{why}; nor can the run start over on the surviving nodes {list(alive)}: {error}")
+        standby = [n for n in alive if n not in plan.nodes]
+        return Decision(Kind.RECONFIGURE, plan_layout(plan, standby), reason=f"starting over before the first commit: {why}")

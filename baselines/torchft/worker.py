@@ -53,7 +53,7 @@ from oobleck.errors import RunError
 from oobleck.models import build_reference_model, loss_fn
 from oobleck.runtime import keys
 from oobleck.runtime.comm import make_store
-from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, run_worker
+from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, parse_strike, run_worker, stop_requested
 from oobleck.runtime.state import learning_rate, tensor_hash
 from oobleck.strategy import strategy_config
 
@@ -112,6 +112,7 @@ class TorchftWorker:
         self.attempts = self.commits = self.failed_votes = self.failed_since_commit = 0
         self.heals: list[dict[str, float]] = []
         self.strike: Optional[dict[str, Any]] = None
+        self.secret = os.environ.get(keys.SECRET_ENV, "")  # handed down by the agent: strikes and stop are signed
         self.phase_seconds: dict[str, float] = {}
 
         c = self.config
@@ -160,9 +161,9 @@ class TorchftWorker:
     def _read_strike(self) -> None:
         key = keys.strike(self.node)
         if self.strike is None and self.store.check([key]):
-            self.strike = json.loads(self.store.get(key))
+            self.strike = parse_strike(self.secret, self.store.get(key))  # None: a foreign write
             self.store.delete_key(key)
-            if self.strike["phase"] == "reconfigure":
+            if self.strike is not None and self.strike["phase"] == "reconfigure":
                 raise RunError("strategy=torchft has no reconfiguration phase to strike in (torchft heals in place); use phase any|forward|backward|allreduce|optimizer")
 
     def _phase(self, phase: str, step: int) -> None:
@@ -184,7 +185,7 @@ class TorchftWorker:
         # which would need one, are refused before launch: baselines.torchft.service).
         self.generation = int(self.store.get(keys.GEN))
         while self.manager.current_step() < self.steps:
-            if self.store.check([keys.STOP]):
+            if stop_requested(self.store, self.secret):
                 return False
             self.attempt()
         self.publish_final()

@@ -179,7 +179,7 @@ class Controller:
                 f"cannot host the store on {cluster.master_addr}:{cluster.master_port} ({error}); "
                 "the port is probably in use: set cluster.master_port=<free port> or 0 to pick one"
             ) from None
-        self._listener = listener  # the server owns the descriptor now; keep the object alive
+        listener.detach()  # the server owns the descriptor now (and closes it when the store goes)
         self.store.set(keys.CONFIG, json.dumps(self.config_dict))
 
     @property
@@ -200,7 +200,9 @@ class Controller:
                 event=self._event, extra={"strategy": self.strategy.name, "run_id": self.run_id, "rng": _RNG_NOTE},
             )  # fmt: skip
             self.checkpoints.completed_rows = self.ledger.outcome.checkpoints
-            self.firing = FaultFiring(Injector(list(self.schedule), seed=int(self.cfg.failures.seed)), self.store, self.membership, self._event)
+            self.firing = FaultFiring(
+                Injector(list(self.schedule), seed=int(self.cfg.failures.seed)), self.store, self.membership, self._event, secret=self.secret
+            )
             self.firing.next_node_id = int(self.cfg.cluster.nodes)
             run = RunInfo(str(self.cfg.cluster.master_addr), self.store_address, self.run_id, self.run_dir, self.config_dict)
             self.store.set(keys.SERVICES, json.dumps(self._services.enter_context(self.strategy.services(run))))
@@ -332,6 +334,7 @@ class Controller:
         while ledger.next_step < self.steps:
             membership.drain(LOOP_TICK_S)
             membership.check_heartbeats()
+            self._check_workers()
             self._check_established()
             ledger.check_commits()
             self._after_commits()
@@ -365,6 +368,32 @@ class Controller:
         if recovery is not None and ledger.generation == recovery.generation and ledger.next_step > recovery.resume_step:
             self._finish_recovery()
 
+    def _check_workers(self) -> None:
+        """Frozen workers fail their nodes; so do the ranks a timed-out collective waited on."""
+        ledger, membership = self.ledger, self.membership
+        assert ledger is not None and membership is not None
+        plan = ledger.generations[ledger.generation].layout.plan
+        verdict = membership.check_workers(ledger.generation, {a.worker: a.rank for a in plan.assignments()})
+        if verdict is None or membership.lost_pending():
+            return
+        timeout = self.cfg.cluster.collective_timeout_s
+        workers = {a.rank: a.worker for a in plan.assignments()}
+        if not verdict.culprits:
+            raise RunError(
+                f"generation {ledger.generation}: rank {verdict.waiter} waited {verdict.waited_s:.1f} s for {verdict.what}, "
+                f"past cluster.collective_timeout_s={timeout}, and every rank it waits on waits on another: no rank to blame"
+            )
+        now = time.time()
+        for rank in verdict.culprits:
+            node, local_rank = workers[rank]
+            membership.node_failed(
+                node,
+                f"worker {local_rank} (rank {rank}) did not answer: rank {verdict.waiter} waited {verdict.waited_s:.1f} s "
+                f"for {verdict.what} (cluster.collective_timeout_s={timeout})",
+                now,
+                cause=now - verdict.waited_s,
+            )
+
     def _check_established(self) -> None:
         assert self.ledger is not None
         generation = self.ledger.check_established()
@@ -384,9 +413,13 @@ class Controller:
             )  # fmt: skip
         if layout.standby:
             self._event("standby_at_end", nodes=list(layout.standby))
-        if self.firing.remaining:
-            self.outcome.events_not_applied = self.firing.remaining
-            self._event("schedule_not_finished", remaining_events=self.firing.remaining)
+        unfired = self.firing.unfired()
+        if self.firing.remaining or unfired:
+            self.outcome.events_not_applied = self.firing.remaining + len(unfired)
+            self._event(
+                "schedule_not_finished", remaining_events=self.firing.remaining,
+                armed_not_fired="; ".join(f"{e.origin} (phase {e.phase})" for e in unfired),
+            )  # fmt: skip
 
     def _fire_faults(self) -> None:
         membership, firing, ledger = self.membership, self.firing, self.ledger
@@ -647,7 +680,7 @@ class Controller:
         if self.store is None:
             return
         try:
-            self.store.set(keys.STOP, message)
+            self.store.set(keys.STOP, keys.sign(self.secret, message))
             if self.ledger is not None and self.ledger.generation >= 0:
                 self.store.compare_set(keys.decision(self.ledger.generation, self.ledger.next_step), "", keys.ABORT)
                 self.store.compare_set(keys.established(self.ledger.generation), "", keys.NO)

@@ -21,16 +21,23 @@ from oobleck.runtime import keys
 
 
 class FaultFiring:
-    def __init__(self, injector: Injector, store: Any, membership: Any, event: Callable[..., None]) -> None:
+    def __init__(self, injector: Injector, store: Any, membership: Any, event: Callable[..., None], *, secret: str) -> None:
         self.injector = injector
+        self.secret = secret  # strikes are signed: a foreign strike/<node> must not kill the node
         self.store = store
         self.membership = membership
         self.event = event
         self.next_node_id = 0
+        self.armed: list[tuple[Any, tuple[int, ...]]] = []  # (event, nodes) armed through the store
 
     @property
     def remaining(self) -> int:
         return self.injector.remaining
+
+    def unfired(self) -> list[Any]:
+        """Armed events that never struck (a ``phase: reconfigure`` strike with no reconfiguration
+        after it, a step the run never reached): some node's worker never set its strike time."""
+        return [event for event, nodes in self.armed if not all(self.store.check([keys.strike_time(n)]) for n in nodes)]
 
     def fire_due(self, next_step: int, elapsed_s: float, generation: int) -> None:
         for action in self.injector.due(next_step, elapsed_s, self.membership.alive()):
@@ -52,7 +59,8 @@ class FaultFiring:
                 strike: dict[str, Any] = {"step": event.step, "phase": event.phase.value, "kind": event.kind.value}
                 if event.phase is Phase.RECONFIGURE:
                     strike["generation"] = generation + 1
-                self.store.set(keys.strike(node), json.dumps(strike))
+                self.store.set(keys.strike(node), keys.sign(self.secret, json.dumps(strike)))
+            self.armed.append((event, tuple(action.nodes)))
             self.event("fault_armed", nodes=list(action.nodes), phase=event.phase.value, action=event.kind.value, armed_for_step=event.step)
             return
         assert action.kind.signal is not None, f"{action.kind} is struck by workers, never by the controller"

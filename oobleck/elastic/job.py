@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
 from oobleck.config import to_container, validate
 from oobleck.elastic.controller import Controller, Outcome, summarize
-from oobleck.errors import OobleckError, RunError
+from oobleck.errors import OobleckError, RunError, unwritable_message
 from oobleck.faults.schedule import build_schedule
 from oobleck.planning.plan import ExecutionPlan
 from oobleck.strategy import Decision, Kind, Strategy, StrategyContext, build_strategy
@@ -100,9 +101,11 @@ def launch(
     initial_plan: Optional[ExecutionPlan] = None,
     recorder: bool = True,
     handle_signals: bool = False,
+    on_start: Optional[Callable[[Controller], None]] = None,
 ) -> tuple[Outcome, dict[str, Any]]:
     """Run the job; returns what happened and the summary. Raises ``RunError`` if it had to stop
-    (after writing the summary of what it did). ``handle_signals``: see ``stop_on_signals``."""
+    (after writing the summary of what it did). ``handle_signals``: see ``stop_on_signals``;
+    ``on_start`` is handed the controller before it starts (tests watch or attack the run)."""
     from oobleck.checkpoint import resume_checkpoint
 
     validate(cfg)
@@ -122,6 +125,7 @@ def launch(
         file=sys.stderr,
         flush=True,
     )
+    check_writable(run_dir)
     config_dict = to_container(cfg)
     save_resolved_config(config_dict, run_dir)
     rec = None
@@ -140,6 +144,8 @@ def launch(
     controller = Controller(
         cfg, config_dict, strategy=strategy, initial=initial, run_dir=run_dir, recorder=rec, schedule=schedule, resume=resume
     )
+    if on_start is not None:
+        on_start(controller)
     try:
         with stop_on_signals(controller) if handle_signals else contextlib.nullcontext():
             outcome = controller.run()
@@ -154,6 +160,17 @@ def launch(
         rec.write_json("probes.json", {str(g): {str(r): p for r, p in ranks.items()} for g, ranks in outcome.probes.items()})
         summary = rec.finish(**summary)
     return outcome, summary
+
+
+def check_writable(run_dir: Path) -> None:
+    """Refuse a run dir the run could not write its files to, before any process starts."""
+    probe = run_dir / f".oobleck-write-check-{os.getpid()}"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise RunError(unwritable_message(error, f"the run dir {run_dir}")) from None
 
 
 def save_resolved_config(config: dict[str, Any], run_dir: Path) -> None:

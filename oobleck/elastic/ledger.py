@@ -48,7 +48,7 @@ class Outcome:
     stopped: Optional[str] = None
     phase_seconds: dict[str, dict[str, float]] = field(default_factory=dict)  # "node:rank" -> phase -> s
     joins_not_absorbed: list[int] = field(default_factory=list)  # joining nodes still booting at the end
-    events_not_applied: int = 0  # scheduled events never due before the last step
+    events_not_applied: int = 0  # scheduled events never due before the last step, or armed and never struck
     rolled_back_steps: int = 0  # steps committed, then lost to restarts from checkpoints
     fault_tolerance: list[dict[str, Any]] = field(default_factory=list)  # drops below the job's f
 

@@ -39,7 +39,35 @@ class LocalLauncher(Launcher):
 
 def run_processes(run_id: str) -> list[int]:
     """Pids of live agents and workers of the run tagged ``run_id`` (a /proc scan, no psutil)."""
-    pids = []
+    return sorted(_tagged(run_id))
+
+
+def node_processes(run_id: str) -> dict[int, dict[str, list[int]]]:
+    """The run's live processes by node id: ``{"agent": [pid], "workers": [pids by local rank]}``."""
+    agents: dict[int, list[int]] = {}
+    workers: dict[int, list[tuple[int, int]]] = {}
+    for pid, argv in sorted(_tagged(run_id).items()):
+        node = _flag(argv, "--node-id")
+        if node is None:
+            continue
+        if "oobleck.elastic.agent" in argv:
+            agents.setdefault(node, []).append(pid)
+        else:
+            workers.setdefault(node, []).append((_flag(argv, "--local-rank") or 0, pid))
+    return {
+        node: {"agent": agents.get(node, []), "workers": [pid for _, pid in sorted(workers.get(node, []))]}
+        for node in sorted(set(agents) | set(workers))
+    }
+
+
+def _flag(argv: list[str], name: str) -> int | None:
+    index = argv.index(name) + 1 if name in argv else len(argv)
+    return int(argv[index]) if index < len(argv) and argv[index].isdigit() else None
+
+
+def _tagged(run_id: str) -> dict[int, list[str]]:
+    """Live (not zombie) processes whose command line carries ``--run-id run_id``: pid -> argv."""
+    found: dict[int, list[str]] = {}
     needle = f"--run-id\0{run_id}\0".encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -50,5 +78,5 @@ def run_processes(run_id: str) -> list[int]:
         except OSError:
             continue
         if needle in cmdline and state != "Z":
-            pids.append(int(entry.name))
-    return pids
+            found[int(entry.name)] = cmdline.decode(errors="replace").split("\0")
+    return found

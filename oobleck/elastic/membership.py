@@ -4,13 +4,18 @@ The controller's view of the cluster, fed by the agent port (line-JSON, ``protoc
 store: a node is *up* once its agent said hello with the run's secret and every worker of its
 current incarnation registered in the store; it *fails* when a worker exits unexpectedly, its
 agent's connection closes, or its heartbeats stop for ``cluster.heartbeat_timeout_s`` (it is then
-killed, to be sure it is gone). Failures and arrivals accumulate as pending changes that the
+killed, to be sure it is gone). Every worker also beats on its own (``oobleck.elastic.watchdog``):
+a worker whose heartbeat stops (``kill -STOP`` of the worker alone) fails its node the same way,
+and so do the ranks a collective waited on for longer than ``cluster.collective_timeout_s``.
+Failures and arrivals accumulate as pending changes that the
 controller takes (``take_changes``) and hands to the strategy. Workers are restarted (a new
 *incarnation*) by their agents on request; exits of an older incarnation are expected, not
 failures.
 
-A client that does not present the secret, or sends a message that is not valid, is dropped
-with one log line; it can neither crash the controller nor take a node down.
+A client that does not present the secret, or sends a message that is not valid, or says
+nothing within ``HELLO_TIMEOUT_S``, is dropped with one log line; it can neither crash the
+controller nor take a node down. Messages count only from the connection a node's agent said
+hello on: a second connection for the node is dropped and its close is not the node's.
 """
 
 from __future__ import annotations
@@ -29,8 +34,15 @@ from typing import Any, Callable, Optional
 import torch.distributed as dist
 
 from oobleck.elastic.protocol import Channel, ProtocolError, same_secret
+from oobleck.elastic.watchdog import Beat, Verdict, WorkerBeats, parse_beat, unanswered
 from oobleck.errors import RunError
 from oobleck.runtime import keys
+
+# A connection must say hello within this long (an agent does at once); one that does not is
+# dropped, so idle connections cannot pile up threads and descriptors in the controller.
+HELLO_TIMEOUT_S = 10.0
+# A worker heartbeat older than this many intervals no longer tells what the worker is doing.
+FRESH_BEATS = 3
 
 
 @dataclass
@@ -94,6 +106,8 @@ class Membership:
         self._removed: dict[int, tuple[float, float]] = {}
         self._joined: dict[int, float] = {}
         self.accepting_joins = False  # nodes up before the first plan are not joins
+        self.beats = WorkerBeats()
+        self._next_beat_check = 0.0
 
     # ------------------------------------------------------------------ agent port
     def listen(self) -> None:
@@ -124,6 +138,7 @@ class Membership:
                 sock, peer = self.server.accept()
             except OSError:
                 return
+            sock.settimeout(HELLO_TIMEOUT_S)
             threading.Thread(target=self._read_agent, args=(Channel(sock), peer), daemon=True).start()
 
     def _drop(self, channel: Channel, peer: Any, why: str) -> None:
@@ -137,12 +152,14 @@ class Membership:
                 message = channel.recv()
             except ProtocolError as error:
                 if node is not None:
-                    self.messages.put(("lost", node, None, time.time()))
+                    self.messages.put(("lost", node, channel, time.time()))
                 self._drop(channel, peer, str(error))
                 return
             if message is None:
                 if node is not None:
-                    self.messages.put(("lost", node, None, time.time()))
+                    self.messages.put(("lost", node, channel, time.time()))
+                elif not self.closing:
+                    self._drop(channel, peer, f"closed or silent for {HELLO_TIMEOUT_S} s before saying hello")
                 return
             if node is None:
                 if message["type"] != "hello":
@@ -150,12 +167,13 @@ class Membership:
                 if not same_secret(message["secret"], self.secret):
                     return self._drop(channel, peer, "wrong or missing run secret")
                 node = int(message["node"])
+                channel.sock.settimeout(None)  # an agent may stay quiet between heartbeats
                 self.messages.put(("hello", node, (channel, message), time.time()))
             elif message["type"] == "hello" or int(message.get("node", node)) != node:
-                self.messages.put(("lost", node, None, time.time()))
+                self.messages.put(("lost", node, channel, time.time()))
                 return self._drop(channel, peer, f"node {node}'s agent spoke for another node or said hello twice")
             else:
-                self.messages.put((message["type"], node, message, time.time()))
+                self.messages.put((message["type"], node, (channel, message), time.time()))
 
     # ------------------------------------------------------------------ nodes
     def start_node(self, node: int) -> None:
@@ -221,7 +239,7 @@ class Membership:
                 print(f"oobleck: dropped a second agent for node {node}", file=sys.stderr, flush=True)
                 channel.close()
                 return
-            state.channel, state.pid, state.last_seen = channel, int(message["pid"]), when
+            state.channel, state.pid, state.last_seen = channel, message["pid"], when
             channel.send({
                 "type": "start",
                 "store": self.store_address,
@@ -235,6 +253,10 @@ class Membership:
             return
         if state is None or state.failed:
             return
+        if kind in ("hb", "exit", "lost"):
+            channel, payload = (payload, None) if kind == "lost" else payload
+            if channel is not state.channel:
+                return  # a connection that is not the node's agent (one dropped as a second agent)
         state.last_seen = max(state.last_seen, when)
         if kind == "hb":
             return
@@ -305,6 +327,48 @@ class Membership:
             # Frozen or cut off: make sure it is gone, then treat it as failed.
             self.node_failed(state.node, f"no heartbeat for {now - state.last_seen:.1f} s", now, cause=state.last_seen)
 
+    def check_workers(self, generation: int, ranks: dict[tuple[int, int], int]) -> Optional[Verdict]:
+        """Read every worker's heartbeat (each ``cluster.heartbeat_interval_s``): fail the nodes of
+        workers whose beat stopped for ``cluster.heartbeat_timeout_s``, and return the verdict on a
+        collective of ``generation`` that outlasted ``cluster.collective_timeout_s`` (``ranks``:
+        worker -> its rank in that generation's plan). A worker program that does not beat (its
+        key never appears) is watched through its agent only."""
+        cluster = self.cfg.cluster
+        now = time.time()
+        if now < self._next_beat_check or self.closing or self.run_finished():
+            return None
+        self._next_beat_check = now + float(cluster.heartbeat_interval_s)
+        watched = {
+            keys.heartbeat(state.node, local_rank, state.incarnation): (state.node, local_rank)
+            for state in self.nodes.values()
+            if state.up and not state.failed
+            for local_rank in range(self.gpus)
+        }
+        fresh: dict[tuple[int, int], Optional[Beat]] = {}
+        for key, value in self._read_beats(list(watched)).items():
+            node, local_rank = watched[key]
+            beat = parse_beat(self.secret, value) if value is not None else None
+            if value is None and self.beats.since(key) is None:
+                continue  # this worker program does not beat
+            self.beats.update(key, beat, now)
+            since = self.beats.since(key)
+            assert since is not None
+            silent = now - since
+            if silent > float(cluster.heartbeat_timeout_s):
+                self.node_failed(node, f"worker {local_rank} sent no heartbeat for {silent:.1f} s (frozen or hung)", now, cause=since)
+                continue
+            fresh[(node, local_rank)] = beat if silent <= FRESH_BEATS * float(cluster.heartbeat_interval_s) else None
+        by_rank = {rank: fresh.get(worker) for worker, rank in ranks.items() if not self.nodes[worker[0]].failed}
+        return unanswered(by_rank, generation, float(cluster.collective_timeout_s))
+
+    def _read_beats(self, names: list[str]) -> dict[str, Optional[bytes]]:
+        """The heartbeat values that exist (one round trip when they all do)."""
+        if not names:
+            return {}
+        if self.store.check(names):
+            return dict(zip(names, self.store.multi_get(names)))
+        return {name: self.store.get(name) if self.store.check([name]) else None for name in names}
+
     def node_failed(self, node: int, reason: str, detected: float, cause: Optional[float] = None) -> None:
         state = self.nodes[node]
         if state.failed:
@@ -317,7 +381,7 @@ class Membership:
         if state.kill_time is not None:
             cause = state.kill_time
         elif self.store.check([keys.strike_time(node)]):
-            cause = float(self.store.get(keys.strike_time(node)).decode())
+            cause = _wall_time(self.store.get(keys.strike_time(node)), cause)
         cause = cause if cause is not None else detected
         self.event("failure", node=node, reason=reason, detect_s=round(detected - cause, 4))
         self._joined.pop(node, None)
@@ -345,7 +409,22 @@ class Membership:
             if state.channel is not None:
                 state.channel.close()
         if self.server is not None:
+            # close() alone neither wakes the accept thread (blocked in accept, it keeps this
+            # object and the store alive) nor ends the LISTEN state; shutdown does both.
+            try:
+                self.server.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self.server.close()
 
     def describe(self) -> dict[int, dict[str, Any]]:
         return {n: dataclasses.asdict(s) | {"channel": s.channel is not None} for n, s in self.nodes.items()}
+
+
+def _wall_time(value: bytes, default: Optional[float]) -> Optional[float]:
+    """A time a worker wrote (seconds since the epoch), or ``default`` if it is not one."""
+    try:
+        seconds = float(value.decode())
+    except (UnicodeDecodeError, ValueError):
+        return default
+    return seconds if seconds == seconds and seconds > 0 else default

@@ -25,7 +25,8 @@ import socket
 import threading
 from typing import Any, Optional
 
-SECRET_ENV = "OOBLECK_AGENT_SECRET"
+from oobleck.runtime.keys import SECRET_ENV  # torch-free; re-exported: agents read it here
+
 MAX_LINE_BYTES = 1 << 16  # no legitimate message comes near this
 
 _INT = (int,)
@@ -57,7 +58,7 @@ def parse(line: str) -> dict[str, Any]:
     """The message a line holds, checked against its schema."""
     try:
         message = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep, e.g. "[" * 60000
         raise ProtocolError(f"not JSON: {line[:80]!r}") from None
     if not isinstance(message, dict):
         raise ProtocolError(f"not a JSON object: {line[:80]!r}")

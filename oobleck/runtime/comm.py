@@ -9,6 +9,11 @@ holds every gloo/NCCL difference). Aborted groups are never destroyed in-line: g
 waits for pending operations until the group timeout (measured, see /work/shared/notes), so they
 are parked and released by one reaper thread after that timeout.
 
+A wait that outlasts ``cluster.collective_timeout_s`` does not end the run on its own: the
+worker's heartbeat (``oobleck.runtime.liveness``) says what it waits on and on which ranks, the
+controller turns the ranks that did not answer into a failure, and the abort that follows ends the
+wait like any other; only if no abort comes within the grace does the worker give up.
+
 Point-to-point channels are two-rank groups used with ``broadcast`` (root = sender): gloo's
 ``send``/``recv`` works have no future (``Work::getFuture not implemented``) and would have to be
 busy-polled, and ``wait(timeout)`` on them closes the pair when it expires. One channel per
@@ -18,6 +23,7 @@ busy-polled, and ``wait(timeout)`` on them closes the pair when it expires. One 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -30,6 +36,7 @@ import torch.distributed as dist
 from oobleck.errors import RunError
 from oobleck.runtime import keys
 from oobleck.runtime.backend import Backend
+from oobleck.runtime.liveness import Liveness
 
 
 # Polling a device-side op (see ``Waiter.poll``): the first re-check comes quickly (a collective
@@ -37,6 +44,9 @@ from oobleck.runtime.backend import Backend
 # millisecond, so a long wait costs the host little and a finished op is seen within ~1 ms.
 _POLL_FIRST_S = 20e-6
 _POLL_MAX_S = 1e-3
+# Works whose peers a waiter remembers at most (a generation issues a few per microbatch and
+# waits for each; only works abandoned without a wait could pile up).
+_MAX_EXPECTED = 4096
 
 
 class Aborted(Exception):
@@ -145,19 +155,41 @@ def _completed(work: Any) -> bool:
 
 
 class Waiter:
-    """Abortable waits on collective works and plain futures for one generation."""
+    """Abortable waits on collective works and plain futures for one generation.
 
-    def __init__(self, watch: AbortWatch, timeout_s: float, peer_grace_s: float, backend: Backend) -> None:
+    Each wait is marked in the worker's ``Liveness`` (what, on which ranks: ``expect`` records a
+    work's peers when it is issued) so the controller can see who waits on whom. A wait that
+    times out, or an op that fails, waits ``peer_grace_s`` more for the controller's abort. How a
+    collective's completion is seen is the backend's (``oobleck.runtime.backend``)."""
+
+    def __init__(
+        self, watch: AbortWatch, timeout_s: float, peer_grace_s: float, backend: Backend, liveness: Optional[Liveness] = None
+    ) -> None:
         self.watch = watch
         self.timeout_s = timeout_s
         self.peer_grace_s = peer_grace_s
         self.backend = backend
+        self.liveness = liveness
+        self._peers: dict[int, tuple[int, ...]] = {}  # id(work) -> the ranks it waits on
+
+    def expect(self, work: Any, peers: tuple[int, ...]) -> None:
+        """``work`` (just issued) completes only when ``peers`` take part."""
+        if self.liveness is not None:
+            if len(self._peers) > _MAX_EXPECTED:
+                self._peers.clear()  # works issued and never waited: the map is best-effort
+            self._peers[id(work)] = peers
+
+    def forget_peers(self) -> None:
+        self._peers.clear()
+
+    def _marked(self, what: str, peers: Optional[tuple[int, ...]]) -> Any:
+        return self.liveness.waiting(what, peers) if self.liveness is not None else contextlib.nullcontext()
 
     def _wait_event(self, event: threading.Event, what: str) -> None:
         self.watch.register(event)
         try:
             if not event.wait(self.timeout_s) and not self.watch.aborted.is_set():
-                raise RunError(f"{what} did not complete within cluster.collective_timeout_s={self.timeout_s}")
+                self.await_abort(what, TimeoutError(f"did not complete within cluster.collective_timeout_s={self.timeout_s}"))
         finally:
             self.watch.unregister(event)
         if not _done(event):
@@ -166,7 +198,8 @@ class Waiter:
     def work(self, work: Any, what: str) -> None:
         """Wait until a collective ``work`` has run, the way its backend tells; a failed op waits
         for the controller's abort."""
-        self.backend.wait(self, work, what)
+        with self._marked(what, self._peers.pop(id(work), None)):
+            self.backend.wait(self, work, what)
 
     def wait_future_of(self, work: Any, what: str) -> None:
         """Wait on ``work``'s future (it completes when the op has run: gloo)."""
@@ -177,7 +210,7 @@ class Waiter:
         try:
             future.value()
         except Exception as error:
-            self.after_peer_error(what, error)
+            self.await_abort(what, error)
 
     def poll(self, work: Any, what: str) -> None:
         """Wait until ``work`` has run on the device, the generation is aborted, or the timeout.
@@ -193,32 +226,35 @@ class Waiter:
             if self.watch.aborted.is_set():
                 raise Aborted()
             if time.monotonic() > deadline:
-                raise RunError(f"{what} did not complete within cluster.collective_timeout_s={self.timeout_s}")
+                self.await_abort(what, TimeoutError(f"did not complete within cluster.collective_timeout_s={self.timeout_s}"))
             time.sleep(pause)
             pause = min(2 * pause, _POLL_MAX_S)
         try:
             work.wait()  # orders the current stream after the op; raises if the op failed
         except Exception as error:
-            self.after_peer_error(what, error)
+            self.await_abort(what, error)
 
-    def future(self, future: concurrent.futures.Future, what: str) -> Any:
-        event = _DoneEvent()
-        future.add_done_callback(lambda _f: event.done())
-        self._wait_event(event, what)
-        try:
-            return future.result()
-        except Aborted:
-            raise
-        except RunError:
-            raise
-        except Exception as error:
-            self.after_peer_error(what, error)
+    def future(self, future: concurrent.futures.Future, what: str, peers: Optional[tuple[int, ...]] = None) -> Any:
+        with self._marked(what, peers):
+            event = _DoneEvent()
+            future.add_done_callback(lambda _f: event.done())
+            self._wait_event(event, what)
+            try:
+                return future.result()
+            except Aborted:
+                raise
+            except RunError:
+                raise
+            except Exception as error:
+                self.await_abort(what, error)
 
-    def after_peer_error(self, what: str, error: BaseException) -> None:
-        """A peer vanished under us: its agent reports it, so the abort must follow shortly."""
+    def await_abort(self, what: str, error: BaseException) -> None:
+        """A peer vanished or did not answer: the controller turns that into a failure (from the
+        agent's report, a stopped heartbeat, or this wait's age in our heartbeat), so the abort
+        must follow shortly; raises ``Aborted`` when it does, ``RunError`` if it does not."""
         if self.watch.aborted.wait(self.peer_grace_s):
             raise Aborted() from error
-        raise RunError(f"{what} failed and the controller did not reconfigure within {self.peer_grace_s} s: {error}") from error
+        raise RunError(f"{what} failed ({error}) and the controller did not reconfigure within {self.peer_grace_s} s") from error
 
 
 class _DoneEvent(threading.Event):
@@ -266,7 +302,8 @@ class Communicator:
         """Create every group this rank belongs to (in a global name order, so no two ranks wait
         on each other in opposite orders), in a helper thread so an abort can interrupt it."""
         future = run_in_thread(self._build_all, f"groups-g{self.generation}")
-        self.waiter.future(future, f"creating the process groups of generation {self.generation}")
+        peers = tuple(sorted({r for spec in self._specs for r in spec.ranks} - {self.rank}))
+        self.waiter.future(future, f"creating the process groups of generation {self.generation}", peers)
 
     def _build_all(self) -> None:
         # A private store connection: if this thread is abandoned mid-rendezvous it may block on
@@ -292,22 +329,23 @@ class Communicator:
         return self.groups[name][1].index(global_rank)
 
     # Operations: each returns a work; callers wait with ``self.waiter.work``.
-    def _issued(self, work: Any) -> Any:
+    def _issued(self, work: Any, ranks: tuple[int, ...]) -> Any:
         if len(self.inflight) > 64:
             self.inflight = [w for w in self.inflight if not _completed(w)]
         self.inflight.append(work)
+        self.waiter.expect(work, tuple(r for r in ranks if r != self.rank))
         return work
 
     def allreduce(self, name: str, tensor: torch.Tensor) -> Any:
-        group, _ = self.groups[name]
-        return self._issued(group.allreduce([tensor]))
+        group, ranks = self.groups[name]
+        return self._issued(group.allreduce([tensor]), ranks)
 
     def broadcast(self, name: str, tensor: torch.Tensor, root_global_rank: int) -> Any:
         group, ranks = self.groups[name]
         options = dist.BroadcastOptions()
         options.rootRank = ranks.index(root_global_rank)
         options.rootTensor = 0
-        return self._issued(group.broadcast([tensor], options))
+        return self._issued(group.broadcast([tensor], options), ranks)
 
     def probe_link(self, name: str, sender_global_rank: int, nbytes: int) -> tuple[float, float]:
         """Seconds for a raw gloo ``send``/``recv`` of ``nbytes`` from ``sender_global_rank`` to
@@ -349,6 +387,7 @@ class Communicator:
         self.groups = {}
         self._store = None
         self.inflight = []
+        self.waiter.forget_peers()
         return items
 
 

@@ -6,8 +6,9 @@ worker such as ``baselines.torchft.worker``). ``run_worker`` parses that, builds
 registers it in the store (``keys.worker_registered``: the controller counts the node up), runs
 it, and on an exception writes the traceback to ``keys.worker_error`` (the controller stops the
 run and prints it) and returns 1. ``exit_now`` ends the process without interpreter teardown.
-``carry_out_strike`` fires a fault armed for the worker's node (``keys.strike``) at the point of
-the step it names.
+``parse_strike`` reads a fault armed for the worker's node (``keys.strike``, signed by the
+controller) and ``carry_out_strike`` fires it at the point of the step it names; ``stop_requested``
+is the controller's signed ``keys.STOP``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,28 @@ from oobleck.runtime import keys
 
 class InjectedFault(Exception):
     """Raised on purpose by a ``raise`` fault event (tests the error path)."""
+
+
+STRIKE_KINDS = tuple(kind.value for kind in FaultKind if kind is not FaultKind.JOIN)  # what a node strikes itself with
+
+
+def parse_strike(secret: str, value: bytes) -> Optional[dict[str, Any]]:
+    """The armed fault a ``strike/<node>`` value holds, if the controller signed it (anything
+    else, e.g. a foreign write, is ignored: it must not take the node down)."""
+    text = keys.verified(secret, value)
+    try:
+        strike = json.loads(text) if text is not None else None
+    except ValueError:
+        strike = None
+    if not isinstance(strike, dict) or strike.get("kind") not in STRIKE_KINDS or not isinstance(strike.get("phase"), str):
+        return None
+    return strike
+
+
+def stop_requested(store: Any, secret: str) -> bool:
+    """Whether the controller stopped the run: only its own (signed) ``stop`` counts, a foreign
+    write of the key ends nothing."""
+    return store.check([keys.STOP]) and keys.verified(secret, store.get(keys.STOP)) is not None
 
 
 def carry_out_strike(strike: dict[str, Any], store: Any, node: int, where: str) -> None:

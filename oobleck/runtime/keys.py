@@ -21,9 +21,23 @@ protocol can be read in one place:
 - ``g<g>/step_report/<s>``: a worker's own account of committed step s (JSON), set before its
   decision by workers whose replicas change without a new generation (torchft's): it replaces the
   per-rank losses of the plan (see ``step_report``).
+- ``hb/<node>/<rank>/<incarnation>``: a worker's heartbeat (``oobleck.runtime.liveness``): a counter
+  and what the worker is waiting on, so the controller catches a frozen worker and the ranks that
+  never answered a collective.
+
+Trust: anyone who can connect to the store can read and write every key (torch's TCPStore has no
+authentication, and ``list_keys`` shows them all), so the store listens only on
+``cluster.master_addr`` (loopback for local runs). The values whose forgery would take a node
+down or end the run from outside (``strike/<node>``, ``stop``) and the heartbeats are *signed* with
+the run's secret (``SECRET_ENV``, which the launcher hands the agents and they pass on to their
+workers): a value that does not verify is ignored.
 """
 
 from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Optional
 
 CONFIG = "config"
 GEN = "gen"
@@ -35,6 +49,28 @@ ABORT = "abort"
 CHECKPOINT_REQUEST = "checkpoint/request"
 YES = "yes"
 NO = "no"
+SECRET_ENV = "OOBLECK_AGENT_SECRET"  # the run's secret, in every agent's and worker's environment
+_MAC_CHARS = 32  # 128 bits of HMAC-SHA256, hex
+
+
+def sign(secret: str, text: str) -> str:
+    """``text`` with a MAC under the run's secret (``verified`` gives it back)."""
+    mac = hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest()[:_MAC_CHARS]
+    return f"{mac}:{text}"
+
+
+def verified(secret: str, value: bytes | str) -> Optional[str]:
+    """The text of a value ``sign`` made with ``secret``; None for anything else (a forgery)."""
+    if isinstance(value, bytes):
+        try:
+            value = value.decode()
+        except UnicodeDecodeError:
+            return None
+    mac, sep, text = value.partition(":")
+    if not sep or not secret:
+        return None
+    expected = hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest()[:_MAC_CHARS]
+    return text if hmac.compare_digest(mac, expected) else None
 
 
 def plan(generation: int) -> str:
@@ -116,7 +152,7 @@ def worker_error(node: int, local_rank: int) -> str:
 
 
 def strike(node: int) -> str:
-    """An armed fault for a node: JSON {step, phase, kind} (oobleck.faults.kinds); the node's local rank 0 fires it."""
+    """An armed fault for a node: signed JSON {step, phase, kind} (oobleck.faults.kinds); the node's local rank 0 fires it."""
     return f"strike/{node}"
 
 
@@ -137,3 +173,8 @@ def final_params(layer: int) -> str:
 def phase_times(node: int, local_rank: int) -> str:
     """A worker's seconds spent per step phase over the whole run (published when it finishes)."""
     return f"phases/{node}/{local_rank}"
+
+
+def heartbeat(node: int, local_rank: int, incarnation: int) -> str:
+    """A worker's signed heartbeat (JSON, ``oobleck.runtime.liveness.Liveness``)."""
+    return f"hb/{node}/{local_rank}/{incarnation}"

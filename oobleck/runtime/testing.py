@@ -5,7 +5,8 @@ the same defaults as ``python -m oobleck.run``) with gpt3_tiny, a short job, no 
 off and final parameters collected; ``config_section`` one section of those defaults;
 ``template``/``hand_plan`` build an ``ExecutionPlan`` directly (no planner), so a test can run any
 layout: heterogeneous pipelines, sharded stages, a single deep pipeline, pure data parallelism.
-``assert_matches_reference`` is the exactness check every real-run test ends with.
+``assert_matches_reference`` is the exactness check every real-run test ends with;
+``tcp_states`` reads this host's TCP sockets on a port (listening, CLOSE-WAIT) from /proc.
 """
 
 from __future__ import annotations
@@ -109,3 +110,22 @@ def assert_matches_reference(
             worst = max(worst, float((final[str(layer)][name] - value).abs().max()))
     assert worst <= param_atol, f"largest parameter difference {worst} (tolerance {param_atol})"
     return worst
+
+
+# /proc/net/tcp's state codes (include/net/tcp_states.h)
+TCP_STATES = {"01": "ESTABLISHED", "06": "TIME_WAIT", "08": "CLOSE_WAIT", "0A": "LISTEN"}
+
+
+def tcp_states(port: int) -> list[str]:
+    """The states of this host's TCP sockets whose local port is ``port`` (IPv4 and IPv6)."""
+    states = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                states.append(TCP_STATES.get(fields[3], fields[3]))
+    return states

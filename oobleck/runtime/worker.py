@@ -41,8 +41,9 @@ from oobleck.runtime import keys
 from oobleck.runtime.backend import open_backend
 from oobleck.runtime.checkpointing import CheckpointWriter, restore_layers
 from oobleck.runtime.comm import Aborted, AbortWatch, Communicator, Reaper, Waiter, make_store
-from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, run_worker
+from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, parse_strike, run_worker, stop_requested
 from oobleck.runtime.executor import StepContext, clip_and_step, global_grad_norm, run_schedule, sync_gradients
+from oobleck.runtime.liveness import Liveness
 from oobleck.runtime.state import LayerState, layer_checksum, layer_state, learning_rate
 from oobleck.runtime.topology import Topology, build_topology, group_specs
 from oobleck.runtime.transfer import probe_links, transfer_state
@@ -55,12 +56,21 @@ def resource_probe(extra: dict[str, Any]) -> dict[str, Any]:
         for line in f:
             name, _, value = line.partition(":")
             status[name] = value.strip()
+    fds = os.listdir("/proc/self/fd")
     return {
         "threads": int(status.get("Threads", "0")),
-        "fds": len(os.listdir("/proc/self/fd")),
+        "fds": len(fds),
+        "sockets": sum(1 for fd in fds if _is_socket(f"/proc/self/fd/{fd}")),
         "rss_kb": int(status.get("VmRSS", "0 kB").split()[0]),
         **extra,
     }
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return os.readlink(path).startswith("socket:")
+    except OSError:  # closed since the listing
+        return False
 
 
 class Superseded(Exception):
@@ -76,6 +86,10 @@ class Worker:
         self.store = make_store(host, port, 60.0)
         self.cfg = from_container(json.loads(self.store.get(keys.CONFIG)))
         cluster, job = self.cfg.cluster, self.cfg.job
+        self.secret = os.environ.get(keys.SECRET_ENV, "")  # handed down by the agent
+        self.liveness = Liveness(
+            make_store(host, port, 60.0), keys.heartbeat(node, local_rank, incarnation), self.secret, float(cluster.heartbeat_interval_s)
+        )
         if cluster.torch_threads > 0:
             torch.set_num_threads(int(cluster.torch_threads))
         self.backend = open_backend(cluster, local_rank)
@@ -84,7 +98,7 @@ class Worker:
         self.wait_s = float(cluster.startup_timeout_s)
         self.watch = AbortWatch(host, port, self.timeout_s)
         self.reaper = Reaper(self.timeout_s + float(self.cfg.runtime.reap_margin_s))
-        self.waiter = Waiter(self.watch, self.timeout_s, float(cluster.heartbeat_timeout_s) + 5.0, self.backend)
+        self.waiter = Waiter(self.watch, self.timeout_s, float(cluster.heartbeat_timeout_s) + 5.0, self.backend, self.liveness)
         self.spec = model_spec(self.cfg.model, int(job.seed))
         self.dataset = build_dataset(job, self.cfg.model)
         self.sampler = GlobalBatchSampler(len(self.dataset), int(job.global_batch_size), int(job.seed))
@@ -103,8 +117,14 @@ class Worker:
         except Exception as error:
             raise RunError(f"timed out after {timeout_s} s waiting for {what} (store key {key!r})") from error
 
+    def _wait_world(self, key: str, what: str) -> None:
+        """Wait for a decision every rank of the generation takes part in; past the collective
+        timeout the controller fails the ranks that did not answer (and aborts), so wait for it."""
+        with self.liveness.waiting(what):
+            self._wait_key(key, self.timeout_s + self.waiter.peer_grace_s, what)
+
     def _stopped(self) -> bool:
-        return self.store.check([keys.STOP])
+        return stop_requested(self.store, self.secret)
 
     def next_generation(self, after: Optional[int]) -> Optional[int]:
         """The newest generation after ``after`` (None: at start-up); None when the run stops."""
@@ -139,6 +159,7 @@ class Worker:
                 raise Superseded()
             plan = ExecutionPlan.from_dict(document["plan"])
             topology = build_topology(plan, self.worker, self.spec.tied_layers)
+            self.liveness.enter(generation, topology.rank if topology is not None else -1)
             if topology is None:  # not used by this generation: wait for the next one
                 generation = self.next_generation(generation)
                 continue
@@ -201,7 +222,7 @@ class Worker:
         count = self.store.add(keys.ready_count(generation), 1)
         if count == len(topology.world):
             self.store.compare_set(keys.established(generation), "", keys.YES)
-        self._wait_key(keys.established(generation), self.timeout_s, f"generation {generation} to be established")
+        self._wait_world(keys.established(generation), f"generation {generation} to be established")
         if self.store.get(keys.established(generation)).decode() != keys.YES:
             raise Aborted()
         # Every held layer, and every layer this rank copied out (so a copy is compared with its
@@ -236,7 +257,7 @@ class Worker:
             return
         key = keys.strike(self.node)
         if self.store.check([key]):
-            self.strike = json.loads(self.store.get(key))
+            self.strike = parse_strike(self.secret, self.store.get(key))
 
     def _fire_strike(self, phase: Phase | str, step: Optional[int], generation: int) -> None:
         strike = self.strike
@@ -293,7 +314,7 @@ class Worker:
             if self.store.add(keys.commit_count(generation, step), 1) == world:
                 self.store.set(keys.step_time(generation, step), repr(time.perf_counter() - t0))
                 self.store.compare_set(keys.decision(generation, step), "", self._commit_value(step + 1, every_steps))
-            self._wait_key(keys.decision(generation, step), self.timeout_s, f"the commit decision of step {step}")
+            self._wait_world(keys.decision(generation, step), f"the commit decision of step {step}")
             decision = self.store.get(keys.decision(generation, step)).decode()
             if not keys.is_commit(decision):
                 raise Aborted()

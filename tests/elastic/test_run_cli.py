@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 
 import pandas as pd
@@ -114,3 +116,57 @@ def test_join_the_run_outlives_is_reported_not_hidden(tmp_path):
     assert {"join_started", "join_not_absorbed"} <= set(events["kind"])
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["joins_not_absorbed"] == [4] and summary["steps"] == 6
+
+
+def test_a_run_dir_that_cannot_be_written_is_one_line(tmp_path):
+    """The run dir cannot be created (a file stands where its parent should be: this fails even
+    for root, which a read-only mode would not stop): one line naming the key, exit 2, and
+    nothing started. ``launch`` refuses it the same way before any process starts."""
+    from oobleck.elastic.job import check_writable
+    from oobleck.errors import RunError
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    result, strays = run_cli(blocker / "run", "failures=none", timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot write" in lines[0] and "hydra.run.dir=<a writable directory>" in lines[0], lines
+    assert strays == []
+    with pytest.raises(RunError, match="cannot write the run dir .*not-a-dir/run"):
+        check_writable(blocker / "run")
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_the_run_cleanly(tmp_path, sig, code):
+    """Ctrl-C (SIGINT to the terminal's whole process group) or SIGTERM mid-training: the
+    workers stop, summary.json and a ``stop`` event are written, one line says why, the exit
+    code is the shell's 128 + signal, and nothing is left running."""
+    run_id = uuid.uuid4().hex[:12]
+    env = dict(os.environ, OOBLECK_RUN_ID=run_id, WANDB_SILENT="true")
+    command = [sys.executable, "-m", "oobleck.run", f"hydra.run.dir={tmp_path}", "logger.progress_bar=false",
+               "failures=none", "job.steps=100000"]  # fmt: skip
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        metrics = tmp_path / "metrics.csv"
+        while time.monotonic() < deadline and process.poll() is None:
+            if metrics.is_file() and len(metrics.read_text().splitlines()) > 3:  # a few steps committed
+                break
+            time.sleep(0.2)
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        os.killpg(process.pid, sig) if sig == signal.SIGINT else process.send_signal(sig)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == code, err[-3000:]
+    assert "Traceback" not in err and "c10d" not in err, err[-3000:]
+    name = signal.Signals(sig).name
+    reason = f"{'interrupted' if sig == signal.SIGINT else 'terminated'} ({name})"
+    stopped = [line for line in err.splitlines() if line.startswith("oobleck.run: stopped:")]
+    assert len(stopped) == 1 and reason in stopped[0], err[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] >= 3 and summary["consecutive_steps"]
+    events = pd.read_csv(tmp_path / "events.csv")
+    assert name in events[events["kind"] == "stop"]["reason"].item()
+    assert run_processes(run_id) == []

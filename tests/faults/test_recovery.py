@@ -234,3 +234,26 @@ def test_single_worker_death_is_noticed_by_its_agent(tmp_path):
     assert [row["step"] for row in outcome.steps] == list(range(40))
     events = (tmp_path / "run" / "events.csv").read_text()
     assert "worker 0 exited with code -9" in events
+
+
+def test_a_strike_armed_for_a_reconfiguration_that_never_comes_is_reported(tmp_path):
+    """``phase: reconfigure`` arms the strike for the next reconfiguration; with no other failure
+    none comes, so the event never fires: it counts in ``events_not_applied`` and the
+    ``schedule_not_finished`` event names it."""
+    import pandas as pd
+
+    cfg = tiny_config(**{
+        "cluster.nodes": 3,
+        "job.fault_tolerance": 1,
+        "job.steps": 5,
+        "failures.kind": "explicit",
+        # armed a step ahead, once generation 0 runs (armed before it, it would strike while
+        # generation 0 forms)
+        "failures.events": [{"action": "remove", "step": 3, "nodes": [2], "phase": "reconfigure"}],
+    })
+    outcome, summary = launch(cfg, tmp_path / "run")
+    assert outcome.recoveries == [] and [row["step"] for row in outcome.steps] == list(range(5))
+    assert outcome.events_not_applied == 1 and summary["events_not_applied"] == 1
+    events = pd.read_csv(tmp_path / "run" / "events.csv")
+    (unfinished,) = events[events["kind"] == "schedule_not_finished"].itertuples()
+    assert unfinished.remaining_events == 0 and "(phase reconfigure)" in unfinished.armed_not_fired

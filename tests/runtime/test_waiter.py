@@ -59,11 +59,11 @@ def make_waiter(store):
     """Waiters watching the given generation; their watcher threads are ended after the test."""
     watches: list[AbortWatch] = []
 
-    def make(generation: int, timeout_s: float = 10.0, backend=NcclBackend()) -> Waiter:
+    def make(generation: int, timeout_s: float = 10.0, grace_s: float = 5.0, backend=NcclBackend()) -> Waiter:
         watch = AbortWatch("127.0.0.1", store.port, timeout_s)
         watch.watch(generation)
         watches.append(watch)
-        return Waiter(watch, timeout_s, peer_grace_s=5.0, backend=backend)
+        return Waiter(watch, timeout_s, peer_grace_s=grace_s, backend=backend)
 
     yield make
     for watch in watches:
@@ -104,8 +104,18 @@ def test_a_failed_op_waits_for_the_abort_that_follows(store, make_waiter):
 
 
 def test_an_op_that_never_finishes_times_out_with_the_key_to_raise(store, make_waiter):
-    waiter = make_waiter(3, timeout_s=0.5)
+    """Nobody steps in: after the timeout and the grace the worker gives up, naming the key."""
+    waiter = make_waiter(3, timeout_s=0.5, grace_s=0.3)
     with pytest.raises(RunError, match="cluster.collective_timeout_s=0.5"):
+        waiter.work(EnqueuedWork(), "all-reducing gradients")
+
+
+def test_a_timed_out_op_is_recovered_when_the_controller_aborts(store, make_waiter):
+    """Past the timeout the wait is the controller's to end: it fails the ranks that did not
+    answer and aborts the generation, and the waiter takes part in the recovery."""
+    waiter = make_waiter(5, timeout_s=0.3, grace_s=5.0)
+    later(0.8, lambda: store.set(keys.abort(5), "1"))
+    with pytest.raises(Aborted):
         waiter.work(EnqueuedWork(), "all-reducing gradients")
 
 

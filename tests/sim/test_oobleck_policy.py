@@ -75,3 +75,26 @@ def test_losing_every_replica_restarts_from_the_checkpoint_or_stops_without_one(
     stop = next(e for e in stopped.events if e["kind"] == "stop")
     assert "no checkpoint" in stop["reason"]
     assert stopped.summary["n_restart"] == 0
+
+
+def test_before_the_first_commit_the_survivors_start_over_on_what_they_can_host(context):
+    """Step 0, every replica of the first layers lost (nothing has committed, so nothing is really
+    lost): two survivors cannot host f+1=2 pipelines of n0=2 nodes, so the run starts over on one
+    pipeline and says it now tolerates no failure; one survivor cannot hold the model, and the
+    refusal names the survivors, not a cluster.nodes value the user never set."""
+    from oobleck.planning.plan import tolerated_failures
+
+    strategy = _oobleck(context)
+    layout = strategy.start(list(range(8))).layout
+    assert context.templates().min_nodes == 2 and len(layout.plan.pipelines) >= 2
+    survivors = tuple(sorted(p.nodes[-1] for p in layout.plan.pipelines[:2]))
+    removed = tuple(n for n in range(8) if n not in survivors)
+    decision = strategy.on_change(RunState(layout, survivors, removed, (), step=0))
+    assert decision.kind is Kind.RECONFIGURE and "starting over before the first commit" in decision.reason
+    assert set(decision.layout.plan.nodes) == set(survivors) and tolerated_failures(decision.layout.plan) == 0
+
+    alone = (survivors[0],)
+    refusal = strategy.on_change(RunState(layout, alone, tuple(n for n in range(8) if n != alone[0]), (), step=0))
+    assert refusal.kind is Kind.STOP
+    assert f"the 1 surviving node(s) [{alone[0]}] cannot hold one pipeline (n0=2 nodes)" in refusal.reason
+    assert "cluster.nodes" not in refusal.reason
