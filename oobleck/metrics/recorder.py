@@ -187,7 +187,7 @@ class RunRecorder:
         summary.setdefault("wall_time_s", round(self.elapsed(), 3))
         summary.setdefault("run_dir", str(self.run_dir))
         self.write_json("summary.json", summary)
-        print(format_table(summary), flush=True)
+        print(format_table(printed_summary(summary)), flush=True)
         if self._wandb is not None:
             run, self._wandb = self._wandb, None
             try:
@@ -198,6 +198,22 @@ class RunRecorder:
                 local = run.finish(_jsonable(summary))
             print(run.sync_hint(local), flush=True)
         return summary
+
+
+def printed_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """What the terminal shows of a summary: as summary.json, except that the per-worker
+    ``phase_seconds`` (one entry per worker and phase, in summary.json) become one line, each
+    phase's share of all workers' step time."""
+    printed = {key: value for key, value in summary.items() if key != "phase_seconds"}
+    totals: dict[str, float] = {}
+    for phases in (summary.get("phase_seconds") or {}).values():
+        for phase, seconds in phases.items():
+            totals[phase] = totals.get(phase, 0.0) + float(seconds)
+    whole = sum(totals.values())
+    if whole > 0:
+        shares = sorted(totals.items(), key=lambda item: -item[1])
+        printed["phase_share"] = ", ".join(f"{phase} {seconds / whole:.0%}" for phase, seconds in shares if seconds > 0)
+    return printed
 
 
 def format_table(summary: Mapping[str, Any], title: str = "summary") -> str:

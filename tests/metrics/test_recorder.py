@@ -8,6 +8,7 @@ from omegaconf import OmegaConf
 
 from oobleck.errors import RunError
 from oobleck.metrics import RunRecorder, format_table
+from oobleck.metrics.recorder import printed_summary
 from oobleck.metrics.offline import find_offline_runs, read_offline_run
 from oobleck.metrics.wandb_run import RUN_IDS_FILE, SweepJob, failures_label, run_identity, typed_frame
 from oobleck.runtime.testing import config_section
@@ -166,3 +167,11 @@ def test_a_corrupt_run_file_is_named(tmp_path):
 def test_format_table_flattens():
     text = format_table({"a": 1.23456, "b": {"c": [1, 2]}})
     assert "b.c" in text and "1.235" in text
+
+
+def test_printed_summary_shows_one_line_of_phase_shares():
+    summary = {"steps": 3, "phase_seconds": {"0:0": {"pipeline_1f1b": 3.0, "grad_allreduce": 1.0, "redundant_forward": 0.0},
+                                             "1:0": {"pipeline_1f1b": 3.0, "grad_allreduce": 1.0, "redundant_forward": 0.0}}}
+    printed = printed_summary(summary)
+    assert printed == {"steps": 3, "phase_share": "pipeline_1f1b 75%, grad_allreduce 25%"}
+    assert "phase_seconds" in summary and printed_summary({"steps": 3}) == {"steps": 3}
