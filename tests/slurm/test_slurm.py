@@ -34,11 +34,27 @@ def slurm_environment() -> dict[str, str]:
     return env
 
 
+# Job states after which a job never runs again (a requeued job passes through REQUEUED and
+# PENDING, which are not here).
+FINISHED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+
+def job_state(job_id: str, env: dict[str, str]) -> str | None:
+    """The job's state from ``scontrol``, "GONE" once Slurm has forgotten it, or None when the
+    controller did not answer (it can time out under load: ask again, never read that as done)."""
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env, capture_output=True, text=True, timeout=30)
+    if shown.returncode != 0:
+        return "GONE" if "Invalid job id" in shown.stderr else None
+    for field in shown.stdout.split():
+        if field.startswith("JobState="):
+            return field.partition("=")[2]
+    return None
+
+
 def wait_for_job(job_id: str, env: dict[str, str]) -> None:
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while time.monotonic() < deadline:
-        queued = subprocess.run(["squeue", "-h", "-j", job_id], env=env, capture_output=True, text=True, timeout=30)
-        if job_id not in queued.stdout:
+        if job_state(job_id, env) in FINISHED_STATES | {"GONE"}:
             return
         time.sleep(1.0)
     subprocess.run(["scancel", job_id], env=env, timeout=30)
@@ -125,8 +141,9 @@ def test_warning_signal_checkpoints_requeues_and_resumes_exactly(tmp_path):
     while time.monotonic() < deadline:
         shown = subprocess.run(["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True, timeout=30).stdout
         if "Restarts=1" in shown:
-            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, capture_output=True, timeout=30)
-            break
+            moved = subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, capture_output=True, timeout=30)
+            if moved.returncode == 0:
+                break
         time.sleep(0.2)
     wait_for_job(job_id, env)
     output = log.read_text() if log.exists() else "(no job output)"
