@@ -75,11 +75,9 @@ class CheckpointCoordinator:
 
     def document(self, plan: ExecutionPlan, layer_bytes: list[int]) -> dict[str, Any]:
         """What a generation's document says about checkpoints (every worker reads it)."""
-        return {
-            "dir": str(self.root),
-            "every_steps": self.every_steps,
-            "writers": self.writers(plan, layer_bytes) if self.enabled or self.requested is not None else {},
-        }
+        # Writers are named even without periodic checkpoints: a checkpoint may be asked for at
+        # any boundary of this generation (a signal before a time limit, a planned restart).
+        return {"dir": str(self.root), "every_steps": self.every_steps, "writers": self.writers(plan, layer_bytes)}
 
     # ------------------------------------------------------------------ progress
     def request(self, at_least: int) -> None:

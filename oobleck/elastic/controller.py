@@ -648,6 +648,11 @@ class Controller:
         self.outcome.recoveries.append({"kind": r.kind, **row})
         self._event(r.kind, **row)
         self.recovery = None
+        if r.kind == "restart":
+            # Its generation committed a step: its workers hold the state now, so a later change
+            # is decided afresh (from the newest checkpoint), never by restarting from this one
+            # again, which retention may already have removed.
+            self.restart_pending = None
 
     # ------------------------------------------------------------------ stopping
     def request_stop(self, reason: str, exit_code: int) -> None:

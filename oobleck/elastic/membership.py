@@ -278,7 +278,7 @@ class Membership:
             if self.closing or self.run_finished():
                 return
             # A worker that raised wrote its traceback and exited 1; one killed by a signal did not.
-            error = self._worker_error(node, int(payload["local_rank"])) if int(payload["code"]) > 0 else None
+            error = self._worker_error(node, int(payload["local_rank"]), state.incarnation) if int(payload["code"]) > 0 else None
             if error is not None:
                 raise RunError(f"worker (node {node}, local rank {payload['local_rank']}) raised an exception:\n{error}")
             self.node_failed(node, f"worker {payload['local_rank']} exited with code {payload['code']}", when)
@@ -308,8 +308,8 @@ class Membership:
 
         threading.Thread(target=wait, daemon=True, name=f"await-node{node}").start()
 
-    def _worker_error(self, node: int, local_rank: int) -> Optional[str]:
-        key = keys.worker_error(node, local_rank)
+    def _worker_error(self, node: int, local_rank: int, incarnation: int) -> Optional[str]:
+        key = keys.worker_error(node, local_rank, incarnation)
         deadline = time.monotonic() + 0.2  # the worker writes its error just before exiting
         while time.monotonic() < deadline:
             if self.store.check([key]):

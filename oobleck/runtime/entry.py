@@ -114,7 +114,7 @@ def run_worker(
                 from oobleck.runtime.comm import make_store
 
                 store = make_store(args.host, args.port, 10.0)
-            store.set(keys.worker_error(args.node, args.local_rank), text)
+            store.set(keys.worker_error(args.node, args.local_rank, args.incarnation), text)
         except Exception:
             pass
         print(text, file=sys.stderr, flush=True)

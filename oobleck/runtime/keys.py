@@ -147,8 +147,10 @@ def worker_registered(node: int, local_rank: int, incarnation: int = 0) -> str:
     return f"worker/{node}/{local_rank}/{incarnation}"
 
 
-def worker_error(node: int, local_rank: int) -> str:
-    return f"error/{node}/{local_rank}"
+def worker_error(node: int, local_rank: int, incarnation: int) -> str:
+    """The traceback of a worker that raised; per incarnation, so an older process's error is never
+    read as a newer one's."""
+    return f"error/{node}/{local_rank}/{incarnation}"
 
 
 def strike(node: int) -> str:

@@ -118,7 +118,7 @@ def test_warning_signal_checkpoints_requeues_and_resumes_exactly(tmp_path):
     env = slurm_environment()
     run_dir = tmp_path / "run"
     log = tmp_path / "job.out"
-    training = ("job.steps=60", "job.fault_tolerance=1", "checkpoint.every_steps=25", "failures=none")
+    training = ("job.steps=60", "job.fault_tolerance=1", "failures=none")  # no periodic checkpoints: only the signal's
     command = [
         "sbatch", "--parsable", "-N", "3", f"--output={log}", f"--chdir={REPO}", "slurm/run.sbatch",
         *training, "cluster.device=cpu", "cluster.device_memory_gb=4", "cluster.master_port=0",
