@@ -35,7 +35,7 @@ import numpy as np
 
 from oobleck.errors import PlanningError
 from oobleck.planning.cost import copy_seconds
-from oobleck.planning.instantiate import _best_multiset, _Sync, build_plan
+from oobleck.planning.instantiate import _best_multiset, _Sync, build_plan, sync_of
 from oobleck.planning.plan import ExecutionPlan, LayerTransfer, ReconfigurationPlan, Worker, tolerated_failures
 from oobleck.planning.templates import TemplateSet
 
@@ -96,7 +96,7 @@ def reconfigure(
     live = _check_replicas(plan, gone)
     M = plan.num_microbatches
     used, kept_f = _plan_size(templates, len(alive), M, f, gone)
-    sync = _Sync(templates, templates.intra_node_bandwidth, templates.inter_node_bandwidth)
+    sync = sync_of(templates)
     held = _held_ranges(plan, gone)
 
     untouched = [p.nodes for p in plan.pipelines if not gone.intersection(p.nodes)]
