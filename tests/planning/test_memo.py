@@ -113,3 +113,4 @@ def test_plan_tables_are_copies(trace_templates):
     holders[0] = ()
     assert plan.layer_holders()[0] and plan.assignments() == plan.assignments()
     assert plan == dataclasses.replace(plan)  # the cached tables are not fields
+
