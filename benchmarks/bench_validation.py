@@ -62,7 +62,9 @@ def run(out: Path, name: str, overrides: list[str], repeats: int) -> None:
     if result.returncode != 0:
         print(result.stderr[-3000:], file=sys.stderr)
         raise SystemExit(result.returncode)
-    print(f"ran {name}", flush=True)
+    # The 1-minute load average after each run: the model assumes one load for the whole protocol
+    # (RuntimeOverhead.background_load), so a load that moved between runs explains misses.
+    print(f"ran {name}; load average {os.getloadavg()[0]:.2f}", flush=True)
 
 
 def main() -> int:

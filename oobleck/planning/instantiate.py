@@ -51,6 +51,8 @@ RELAXED_PRECISION = 1e-6
 # A guard against a search that fails to converge (each step halves the bracket, so about 60
 # steps exhaust a double's precision); reaching it would be a bug, reported as such.
 MAX_BISECTION_STEPS = 400
+# Memoised results kept on one template set before they are all dropped (see ``_remember``).
+MEMO_ENTRIES = 4096
 
 
 class _PipelineCurve:
@@ -233,16 +235,35 @@ def _intra_sync(template: PipelineTemplate, layer_param_bytes: Sequence[int], in
 
 
 class _Sync:
-    """Gradient synchronisation figures of a template set for one cluster's bandwidths."""
+    """Gradient synchronisation figures of a template set for one cluster's bandwidths
+    (``sync_of`` builds each once per template set and bandwidths)."""
 
     def __init__(self, templates: TemplateSet, intra_bandwidth: float, inter_bandwidth: float):
         bytes_ = templates.layer_param_bytes or (0,) * templates.num_layers
+        self.intra = intra_bandwidth
         self.inter = inter_bandwidth
         self.intra_of = {n: _intra_sync(t, bytes_, intra_bandwidth) for n, t in templates.templates.items()}
         self.node_bytes_of = {n: max(_node_param_bytes(t, bytes_)) for n, t in templates.templates.items()}
 
     def cross(self, pipelines: int, node_bytes: float) -> float:
         return ring_allreduce_seconds(node_bytes, pipelines, self.inter)
+
+
+def sync_of(templates: TemplateSet, intra_bandwidth: float | None = None, inter_bandwidth: float | None = None) -> _Sync:
+    """The template set's ``_Sync`` for these bandwidths (default: the set's own), built once."""
+    intra, inter = _resolve_bandwidths(templates, intra_bandwidth, inter_bandwidth)
+    key = ("sync", intra, inter)
+    if key not in templates.memo:
+        _remember(templates, key, _Sync(templates, intra, inter))
+    return templates.memo[key]
+
+
+def _remember(templates: TemplateSet, key: tuple, value) -> None:
+    """Store a memoised result on the template set, dropping all of them past ``MEMO_ENTRIES``
+    (a long simulation asks a few hundred distinct questions; this only bounds pathological use)."""
+    if len(templates.memo) >= MEMO_ENTRIES:
+        templates.memo.clear()
+    templates.memo[key] = value
 
 
 def plan_iteration_time(
@@ -257,6 +278,24 @@ def plan_iteration_time(
 
 
 def _best_multiset(
+    templates: TemplateSet,
+    nodes: int,
+    microbatches: int,
+    min_pipelines: int,
+    sync: _Sync,
+    fixed: Sequence[int] = (),
+) -> tuple[float, list[int]] | None:
+    """``_search_multiset``, memoised on the template set: it is a pure function of the set, the
+    bandwidths behind ``sync`` and the other (hashable) arguments, and a reconfiguration asks it
+    the same questions over and over (a fresh plan per node count, a regroup per intact sizes)."""
+    key = ("multiset", sync.intra, sync.inter, nodes, microbatches, min_pipelines, tuple(sorted(fixed, reverse=True)))
+    if key not in templates.memo:
+        _remember(templates, key, _search_multiset(templates, nodes, microbatches, min_pipelines, sync, fixed))
+    result = templates.memo[key]
+    return None if result is None else (result[0], list(result[1]))  # a copy: callers may mutate it
+
+
+def _search_multiset(
     templates: TemplateSet,
     nodes: int,
     microbatches: int,
@@ -581,7 +620,7 @@ def instantiate(
             f"{M} microbatches (job.global_batch_size={global_batch_size} / job.microbatch_size={microbatch_size}) "
             f"are fewer than the f+1={f + 1} pipelines; raise the batch or lower the microbatch size"
         )
-    sync = _Sync(templates, *_resolve_bandwidths(templates, intra_node_bandwidth, inter_node_bandwidth))
+    sync = sync_of(templates, intra_node_bandwidth, inter_node_bandwidth)
     chosen = _best_multiset(templates, N, M, f + 1, sync)
     if chosen is None:
         raise PlanningError(
@@ -589,6 +628,22 @@ def instantiate(
             f"covers exactly {N} nodes with at most {M} microbatches; check job.fault_tolerance and the cluster size"
         )
     return build_plan(templates, chosen[1], node_ids, global_batch_size, microbatch_size, f, sync)
+
+
+def _split_of(
+    templates: TemplateSet, sizes: tuple[int, ...], microbatches: int, sync: _Sync
+) -> tuple[list[int], float, list[float]]:
+    """The min-max split of the microbatches over pipelines of ``sizes`` (in this order), V and
+    every pipeline's time: pure in its arguments, so memoised on the template set."""
+    key = ("split", sync.intra, sync.inter, sizes, microbatches)
+    if key not in templates.memo:
+        chosen = [templates[n] for n in sizes]
+        curves = [_PipelineCurve(t.stage_seconds, sync.intra_of[t.num_nodes]) for t in chosen]
+        split = _min_max_split(curves, microbatches)
+        value, per_pipeline = plan_iteration_time(chosen, split, sync)
+        _remember(templates, key, (tuple(split), value, tuple(per_pipeline)))
+    split, value, per_pipeline = templates.memo[key]
+    return list(split), value, list(per_pipeline)
 
 
 def microbatch_limit_message(global_batch_size: int, microbatch_size: int) -> str:
@@ -621,7 +676,7 @@ def build_plan(
     the exact min-max distribution; offsets are contiguous in pipeline order.
     """
     if sync is None:
-        sync = _Sync(templates, templates.intra_node_bandwidth, templates.inter_node_bandwidth)
+        sync = sync_of(templates)
     M = global_batch_size // microbatch_size
     if node_groups_or_ids and isinstance(node_groups_or_ids[0], int):
         sizes = sorted(pipeline_sizes, reverse=True)
@@ -634,9 +689,7 @@ def build_plan(
         groups = [tuple(g) for g in node_groups_or_ids]  # type: ignore[union-attr]
         sizes = [len(g) for g in groups]
     chosen = [templates[n] for n in sizes]
-    curves = [_PipelineCurve(t.stage_seconds, sync.intra_of[t.num_nodes]) for t in chosen]
-    split = _min_max_split(curves, M)
-    value, per_pipeline = plan_iteration_time(chosen, split, sync)
+    split, value, per_pipeline = _split_of(templates, tuple(sizes), M, sync)
     pipelines, first = [], 0
     for index, (template, group, m, t) in enumerate(zip(chosen, groups, split, per_pipeline)):
         pipelines.append(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from typing import Any
 
 Worker = tuple[int, int]  # (node id, local rank on that node)
@@ -147,6 +148,13 @@ class ExecutionPlan:
 
     def assignments(self) -> tuple[WorkerAssignment, ...]:
         """Every device's role; ranks follow (pipeline, stage, shard) order."""
+        return self._assignments
+
+    # The plan is immutable, so its derived tables are computed once (a reconfiguration reads them
+    # several times). cached_property writes the instance __dict__, not a dataclass field: eq,
+    # hash, asdict and to_dict do not see it.
+    @cached_property
+    def _assignments(self) -> tuple[WorkerAssignment, ...]:
         shadowed: dict[tuple[int, int], tuple[int, ...]] = {}
         for shadow in self.shadows:
             key = (shadow.pipeline, shadow.stage)
@@ -178,6 +186,10 @@ class ExecutionPlan:
 
     def layer_holders(self) -> dict[int, tuple[Worker, ...]]:
         """For each layer, every device holding it (across all pipelines and stage shards, shadows included)."""
+        return dict(self._layer_holders)  # a copy: callers may change theirs
+
+    @cached_property
+    def _layer_holders(self) -> dict[int, tuple[Worker, ...]]:
         holders: dict[int, list[Worker]] = {layer: [] for layer in range(self.num_layers)}
         for assignment in self.assignments():
             for layer in assignment.held_layers:

@@ -83,6 +83,10 @@ class TemplateSet:
     # The cluster's links (bytes/s), for the gradient-sync terms of a plan's predicted time.
     intra_node_bandwidth: float = 1e10
     inter_node_bandwidth: float = 1e9
+    # Results of pure planner functions of this (immutable) set, e.g. the best template sizes per
+    # node count (``instantiate._best_multiset``): a simulation asks the same few questions at
+    # every membership change. Not part of the set's value: excluded from eq, repr and to_dict.
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def sizes(self) -> tuple[int, ...]:

@@ -332,3 +332,16 @@ def test_reconfigured_plan_is_as_good_as_a_fresh_one(case):
         sizes = [len(p.nodes) for p in result.new.pipelines]
         layer_bytes = templates.layer_param_bytes
         assert result.min_bytes_moved == brute_force_min_bytes(plan, set(removed), alive, templates, sizes, layer_bytes)
+
+
+def test_the_solver_can_be_loaded_before_the_first_reconfiguration():
+    import subprocess
+    import sys
+
+    # A fresh interpreter: importing the planner leaves scipy.optimize out, preload_solver loads it.
+    code = (
+        "import sys; from oobleck.planning.reconfigure import preload_solver; before = 'scipy.optimize' in sys.modules; "
+        "preload_solver(); print(before, 'scipy.optimize' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.split() == ["False", "True"]

@@ -137,3 +137,50 @@ def test_a_zero_overhead_prediction_is_the_planner(tmp_path: Path, make_config):
     predicted = table[table["model"] == "predicted"].set_index("metric")
     assert list(predicted.index) == list(planner.index)
     assert predicted["simulated"].to_numpy() == pytest.approx(planner["simulated"].to_numpy())
+
+
+def _loaded_machine_steps(cores: int, background: float, compute_s: float, overhead_s: float, workers: list[int]):
+    """Steps as a machine with ``background`` other CPU-bound processes runs them: a profiling
+    process measures ``compute_s`` of work at its fair share of a core, every worker of a run
+    with W workers computes that work plus ``overhead_s`` at its share (1 microbatch each)."""
+    share = lambda runnable: min(1.0, cores / runnable)  # noqa: E731  (fair share of one core)
+    profiled = compute_s / share(1 + background)  # what the planner sees: the profile's seconds
+    return profiled, [(profiled, 1, w, (compute_s + overhead_s) / share(w + background)) for w in workers]
+
+
+def test_the_dilation_is_relative_to_the_profile_conditions():
+    from oobleck.sim.costs import contention_dilation
+
+    assert [contention_dilation(w, 2) for w in (1, 2, 3, 6)] == [1.0, 1.0, 1.5, 3.0]  # idle: workers / cores
+    # Under load the profiling process was slowed too: the run is slower only by its extra workers.
+    assert contention_dilation(6, 2, background=20) == pytest.approx(26 / 21)
+    assert contention_dilation(1, 2, background=20) == 1.0
+    assert contention_dilation(6, 2, background=3) < contention_dilation(6, 2, background=0)
+
+
+@pytest.mark.parametrize("background", [0.0, 3.0, 20.0])
+def test_a_profile_and_runs_under_one_load_agree(background: float):
+    """Calibrated on 2-4 workers and predicting 6, on a machine with ``background`` other jobs'
+    processes: the fitted load removes the double count, the old idle-machine dilation does not."""
+    from oobleck.sim.costs import RuntimeOverhead, fit_runtime_step, fit_step_overhead
+
+    _, calibration = _loaded_machine_steps(2, background, compute_s=0.02, overhead_s=0.01, workers=[2, 3, 4])
+    (planner, _, _, measured), = _loaded_machine_steps(2, background, compute_s=0.02, overhead_s=0.01, workers=[6])[1]
+    per_mb, per_step, load = fit_runtime_step(calibration, cores=2)
+    assert load == pytest.approx(background)
+    fitted = RuntimeOverhead(per_mb, per_step, cores=2, reconfigure_fixed_s=0.0, warmup_s=0.0, background_load=load)
+    assert fitted.step_s(planner, 1, workers=6) == pytest.approx(measured, rel=1e-6)
+    # The idle-machine model (workers / cores, profile taken as unloaded) counts the load twice.
+    idle_mb, idle_step = fit_step_overhead([(p, mb, step / max(1.0, w / 2)) for p, mb, w, step in calibration])
+    idle = RuntimeOverhead(idle_mb, idle_step, cores=2, reconfigure_fixed_s=0.0, warmup_s=0.0)
+    error = idle.step_s(planner, 1, workers=6) / measured
+    assert error == pytest.approx(1.0, rel=1e-6) if background == 0 else error > 1.3
+
+
+def test_one_worker_count_cannot_tell_the_load():
+    from oobleck.sim.costs import fit_runtime_step
+
+    _, calibration = _loaded_machine_steps(2, 20.0, compute_s=0.02, overhead_s=0.01, workers=[3, 3])
+    assert fit_runtime_step(calibration, cores=2)[2] == 0.0
+    with pytest.raises(ValueError, match="no step samples"):
+        fit_runtime_step([], cores=2)
