@@ -50,10 +50,13 @@ class Oobleck(Strategy):
         return instantiate(ctx.templates(), sorted(nodes), ctx.global_batch_size, ctx.microbatch_size, f)
 
     def start(self, nodes: Sequence[int]) -> Decision:
+        from oobleck.planning.reconfigure import preload_solver
+
         try:
             plan = self._instantiate(nodes)
         except PlanningError as error:
             return Decision(Kind.STOP, reason=str(error))
+        preload_solver()  # the first reconfiguration needs it: pay its import now, not in a recovery
         return Decision(Kind.START, plan_layout(plan, [n for n in nodes if n not in plan.nodes]))
 
     def on_change(self, state: RunState) -> Decision:

@@ -295,16 +295,22 @@ class Membership:
     def _await_workers(self, node: int, incarnation: int) -> None:
         """Wait (in a helper thread, own store connection) for a node's workers to register."""
 
+        # The thread holds only what it needs, never ``self``: one still waiting when the run ends
+        # must not keep the membership, and with it the store's server, alive (its port would
+        # stay open until the node's startup timeout).
+        host, _, port = self.store_address.rpartition(":")
+        timeout = float(self.cfg.cluster.startup_timeout_s)
+        registered = [keys.worker_registered(node, r, incarnation) for r in range(self.gpus)]
+        messages = self.messages
+
         def wait() -> None:
-            host, _, port = self.store_address.rpartition(":")
-            timeout = float(self.cfg.cluster.startup_timeout_s)
             try:
                 store = dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout))
-                store.wait([keys.worker_registered(node, r, incarnation) for r in range(self.gpus)])
+                store.wait(registered)
             except Exception:
-                self.messages.put(("boot_timeout", node, incarnation, time.time()))
+                messages.put(("boot_timeout", node, incarnation, time.time()))
                 return
-            self.messages.put(("registered", node, incarnation, time.time()))
+            messages.put(("registered", node, incarnation, time.time()))
 
         threading.Thread(target=wait, daemon=True, name=f"await-node{node}").start()
 

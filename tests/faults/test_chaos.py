@@ -221,17 +221,17 @@ def chaos_run(tmp_path_factory):
     })
     chaos = Chaos()
     started = time.monotonic()
-    stop = None
+    stop = None  # (exit code, message): not the exception, whose frames hold the controller
     try:
         launch(cfg, run_dir, on_start=chaos.start)
     except Stopped as error:
-        stop = error
+        stop = (error.exit_code, str(error))
     finally:
         if chaos.controller is not None:
             chaos.stop()
     seconds = time.monotonic() - started
     assert chaos.error is None, chaos.error
-    assert stop is not None and stop.exit_code == EXIT_REQUEUE, f"the run was not stopped by the loop ({stop}): it ran out of steps"
+    assert stop is not None and stop[0] == EXIT_REQUEUE, f"the run was not stopped by the loop ({stop}): it ran out of steps"
     outcome = chaos.controller.outcome
     summary = json.loads((run_dir / "summary.json").read_text())
     # Drop the run's last references (the store's server listens while its object lives).
