@@ -438,7 +438,7 @@ class Controller:
     def _state(self, step: int) -> RunState:
         assert self.ledger is not None and self.membership is not None and self.checkpoints is not None
         base = self.ledger.layout
-        alive = tuple(self.membership.alive())
+        alive = tuple(self.membership.available())
         known = set(base.nodes) | set(base.standby)
         return RunState(
             layout=base,
@@ -528,17 +528,22 @@ class Controller:
     def _recovery(self, kind: str, decision: Decision, state: RunState, resume: int, plan_s: float, started: float) -> Recovery:
         assert self.ledger is not None
         carried = 0
+        removed, joined = set(state.removed), set(state.joined)
         if self.recovery is not None:
             self._event(f"{self.recovery.kind}_superseded", superseded_generation=self.recovery.generation, by=self.ledger.generation + 1)
             self.causes.append(self.recovery.failure_time)
             carried = self.recovery.rolled_back_steps  # steps the superseded restart already rolled back
+            # This recovery absorbs the superseded one's changes too (its generation may have been
+            # established, so they are no longer in the state's difference from the base layout).
+            removed |= set(self.recovery.removed)
+            joined |= set(self.recovery.joined) - removed
         recovery = Recovery(
             kind=kind,
             generation=self.ledger.generation + 1,
-            reason="failure" if state.removed else "join",
+            reason="failure" if removed else "join",
             decision=decision.reason,
-            removed=state.removed,
-            joined=state.joined,
+            removed=tuple(sorted(removed)),
+            joined=tuple(sorted(joined)),
             failure_time=min(self.causes) if self.causes else started,
             detect_s=max(self.detects) if self.detects else 0.0,
             plan_s=plan_s,
@@ -588,7 +593,7 @@ class Controller:
             raise RunError(f"cannot restart from the checkpoint of step {rollback}: it is not complete")
         checkpoints.discard_after(rollback)
         lost = ledger.roll_back(rollback)
-        alive = list(membership.alive())
+        alive = list(membership.available())
         membership.restart_workers(alive)
         recovery = self._recovery("restart", decision, state, rollback, plan_s, started)
         recovery.rolled_back_steps += lost

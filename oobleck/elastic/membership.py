@@ -41,6 +41,10 @@ from oobleck.runtime import keys
 # A connection must say hello within this long (an agent does at once); one that does not is
 # dropped, so idle connections cannot pile up threads and descriptors in the controller.
 HELLO_TIMEOUT_S = 10.0
+# A boot wait polls the store this often (``check``, not a blocking ``wait``: no thread may still
+# be inside the store's C++ wait when the store goes away, an exception there at exit aborts the
+# process, and a wait in timed slices logs a warning per slice).
+BOOT_POLL_S = 0.1
 # A worker heartbeat older than this many intervals no longer tells what the worker is doing.
 FRESH_BEATS = 3
 
@@ -102,6 +106,8 @@ class Membership:
         self.server: Optional[socket.socket] = None
         self.launcher: Any = None
         self.closing = False
+        self._boot_waits: list[threading.Thread] = []
+        self._boot_waits_end = threading.Event()
         self.exited: set[tuple[int, int]] = set()
         self._removed: dict[int, tuple[float, float]] = {}
         self._joined: dict[int, float] = {}
@@ -183,6 +189,12 @@ class Membership:
 
     def alive(self) -> list[int]:
         return sorted(n for n, s in self.nodes.items() if s.up and not s.failed)
+
+    def available(self) -> list[int]:
+        """The nodes a decision may use: alive, or restarting their workers (up before, not failed).
+        A failure during a restart must not drop a node only because its fresh workers are still
+        booting; a joining node counts once its workers are up."""
+        return sorted(n for n, s in self.nodes.items() if (s.up or s.was_up) and not s.failed)
 
     def booting(self) -> bool:
         return any(not s.up and not s.failed for s in self.nodes.values())
@@ -294,25 +306,33 @@ class Membership:
 
     def _await_workers(self, node: int, incarnation: int) -> None:
         """Wait (in a helper thread, own store connection) for a node's workers to register."""
-
         # The thread holds only what it needs, never ``self``: one still waiting when the run ends
-        # must not keep the membership, and with it the store's server, alive (its port would
-        # stay open until the node's startup timeout).
+        # must not keep the membership, and with it the store's server, alive.
         host, _, port = self.store_address.rpartition(":")
         timeout = float(self.cfg.cluster.startup_timeout_s)
         registered = [keys.worker_registered(node, r, incarnation) for r in range(self.gpus)]
-        messages = self.messages
+        messages, end = self.messages, self._boot_waits_end
 
         def wait() -> None:
+            deadline = time.monotonic() + timeout
             try:
                 store = dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout))
-                store.wait(registered)
-            except Exception:
+                while not end.is_set():
+                    if store.check(registered):
+                        messages.put(("registered", node, incarnation, time.time()))
+                        return
+                    if time.monotonic() >= deadline:
+                        break
+                    end.wait(BOOT_POLL_S)
+            except Exception:  # the store went away: the run is ending, or the node's boot failed
+                pass
+            if not end.is_set():
                 messages.put(("boot_timeout", node, incarnation, time.time()))
-                return
-            messages.put(("registered", node, incarnation, time.time()))
 
-        threading.Thread(target=wait, daemon=True, name=f"await-node{node}").start()
+        self._boot_waits = [t for t in self._boot_waits if t.is_alive()]
+        thread = threading.Thread(target=wait, daemon=True, name=f"await-node{node}")
+        thread.start()
+        self._boot_waits.append(thread)
 
     def _worker_error(self, node: int, local_rank: int, incarnation: int) -> Optional[str]:
         key = keys.worker_error(node, local_rank, incarnation)
@@ -422,6 +442,9 @@ class Membership:
             except OSError:
                 pass
             self.server.close()
+        self._boot_waits_end.set()
+        for thread in self._boot_waits:
+            thread.join(timeout=BOOT_POLL_S + 1.0)
 
     def describe(self) -> dict[int, dict[str, Any]]:
         return {n: dataclasses.asdict(s) | {"channel": s.channel is not None} for n, s in self.nodes.items()}
