@@ -31,9 +31,9 @@ same cluster model (never seconds measured on another cluster):
   (``sim.costs`` sets the cluster's for every strategy of an experiment); the charge of each kind
   of decision is ``oobleck.sim.engine.decision_downtime``;
 - ``RuntimeOverhead``: what the real runtime on one machine spends beyond Eq. 1-4 (per microbatch,
-  per step, CPU cores shared by the workers and other jobs' load relative to the profile's, the
-  fixed part of a reconfiguration and the first step's warm-up, the fixed part of a restart),
-  measured on calibration runs by ``oobleck.sim.validate.calibrate``.
+  per step, CPU cores shared by the workers, the fixed part of a reconfiguration and the first
+  step's warm-up, the fixed part of a restart), measured on calibration runs by
+  ``oobleck.sim.validate.calibrate``.
 """
 
 from __future__ import annotations
@@ -203,14 +203,8 @@ class RuntimeOverhead:
     - ``per_microbatch_s``: seconds per microbatch of the busiest pipeline that Eq. 1-4 does not
       see (Python per op, point-to-point and launch latency, loss and bookkeeping);
     - ``per_step_s``: seconds per step (gradient all-reduce latency, optimizer, commit barrier);
-    - ``dilation``: how much slower each of the run's CPU-bound workers computes than the one
-      process that measured the profile, both beside ``background_load`` runnable processes of
-      other jobs on ``cores`` cores (``contention_dilation``). Relative to the profile's own
-      conditions, because a profile measured under load already carries that load's slowdown:
-      ``max(1, workers / cores)`` alone counted it a second time (analysis/README.md).
-      ``background_load`` is fitted on the calibration runs with the step terms
-      (``fit_runtime_step``), so calibration, profile and predicted runs must share one load
-      (back to back, as benchmarks/bench_validation.py runs them); 0 is an idle machine.
+    - ``dilation``: ``max(1, workers / cores)``: the worker processes are CPU-bound and share
+      ``cores`` cores, so with more workers than cores each runs that much slower.
 
     A reconfiguration (or failover) takes ``reconfigure_fixed_s`` (failure detection + planning +
     process-group rebuild, the runtime's own ``detect_s + plan_s + groups_s``) plus the state copy
@@ -238,11 +232,9 @@ class RuntimeOverhead:
     storage_write_gbps: Optional[float] = None
     storage_read_gbps: Optional[float] = None
     redundant_exposed: Optional[float] = None
-    # Other jobs' runnable processes while the calibration (and its profile) ran: fitted.
-    background_load: float = 0.0
 
     def dilation(self, workers: int) -> float:
-        return contention_dilation(workers, self.cores, self.background_load)
+        return max(1.0, workers / self.cores)
 
     def step_s(self, planner_s: float, busiest_microbatches: int, workers: int) -> float:
         """Predicted seconds of one step of a layout."""
@@ -276,55 +268,6 @@ class RuntimeOverhead:
             return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
         except (OSError, ValueError, TypeError) as error:
             raise ConfigError(f"runtime overhead file {path}: unreadable ({error}); write it with python -m oobleck.sim.validate --calibration") from None
-
-
-def contention_dilation(workers: int, cores: int, background: float = 0.0) -> float:
-    """How much slower each of ``workers`` CPU-bound processes runs than one process alone (the
-    profiler), both beside ``background`` runnable processes of other jobs on ``cores`` cores.
-
-    Fair shares: among R runnable CPU-bound processes each gets ``min(1, cores / R)`` of a core,
-    so the run (R = workers + background) against the profile (R = 1 + background) is
-    ``max(1, (workers + background) / cores) / max(1, (1 + background) / cores)``. On an idle
-    machine (background 0) that is ``max(1, workers / cores)``; under heavy load it tends to 1:
-    the profile is as slow as the run.
-    """
-    return max(1.0, (workers + background) / cores) / max(1.0, (1.0 + background) / cores)
-
-
-# Background loads ``fit_runtime_step`` tries (runnable processes of other jobs): 0 to 64 in
-# quarters; this machine has shown load averages up to 31 on its 2 cores (analysis/README.md).
-BACKGROUND_LOAD_STEP = 0.25
-BACKGROUND_LOAD_MAX = 64.0
-
-
-def fit_runtime_step(samples: Sequence[tuple[float, int, int, float]], cores: int) -> tuple[float, float, float]:
-    """``(per_microbatch_s, per_step_s, background_load)`` from ``(planner_s, busiest
-    microbatches, workers, steady step s)`` of calibration generations on ``cores`` cores.
-
-    For every background load on a grid (``BACKGROUND_LOAD_*``) the steps are undilated by
-    ``contention_dilation`` and the two step terms fitted (``fit_step_overhead``); the load whose
-    model has the least squared relative error of the steps wins (ties: the lighter load). The
-    load only shows in how the step grows with the workers, so with a single worker count among
-    the samples it cannot be told from the step terms and stays 0 (an idle machine).
-    """
-    import numpy as np
-
-    if not samples:
-        raise ValueError("no step samples to fit the runtime overhead on")
-    steps = np.array([step for *_, step in samples])
-    loads = [0.0]
-    if len({workers for _, _, workers, _ in samples}) >= 2:
-        loads = [float(x) for x in np.arange(0.0, BACKGROUND_LOAD_MAX + BACKGROUND_LOAD_STEP / 2, BACKGROUND_LOAD_STEP)]
-    best: tuple[float, float, float, float] | None = None
-    for load in loads:
-        dilations = np.array([contention_dilation(w, cores, load) for _, _, w, _ in samples])
-        per_mb, per_step = fit_step_overhead([(p, mb, step / d) for (p, mb, _, step), d in zip(samples, dilations)])
-        predicted = dilations * (np.array([p + mb * per_mb for p, mb, _, _ in samples]) + per_step)
-        error = float((((predicted - steps) / steps) ** 2).sum())
-        if best is None or error < best[0]:
-            best = (error, per_mb, per_step, load)
-    assert best is not None
-    return best[1], best[2], best[3]
 
 
 def fit_step_overhead(samples: Sequence[tuple[float, int, float]]) -> tuple[float, float]:

@@ -26,24 +26,20 @@ fitted on the run's own first generation: in-sample for that generation) and, gi
 one: the out-of-sample validation (issues 6 and 13). ``RuntimeOverhead`` (oobleck/sim/costs.py)
 states the model; ``calibrate`` measures each of its terms on the calibration runs (pooled):
 
-- per-microbatch and per-step overhead and the background load: fitted together
-  (``fit_runtime_step``) on each generation's median steady step (``step_time_s`` without a
-  generation's first step) against the planner's predicted iteration of that generation's
-  layout, the step dilated by its workers on the shared cores relative to the profile's one
-  process under the same load (``contention_dilation``);
+- per-microbatch and per-step overhead: fitted (``fit_step_overhead``) on each generation's
+  median steady step (``step_time_s`` without a generation's first step), undilated by the
+  worker/core ratio, minus the planner's predicted iteration of that generation's layout;
 - ``reconfigure_fixed_s``: median ``detect_s + plan_s + groups_s`` of its reconfigurations (of
   its failovers if it has none); ``failover_fixed_s``: the same of its failovers; ``warmup_s``:
   median excess of the step redone after a reconfiguration (its ``first_step_s``) over the new
   generation's steady step;
 - restarts: ``restart_fixed_s`` (``total_s - load_s - first_step_s``, undilated by the restarted
-  workers with the fitted load), ``restart_warmup_s``, and the read bandwidth (the model's restore bytes over
+  workers), ``restart_warmup_s``, and the read bandwidth (the model's restore bytes over
   ``load_s``); checkpoints: the snapshot and write bandwidths (the model's busiest writer's
   bytes over ``snapshot_s`` and ``write_s``);
 - Bamboo: the exposed share of the redundant forward, from its generations' steady steps beyond
   the fitted overhead, over their workers' redundant forward seconds per step;
-- ``cores``: ``os.cpu_count()`` where the calibration runs (the runs are local);
-  ``background_load``: the other jobs' runnable processes that explain how the steps grow with
-  the workers (0: an idle machine), fitted with the step terms.
+- ``cores``: ``os.cpu_count()`` where the calibration runs (the runs are local).
 
 CLI: ``python -m oobleck.sim.validate RUN_DIR [--calibration CAL_RUN_DIR ...]`` prints the table and
 writes ``validation.csv`` (and, with a calibration run, ``runtime_overhead.json``).
@@ -67,7 +63,7 @@ from oobleck.errors import RunError, report_errors
 from oobleck.faults.trace import parse_trace
 from oobleck.planning.plan import ExecutionPlan, Worker
 from oobleck.planning.profile import ModelProfile
-from oobleck.sim.costs import RuntimeOverhead, checkpoint_cost, contention_dilation, fit_runtime_step, restore_s
+from oobleck.sim.costs import RuntimeOverhead, checkpoint_cost, fit_step_overhead, restore_s
 from oobleck.sim.engine import SimResult, simulate
 from oobleck.strategy import Decision, Layout, RunState, Strategy
 
@@ -359,20 +355,18 @@ def _changes(events: pd.DataFrame) -> list[tuple[int, list[int], list[int]]]:
 class _Calibration:
     """What one calibration run measured (pooled over runs by ``calibrate``)."""
 
-    samples: list[tuple[float, int, int, float]]  # (planner s, busiest microbatches, workers, steady step s)
+    samples: list[tuple[float, int, float]]  # (planner s, busiest microbatches, undilated steady step s)
     fixed: list[float]  # detect + plan + groups of each reconfiguration
     # The step redone after a reconfiguration beyond the new generation's steady step (not a run's
     # step 0: that one also pays the run's own start, lazy allocation, and is slower still).
     warmups: list[float]
     failover_fixed: list[float] = field(default_factory=list)  # detect + plan + groups of each failover
-    restart_fixed: list[tuple[float, int]] = field(default_factory=list)  # (before reading state s, restarted workers)
+    restart_fixed: list[float] = field(default_factory=list)  # before reading state, undilated
     restart_warmups: list[float] = field(default_factory=list)
     read_gbps: list[float] = field(default_factory=list)
     snapshot_gbps: list[float] = field(default_factory=list)
     write_gbps: list[float] = field(default_factory=list)
-    # Bamboo: (plain planner s, busiest microbatches, workers, steady step s, redundant forward s
-    # per step measured by the run's workers (nan: none), the same from the profile).
-    exposed: list[tuple[float, int, int, float, float, float]] = field(default_factory=list)
+    exposed: list[float] = field(default_factory=list)  # Bamboo: redundant forward on the critical path
 
 
 def _measure(
@@ -381,10 +375,9 @@ def _measure(
     events: pd.DataFrame,
     strategy: Strategy,
     origin: str,
+    cores: int,
     phase_seconds: Mapping[str, Mapping[str, float]] | None = None,
 ) -> _Calibration:
-    """What one calibration run measured, as raw as it comes: the dilation of its steps by the
-    shared cores is fitted later, over all calibration runs (``calibrate``)."""
     if "step_time_s" not in metrics or "generation" not in metrics:
         raise RunError(f"{origin}: metrics.csv needs step_time_s and generation columns to calibrate on")
     layout = strategy.start(list(plan.nodes)).layout
@@ -412,13 +405,14 @@ def _measure(
             continue  # too few steps for a steady median beside the first step, or no recovery row
         median = float(rows["step_time_s"].iloc[1:].median())
         steady[int(generation)] = median
+        undilated = median / max(1.0, _workers(layout) / cores)
         plain = getattr(strategy, "iteration_s", None)
         if layout.plan.shadows and plain is not None and layout.state is not None:
             # Bamboo: the step without its redundant forward is what the overhead model is fitted
-            # on; the rest is the exposed redundant forward (fitted in calibrate, once the overhead is known).
-            found.exposed.append(_exposure_sample(strategy, layout, median, phase_seconds, metrics))
+            # on; the rest is the exposed redundant forward (fitted below, once the overhead is known).
+            found.exposed.append(_exposure_sample(strategy, layout, undilated, phase_seconds, metrics, cores))
             continue
-        found.samples.append((layout.iteration_s, _busiest_microbatches(layout.plan), _workers(layout), median))
+        found.samples.append((layout.iteration_s, _busiest_microbatches(layout.plan), undilated))
     for _, row in _rows(events, "reconfiguration").iterrows():
         found.fixed.append(float(row["detect_s"]) + float(row["plan_s"]) + float(row["groups_s"]))
         if int(row["generation"]) in steady:
@@ -430,7 +424,7 @@ def _measure(
     for _, row in _rows(events, "restart").iterrows():
         restarted = len(_nodes(row.get("restarted_nodes"))) * strategy.context.cluster.gpus_per_node
         load, first_step = float(row.get("load_s", 0.0) or 0.0), float(row["first_step_s"])
-        found.restart_fixed.append((float(row["total_s"]) - load - first_step, restarted))
+        found.restart_fixed.append((float(row["total_s"]) - load - first_step) / max(1.0, restarted / cores))
         generation = int(row["generation"])
         if generation in steady:
             found.restart_warmups.append(first_step - steady[generation])
@@ -451,17 +445,19 @@ def _measure(
     return found
 
 
-def _exposure_sample(strategy: Strategy, layout: Layout, step: float, phase_seconds, metrics) -> tuple[float, int, int, float, float, float]:  # type: ignore[no-untyped-def]
-    """``(plain planner s, busiest microbatches, workers, steady step s, measured redundant s per
-    step, the profile's)`` of a Bamboo generation: what ``calibrate`` needs to fit the exposed
-    share once it knows the runtime overhead and the dilation."""
+def _exposure_sample(strategy: Strategy, layout: Layout, undilated: float, phase_seconds, metrics, cores) -> tuple[float, float, int, float]:  # type: ignore[no-untyped-def]
+    """``(plain planner s, busiest microbatches, undilated step s, undilated redundant s per step)``
+    of a Bamboo generation: what ``calibrate`` needs to fit the exposed share once it knows the
+    runtime overhead."""
     plain = strategy.iteration_s(layout.state, redundancy=False)  # type: ignore[attr-defined]
-    predicted = max(_redundant_seconds(layout.plan, strategy.context.profile).values(), default=0.0)
+    seconds = _redundant_seconds(layout.plan, strategy.context.profile)
+    predicted = max(seconds.values(), default=0.0)
     measured = math.nan
     if phase_seconds:
         steps = max(1, len(metrics))
-        measured = max((float(p.get("redundant_forward", 0.0)) / steps for p in phase_seconds.values()), default=0.0)
-    return (plain, _busiest_microbatches(layout.plan), _workers(layout), step, measured, predicted)
+        per_worker = [float(p.get("redundant_forward", 0.0)) / steps for p in phase_seconds.values()]
+        measured = max(per_worker, default=0.0) / max(1.0, _workers(layout) / cores)
+    return (plain, _busiest_microbatches(layout.plan), undilated, measured if math.isfinite(measured) and measured > 0 else predicted)
 
 
 def calibrate(runs: list[tuple[Any, ...]]) -> RuntimeOverhead:
@@ -477,7 +473,7 @@ def calibrate(runs: list[tuple[Any, ...]]) -> RuntimeOverhead:
     strategies that have them (``None`` otherwise).
     """
     cores = os.cpu_count() or 1
-    parts = [_measure(run[0], run[1], run[2], run[3], run[4], run[5] if len(run) > 5 else None) for run in runs]
+    parts = [_measure(run[0], run[1], run[2], run[3], run[4], cores, run[5] if len(run) > 5 else None) for run in runs]
 
     def pooled(name: str) -> list[Any]:
         return [value for part in parts for value in getattr(part, name)]
@@ -492,23 +488,16 @@ def calibrate(runs: list[tuple[Any, ...]]) -> RuntimeOverhead:
         raise RunError(f"{names}: no generation with at least 3 steps to calibrate the step overhead on")
     if not fixed:
         raise RunError(f"{names}: no reconfiguration in events.csv: a calibration needs a run with one failure to measure the fixed reconfiguration time")
-    per_mb, per_step, load = fit_runtime_step(samples, cores)
-
-    def dilation(workers: int) -> float:
-        return contention_dilation(workers, cores, load)
-
+    per_mb, per_step = fit_step_overhead(samples)
     exposed = None
     if pooled("exposed"):
         shares = []
-        for plain, busiest, workers, step, measured, predicted in pooled("exposed"):
-            # The workers' own redundant seconds ran dilated like their steps; the profile's did not.
-            redundant = measured / dilation(workers) if math.isfinite(measured) and measured > 0 else predicted
+        for plain, busiest, step, redundant in pooled("exposed"):
             if redundant > 0:
-                shares.append((step / dilation(workers) - (plain + busiest * per_mb + per_step)) / redundant)
+                shares.append((step - (plain + busiest * per_mb + per_step)) / redundant)
         exposed = min(1.0, max(0.0, float(pd.Series(shares).median()))) if shares else None
     warmups = pooled("warmups")
     restart_warmup = median("restart_warmups")
-    restart_fixed = [seconds / dilation(workers) for seconds, workers in pooled("restart_fixed")]
     return RuntimeOverhead(
         per_microbatch_s=per_mb,
         per_step_s=per_step,
@@ -517,13 +506,12 @@ def calibrate(runs: list[tuple[Any, ...]]) -> RuntimeOverhead:
         warmup_s=max(0.0, float(pd.Series(warmups).median())) if warmups else 0.0,
         source=names,
         failover_fixed_s=median("failover_fixed"),
-        restart_fixed_s=float(pd.Series(restart_fixed).median()) if restart_fixed else None,
+        restart_fixed_s=median("restart_fixed"),
         restart_warmup_s=max(0.0, restart_warmup) if restart_warmup is not None else None,
         host_copy_gbps=median("snapshot_gbps"),
         storage_write_gbps=median("write_gbps"),
         storage_read_gbps=median("read_gbps"),
         redundant_exposed=exposed,
-        background_load=load,
     )
 
 
