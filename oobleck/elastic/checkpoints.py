@@ -51,10 +51,6 @@ class CheckpointCoordinator:
         self.requested: Optional[int] = None
         self.completed_rows: list[dict[str, Any]] = []  # one per completed checkpoint (events.csv's)
 
-    @property
-    def enabled(self) -> bool:
-        return self.every_steps > 0 or self.every_s is not None
-
     def adopt(self, step: int, path: Path) -> None:
         """A checkpoint that exists already (the one a run resumes from)."""
         self.completed[step] = path
