@@ -23,14 +23,17 @@ compared), because on a shared 2-core machine the load drifts from minute to min
    pipeline takes the second stage's layers from the other pipelines' holders of them
    (``bytes_moved``: 353 MB of parameters and AdamW state when last measured). Run with
    ``planner.transfer_sources=1`` and ``=2`` (one source, or the chunks of each layer split over
-   two); ``runtime.link_probe_mb`` times a raw gloo send/recv on the same channels between the
+   two), and with one source and ``runtime.prefault_copies=false`` (the receive buffers
+   allocated as the copy starts, not ahead while the groups are created); ``runtime.link_probe_mb`` times a raw gloo send/recv on the same channels between the
    same processes just before the copy, the peer of the copy's bytes per second, into memory
    already touched and into fresh memory (as the copy lands); ``receiver_copy_s`` is the
    receiver's own copy time (the split's figure).
 6. ``scale``: gpt3_tiny on 4, 8 and 12 nodes (the planner's plan, f=1, one node SIGKILLed
    midway): steady samples/s, the recovery's breakdown, and the CPU seconds per committed step of
    this process's threads: the controller's loop (main thread) and the TCPStore server that every
-   worker's traffic goes through (``pt_tcpstore_uv``).
+   worker's traffic goes through (``pt_tcpstore_uv``), over the whole run and over the steady
+   window alone (from the commit of step 5 to that of the step before the kill: no start-up,
+   recovery or shutdown).
 
 Throughput is the median samples/s over the steps after a warm-up, measured the same way on both
 sides (time between consecutive step completions). The load average is printed with each section.
@@ -77,11 +80,11 @@ def bench_config(steps: int, *groups: str, **overrides):
     return cfg
 
 
-def run_job(cfg, plan=None):
+def run_job(cfg, plan=None, on_start=None):
     from oobleck.elastic.job import launch
 
     with tempfile.TemporaryDirectory() as tmp:
-        outcome, _ = launch(cfg, tmp, initial_plan=plan, recorder=False)
+        outcome, _ = launch(cfg, tmp, initial_plan=plan, recorder=False, on_start=on_start)
     return outcome
 
 
@@ -285,10 +288,12 @@ def compare(title: str, sides: dict[str, Callable[[], float]], repeats: int, rat
 
 # ---------------------------------------------------------------------------- state copies
 def bench_transfer(repeats: int, steps: int = 4) -> dict:
-    """gpt2_small: a recovery that moves a whole stage, from one source and split over two."""
-    results: dict[str, list[dict]] = {"1": [], "2": []}
+    """gpt2_small: a recovery that moves a whole stage: from one source with the receive buffers
+    prepared ahead (the default), the same without, and split over two sources."""
+    variants = {"1": (1, True), "1_unprepared": (1, False), "2": (2, True)}
+    results: dict[str, list[dict]] = {name: [] for name in variants}
     for _ in range(repeats):
-        for sources in ("1", "2"):
+        for name, (sources, prefault) in variants.items():
             cfg = bench_config(
                 steps,
                 "model=gpt2_small",
@@ -296,7 +301,7 @@ def bench_transfer(repeats: int, steps: int = 4) -> dict:
                     "model.seq_len": 64, "job.global_batch_size": 6, "job.microbatch_size": 1, "job.warmup_steps": 1,
                     "cluster.nodes": 6, "job.fault_tolerance": 2, "profile.source": "analytic",
                     "cluster.collective_timeout_s": 120.0, "cluster.heartbeat_timeout_s": 30.0,
-                    "planner.transfer_sources": int(sources), "runtime.link_probe_mb": 256,
+                    "planner.transfer_sources": sources, "runtime.prefault_copies": prefault, "runtime.link_probe_mb": 256,
                     "failures.kind": "explicit", "failures.events": [{"action": "remove", "step": 2, "nodes": [5]}],
                 },
             )  # fmt: skip
@@ -304,31 +309,33 @@ def bench_transfer(repeats: int, steps: int = 4) -> dict:
             moved = [r for r in outcome.recoveries if r["bytes_moved"]]
             if not moved:
                 raise RuntimeError(f"the gpt2_small recovery moved no layers: {outcome.recoveries}")
-            results[sources] += moved
+            results[name] += moved
             print_recoveries(
-                f"gpt2_small, node 5 killed, planner.transfer_sources={sources} ({load()})", moved, ("receiver_copy_s", "copy_bytes_per_s", "link_probe_bytes_per_s", "link_probe_cold_bytes_per_s")
-            )
-    summary = {}
-    for sources, rows in results.items():
-        copy = statistics.median(r["state_copy_s"] for r in rows)
+                f"gpt2_small, node 5 killed, planner.transfer_sources={sources}, runtime.prefault_copies={prefault} ({load()})", moved,
+                ("receiver_copy_s", "copy_bytes_per_s", "prefault_s", "prefault_wait_s", "link_probe_bytes_per_s", "link_probe_cold_bytes_per_s"),
+            )  # fmt: skip
+    summary: dict[str, Any] = {}
+    for name, rows in results.items():
         rate = statistics.median(r["copy_bytes_per_s"] for r in rows)
         link = statistics.median(r["link_probe_bytes_per_s"] for r in rows)
         cold = statistics.median(r["link_probe_cold_bytes_per_s"] for r in rows)
-        summary[sources] = {
-            "state_copy_s": copy, "copy_bytes_per_s": rate, "link_bytes_per_s": link, "link_cold_bytes_per_s": cold,
-            "copy/link": rate / link, "copy/link_cold": rate / cold, **medians(rows, RECOVERY_KEYS),
+        summary[name] = {
+            "copy_bytes_per_s": rate, "link_bytes_per_s": link, "link_cold_bytes_per_s": cold, "copy/link": rate / link,
+            "copy/link_cold": rate / cold, **medians(rows, RECOVERY_KEYS + ("receiver_copy_s", "prefault_s", "prefault_wait_s")),
         }  # fmt: skip
         print(
-            f"  {sources} source(s): state copy {copy:.3f} s, {rate / 1e6:.0f} MB/s into the receiver; raw gloo send/recv per channel"
-            f" {link / 1e6:.0f} MB/s into touched memory (ratio {rate / link:.2f}), {cold / 1e6:.0f} MB/s into fresh memory like the copy's"
-            f" (ratio {rate / cold:.2f})"
+            f"  {name}: the receiver's copy {summary[name]['receiver_copy_s']:.3f} s, {rate / 1e6:.0f} MB/s; raw gloo send/recv per channel"
+            f" {link / 1e6:.0f} MB/s into touched memory (ratio {rate / link:.2f}), {cold / 1e6:.0f} MB/s into fresh memory"
+            f" (ratio {rate / cold:.2f}); buffers prepared in {summary[name]['prefault_s']:.3f} s, of which the copy waited"
+            f" {summary[name]['prefault_wait_s']:.3f} s"
         )
-    for sources, rows in results.items():
-        summary[sources]["receiver_copy_s"] = statistics.median(r["receiver_copy_s"] for r in rows)
-    summary["split_speedup"] = summary["1"]["receiver_copy_s"] / summary["2"]["receiver_copy_s"]
+    one, unprepared, two = summary["1"], summary["1_unprepared"], summary["2"]
+    summary["prepare_speedup"] = unprepared["receiver_copy_s"] / one["receiver_copy_s"]
+    summary["split_speedup"] = one["receiver_copy_s"] / two["receiver_copy_s"]
     print(
-        f"  splitting each layer over 2 sources: the receiver's copy takes {summary['2']['receiver_copy_s']:.3f} s against"
-        f" {summary['1']['receiver_copy_s']:.3f} s from one source ({1 / summary['split_speedup']:.2f}x)"
+        f"  receive buffers prepared ahead: the receiver's copy takes {one['receiver_copy_s']:.3f} s against"
+        f" {unprepared['receiver_copy_s']:.3f} s allocated as the copy starts ({summary['prepare_speedup']:.2f}x faster);"
+        f" splitting each layer over 2 sources: {two['receiver_copy_s']:.3f} s ({1 / summary['split_speedup']:.2f}x one source's)"
     )
     return summary
 
@@ -363,11 +370,24 @@ def bench_scale(nodes_list: tuple[int, ...], steps: int) -> dict:
             **{"cluster.nodes": nodes, "job.fault_tolerance": 1, "job.global_batch_size": 48, "failures.kind": "explicit",
                "failures.events": [{"action": "remove", "step": kill, "nodes": [nodes - 1]}]},
         )  # fmt: skip
+        # CPU of this process's threads when steps WARMUP and kill - 1 commit: the steady window,
+        # without start-up, the recovery or the shutdown (sampled in the loop, twice per run)
+        marks: dict[int, dict[str, float]] = {}
+
+        def watch(controller) -> None:
+            def on_step(row: dict) -> None:
+                if row["step"] in (WARMUP, kill - 1) and row["step"] not in marks:
+                    marks[row["step"]] = thread_cpu()
+
+            controller.on_step = on_step
+
         before = thread_cpu()
-        outcome = run_job(cfg)
+        outcome = run_job(cfg, on_start=watch)
         after = thread_cpu()
         committed = len(outcome.steps) or 1
         per_step = {k: (after[k] - before[k]) / committed * 1e3 for k in before}
+        window = kill - 1 - WARMUP
+        steady_cpu = {k: (marks[kill - 1][k] - marks[WARMUP][k]) / window * 1e3 for k in before}
         steady = [row["samples_per_s"] for row in outcome.steps[WARMUP:kill]]
         recovery = outcome.recoveries[0] if outcome.recoveries else {}
         row = {
@@ -375,12 +395,19 @@ def bench_scale(nodes_list: tuple[int, ...], steps: int) -> dict:
             "samples_per_s": statistics.median(steady),
             "recovery": recovery,
             "cpu_ms_per_step": per_step,
+            "steady_cpu_ms_per_step": steady_cpu,
+            "steady_step_s": statistics.median(row["step_time_s"] for row in outcome.steps[WARMUP:kill]),
         }
         results[nodes] = row
         print(
             f"  {nodes:>5}  {row['pipelines']:>9}  {row['samples_per_s']:>9.1f}  {recovery.get('total_s', float('nan')):>10.3f}"
             f"  {recovery.get('groups_s', float('nan')):>8.3f}  {recovery.get('first_step_s', float('nan')):>12.3f}"
             f"  {per_step['controller_loop']:>16.2f}  {per_step['store_server']:>17.2f}  {per_step['other_threads']:>17.2f}"
+        )
+        print(
+            f"         steady window (steps {WARMUP}-{kill - 1}): loop {steady_cpu['controller_loop']:.2f}, store {steady_cpu['store_server']:.2f},"
+            f" other {steady_cpu['other_threads']:.2f} ms CPU per step of {row['steady_step_s'] * 1e3:.0f} ms"
+            f" (loop share {steady_cpu['controller_loop'] / 1e3 / row['steady_step_s']:.1%})"
         )
     print(f"  ({load()})")
     return results

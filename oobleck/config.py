@@ -193,6 +193,7 @@ class RuntimeConfig:
     bucket_mb: float = MISSING  # gradient all-reduce bucket size (MiB)
     overlap_grad_reduce: bool = MISSING
     link_probe_mb: float = MISSING
+    prefault_copies: bool = MISSING
     reap_margin_s: float = MISSING
     save_final_params: bool = MISSING
 

@@ -115,6 +115,9 @@ class Controller:
         self.run_id = run_id or os.environ.get("OOBLECK_RUN_ID") or uuid.uuid4().hex[:12]
         self.secret = new_secret()
         self.on_event = on_event
+        # Called with each committed step's row, in the controller's loop (tools and benchmarks
+        # watch the run with it; keep it cheap).
+        self.on_step: Optional[Callable[[dict[str, Any]], None]] = None
         self.steps = int(cfg.job.steps)
         self.layer_bytes = strategy.context.layer_param_bytes
         self.store: Any = None
@@ -153,6 +156,8 @@ class Controller:
     def _on_step(self, row: dict[str, Any]) -> None:
         if self.recorder is not None:
             self.recorder.step(**row)
+        if self.on_step is not None:
+            self.on_step(row)
 
     # ------------------------------------------------------------------ start-up
     def _start_store(self) -> None:
@@ -639,6 +644,10 @@ class Controller:
             # so state_copy_s (the max over every rank) also counts a source waiting for its
             # receiver to finish probing other channels.
             row["receiver_copy_s"] = round(max(t["state_copy_s"] for t in timings if t.get("bytes_in")), 4)
+            # runtime.prefault_copies: the receivers' background allocation of their incoming
+            # state (seconds on that thread), and the part of it the copy still waited for.
+            row["prefault_s"] = round(max(t.get("prefault_s", 0.0) for t in timings if t.get("bytes_in")), 4)
+            row["prefault_wait_s"] = round(max(t.get("prefault_wait_s", 0.0) for t in timings if t.get("bytes_in")), 4)
         for key in ("link_probe_bytes_per_s", "link_probe_cold_bytes_per_s"):
             probes = [rate for t in timings for rate in (t.get(key) or {}).values()]
             if probes:

@@ -14,7 +14,9 @@ Gradient reduction (``GradientReducer``) overlaps the backward pass, as torch's 
 gradient group's parameters are cut into buckets in reverse layer order, and a bucket's
 all-reduce starts as soon as the last microbatch's backward has produced the final gradient of
 every parameter in it (per-parameter post-accumulate hooks); the reducer waits for all of them
-before the gradient norm. Shapes of the tensors crossing stage boundaries come from the model's
+before the gradient norm. As DDP's ``gradient_as_bucket_view``, a bucket's parameters' gradients
+are views of its one flat tensor, so backward accumulates straight into what is all-reduced, in
+place: no copy into the bucket and none back. Shapes of the tensors crossing stage boundaries come from the model's
 ``ModelSpec``.
 """
 
@@ -49,6 +51,22 @@ class _Bucket:
     ready: int = 0
     work: Any = None
     flat: Optional[torch.Tensor] = None
+    # A concatenated bucket's gradient storage: ``views[k]`` is ``params[k]``'s ``.grad``.
+    views: list[torch.Tensor] = field(default_factory=list)
+
+    def attach(self) -> None:
+        """Zero the bucket and make it its parameters' gradients again (before a step)."""
+        assert self.flat is not None
+        self.flat.zero_()
+        for p, view in zip(self.params, self.views):
+            p.grad = view
+
+    def reclaim(self) -> None:
+        """A gradient autograd put elsewhere (not accumulated in place) goes back into its view."""
+        for p, view in zip(self.params, self.views):
+            if p.grad is not view:
+                view.copy_(p.grad if p.grad is not None else torch.zeros_like(view))
+                p.grad = view
 
 
 class GradientReducer:
@@ -66,7 +84,8 @@ class GradientReducer:
     With ``overlap`` each parameter that the backward pass reaches gets a post-accumulate-grad
     hook, armed only during the step's last backward (the one that makes its gradient final);
     without, every bucket is launched by ``finish``. Parameters the backward never reaches
-    (shadow copies, a shard with no rows) contribute zeros. ``close`` removes the hooks.
+    (shadow copies, a shard with no rows) contribute zeros. ``close`` removes the hooks and the
+gradient views.
     """
 
     def __init__(self, ctx: "StepContext", *, bucket_bytes: int, overlap: bool) -> None:
@@ -91,6 +110,12 @@ class GradientReducer:
             for position, cut in enumerate(c for c in cuts if c):
                 top = max(index for index, _ in cut)
                 bucket = _Bucket(group.name, [p for _, p in cut], [p for i, p in cut if i in live_layers])
+                first = bucket.params[0]
+                bucket.flat = torch.zeros(sum(p.numel() for p in bucket.params), dtype=first.dtype, device=first.device)
+                offset = 0
+                for p in bucket.params:
+                    bucket.views.append(bucket.flat[offset : offset + p.numel()].view_as(p))
+                    offset += p.numel()
                 keyed.append(((0, -top, group.name, position), bucket))
         tied_group = topo.tied_group
         if tied_group is not None and tied:
@@ -124,7 +149,11 @@ class GradientReducer:
         self.armed = False
         self.launched = 0
         for bucket in self.order:
-            bucket.ready, bucket.work, bucket.flat = 0, None, None
+            bucket.ready, bucket.work = 0, None
+            if bucket.tied:
+                bucket.flat = None
+            else:
+                bucket.attach()
 
     def last_backward(self) -> None:
         """The next backward pass is the step's last: gradients it produces are final."""
@@ -136,14 +165,14 @@ class GradientReducer:
             self.launched += 1
 
     def _launch(self, bucket: _Bucket) -> None:
-        grads = [_grad(p) for p in bucket.params]
         if bucket.tied:
+            grads = [_grad(p) for p in bucket.params]
             total = grads[0].clone()
             for g in grads[1:]:
                 total += g
             bucket.flat = total
         else:
-            bucket.flat = torch.cat([g.reshape(-1) for g in grads])
+            bucket.reclaim()
         if self.group_sizes[bucket.group] > 1:
             bucket.work = self.comm.allreduce(bucket.group, bucket.flat)
 
@@ -156,24 +185,21 @@ class GradientReducer:
         for bucket in self.order:
             if bucket.work is not None:
                 self.comm.waiter.work(bucket.work, "all-reducing gradients")
-            flat = bucket.flat
-            assert flat is not None
             if bucket.tied:
+                assert bucket.flat is not None
                 for p in bucket.params:
-                    p.grad.copy_(flat)
+                    p.grad.copy_(bucket.flat)
                 bucket.flat = None
-                continue
-            offset = 0
-            for p in bucket.params:
-                n = p.numel()
-                p.grad.copy_(flat[offset : offset + n].view_as(p))
-                offset += n
-            bucket.flat = None
 
     def close(self) -> None:
+        """Remove the hooks and let go of the buckets (the layers outlive this generation)."""
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        for bucket in self.order:
+            for p in bucket.params:
+                p.grad = None
+            bucket.flat, bucket.views = None, []
 
 
 @dataclass

@@ -27,7 +27,7 @@ import json
 import os
 import time
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -46,7 +46,7 @@ from oobleck.runtime.executor import StepContext, clip_and_step, global_grad_nor
 from oobleck.runtime.liveness import Liveness
 from oobleck.runtime.state import LayerState, layer_checksum, layer_state, learning_rate
 from oobleck.runtime.topology import Topology, build_topology, group_specs
-from oobleck.runtime.transfer import probe_links, transfer_state
+from oobleck.runtime.transfer import PreparedLayers, incoming_layers, probe_links, transfer_state
 
 
 def resource_probe(extra: dict[str, Any]) -> dict[str, Any]:
@@ -201,18 +201,22 @@ class Worker:
             for index in held:
                 if index not in self.layers:
                     self.layers[index] = self._new_layer(index, 0)
+        reconfiguration = _reconfiguration(document)
+        incoming = incoming_layers(topology, reconfiguration)
+        empty_layer: Callable[[int], LayerState] = lambda index: self._empty_layer(index, committed)  # noqa: E731
+        prepared = None
+        if incoming and self.cfg.runtime.prefault_copies and self.device == "cpu":
+            prepared = PreparedLayers(incoming, empty_layer)  # while the groups are created
         started = time.monotonic()
         comm.build()
         groups_s = time.monotonic() - started
         self._read_strike()  # a fresh process (a restart) has not read its node's strike yet
         self._fire_strike(Phase.RECONFIGURE, None, generation)
-        committed = int(document["resume_step"])
-        reconfiguration = _reconfiguration(document)
         probe_bytes = int(float(self.cfg.runtime.link_probe_mb) * (1 << 20))
         probes = probe_links(topology, comm, reconfiguration, probe_bytes) if probe_bytes > 0 else {}
         moved = time.monotonic()
         copies = transfer_state(
-            topology, comm, reconfiguration, self.layers, lambda index: self._empty_layer(index, committed),
+            topology, comm, reconfiguration, self.layers, prepared.take if prepared else empty_layer,
             committed=committed, generation=generation,
         )  # fmt: skip
         missing = [i for i in held if i not in self.layers]
@@ -237,6 +241,7 @@ class Worker:
                 "groups_s": groups_s, "state_copy_s": transfer_s, "load_s": load_s, "bytes_in": copies.bytes_in,
                 "bytes_out": copies.bytes_out, "link_probe_bytes_per_s": probes.get("warm", {}),
                 "link_probe_cold_bytes_per_s": probes.get("cold", {}),
+                "prefault_s": prepared.seconds if prepared else 0.0, "prefault_wait_s": prepared.waited_s if prepared else 0.0,
             }),  # fmt: skip
         )
         self.store.set(

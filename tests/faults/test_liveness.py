@@ -42,10 +42,12 @@ class Freezer:
         self.controller = None
         self.frozen: list[int] = []
         self.close_wait: list[int] = []
+        self.rows: list[dict] = []
 
     def __call__(self, controller) -> None:
         self.controller = controller
         controller.on_event = self.on_event
+        controller.on_step = self.rows.append
         threading.Thread(target=self._freeze, daemon=True, name="freezer").start()
 
     def on_event(self, kind: str, fields: dict) -> None:
@@ -74,6 +76,7 @@ def run_with_a_frozen_worker(tmp_path, target="workers", steps=10, **dotted):
     assert run_processes(freezer.controller.run_id) == []  # the frozen worker was killed too
     (recovery,) = outcome.recoveries
     assert recovery["removed"] == [VICTIM]
+    assert freezer.rows == outcome.steps  # the controller's on_step saw every committed step's row
     assert freezer.close_wait == [0]  # the dead agent's connection was closed, not left in CLOSE-WAIT
     assert_matches_reference(cfg, outcome, tmp_path / "run")
     events = pd.read_csv(tmp_path / "run" / "events.csv")

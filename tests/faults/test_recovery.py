@@ -56,6 +56,9 @@ def test_every_failure_became_a_recovery(phase_run):
     removed = sorted(n for r in outcome.recoveries for n in r["removed"])
     assert removed == [0, 1, 3, 4, 5]
     assert sum(r["bytes_moved"] for r in outcome.recoveries) > 0, "shrinking pipelines moved layers"
+    for r in (r for r in outcome.recoveries if r["bytes_moved"]):  # the copies' own figures
+        assert r["copy_bytes_per_s"] > 0 and r["receiver_copy_s"] > 0, r
+        assert r["prefault_s"] > 0 and 0 <= r["prefault_wait_s"] <= r["receiver_copy_s"], r  # runtime.prefault_copies
     assert all(r["replicas_identical"] for r in outcome.recoveries)
     retried = [row for row in outcome.steps if row["attempts"] > 1]
     assert retried, "a step interrupted by a failure is redone and its attempts recorded"

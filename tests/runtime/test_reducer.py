@@ -42,12 +42,21 @@ def reduce_once(overlap: bool, generation: int, store: dist.TCPStore) -> list[di
         run_schedule(ctx, 0)
         launched_in_backward = ctx.reducer.launched
         sync_gradients(ctx)
+        grads = {(i, name): p.grad.clone() for i, layer in layers.items() for name, p in layer.module.named_parameters()}
+        # backward accumulated into the buckets themselves: every concatenated bucket's
+        # parameters' gradients are still views of its one flat tensor after the reduction
+        views = all(
+            p.grad.untyped_storage().data_ptr() == b.flat.untyped_storage().data_ptr()
+            for b in ctx.reducer.order if not b.tied for p in b.params
+        )  # fmt: skip
         ctx.close()
         assert not any(p._post_accumulate_grad_hooks for layer in layers.values() for p in layer.params)
+        assert all(p.grad is None for layer in layers.values() for p in layer.params)  # buckets let go
         return {
             "launched": launched_in_backward,
             "buckets": [(b.group, [tuple(p.shape) for p in b.params]) for b in ctx.reducer.order],
-            "grads": {(i, name): p.grad.clone() for i, layer in layers.items() for name, p in layer.module.named_parameters()},
+            "grads": grads,
+            "views": views,
         }
 
     return run_ranks(plan, rank, store=store, generation=generation, tied_layers=spec.tied_layers)
@@ -61,6 +70,7 @@ def test_overlapped_buckets_give_the_same_gradients_as_after_backward(shared_sto
     buckets = len(overlapped[0]["buckets"])
     assert [r["launched"] for r in overlapped] == [buckets, buckets]  # all in flight before backward returned
     assert [r["launched"] for r in after] == [0, 0]
+    assert all(r["views"] for r in overlapped + after)
     for rank in range(2):
         for key, grad in overlapped[rank]["grads"].items():
             assert torch.equal(grad, after[rank]["grads"][key]), key
@@ -69,3 +79,18 @@ def test_overlapped_buckets_give_the_same_gradients_as_after_backward(shared_sto
     spec = model_spec(tiny_config().model, 0)
     (first, last), (a, b) = spec.tied[0].layers, spec.tied[0].names
     assert torch.equal(overlapped[0]["grads"][(first, a)], overlapped[0]["grads"][(last, b)])
+
+
+def test_a_gradient_put_outside_its_bucket_is_copied_back_into_it():
+    from oobleck.runtime.executor import _Bucket
+
+    params = [torch.nn.Parameter(torch.ones(2, 3)), torch.nn.Parameter(torch.ones(4))]
+    bucket = _Bucket("g", params, params, flat=torch.full((10,), 7.0))
+    bucket.views = [bucket.flat[:6].view(2, 3), bucket.flat[6:]]
+    bucket.attach()
+    assert torch.equal(bucket.flat, torch.zeros(10)) and params[0].grad is bucket.views[0]
+    params[1].grad = torch.arange(4.0)  # not accumulated in place (e.g. a sparse or double backward)
+    params[0].grad = None
+    bucket.reclaim()
+    assert params[1].grad is bucket.views[1] and params[0].grad is bucket.views[0]
+    assert torch.equal(bucket.flat, torch.cat([torch.zeros(6), torch.arange(4.0)]))

@@ -6,18 +6,21 @@ Three ranks in threads of this process on real gloo groups (``inprocess.run_rank
 nothing and receives layer 0 from rank 0 alone and layer 1 in two chunks, one from each source.
 What arrives equals the sources' state exactly (so its hash, which the controller compares with
 the sources', agrees), with the AdamW step set to the committed steps; the byte counts add up and
-each source names the layers it copied out.
+each source names the layers it copied out. With ``prepared`` the receiver's buffers are made
+ahead on a background thread (``PreparedLayers``, the runtime's ``runtime.prefault_copies``) and
+the copy lands in those very buffers.
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from oobleck.models.spec import model_spec
 from oobleck.planning.plan import LayerTransfer, ReconfigurationPlan
 from oobleck.runtime.state import layer_checksum, layer_state
 from oobleck.runtime.testing import hand_plan, template, tiny_config
-from oobleck.runtime.transfer import transfer_state
+from oobleck.runtime.transfer import PreparedLayers, incoming_layers, transfer_state
 
 from inprocess import run_ranks
 
@@ -32,7 +35,8 @@ def trained(spec, job, index: int):
     return layer
 
 
-def test_a_layer_split_over_two_sources_arrives_bit_for_bit(shared_store):
+@pytest.mark.parametrize("prepared", [False, True], ids=["allocated-as-it-arrives", "prepared-ahead"])
+def test_a_layer_split_over_two_sources_arrives_bit_for_bit(shared_store, prepared):
     cfg = tiny_config()
     job = cfg.job
     spec = model_spec(cfg.model, int(job.seed))
@@ -47,15 +51,25 @@ def test_a_layer_split_over_two_sources_arrives_bit_for_bit(shared_store):
 
     def rank(topology, comm):
         layers = {i: trained(spec, job, i) for i in (0, 1)} if topology.rank < 2 else {}
+        made: list = []
+
+        def empty(i):
+            made.append(layer_state(spec, job, i, "cpu", initialise=False))
+            return made[-1]
+
+        incoming = incoming_layers(topology, reconfiguration)
+        assert incoming == ((0, 1) if topology.rank == 2 else ())
+        ahead = PreparedLayers(incoming, empty) if prepared else None
         moved = transfer_state(
-            topology, comm, reconfiguration, layers, lambda i: layer_state(spec, job, i, "cpu", initialise=False),
-            committed=COMMITTED, generation=0,
+            topology, comm, reconfiguration, layers, ahead.take if ahead else empty, committed=COMMITTED, generation=0
         )  # fmt: skip
+        if topology.rank == 2:  # the copy landed in the buffers made for it, one per layer
+            assert sorted(id(layer) for layer in layers.values()) == sorted(id(layer) for layer in made)
         states = {i: (layer.flat.clone(), [layer.optimizer.state[p]["step"].item() for p in layer.params]) for i, layer in layers.items()}
         return moved, states, {i: layer_checksum(layer) for i, layer in layers.items()}
 
     (out0, src0, hash0), (out1, src1, hash1), (got, dst, hash2) = run_ranks(
-        plan, rank, store=shared_store, generation=10, reconfiguration=reconfiguration
+        plan, rank, store=shared_store, generation=10 + prepared, reconfiguration=reconfiguration
     )
     n0, n1 = src0[0][0].shape[1], src0[1][0].shape[1]
     assert (out0.bytes_in, out0.bytes_out, out0.copied_out) == (0, 4 * 3 * (n0 + n1 // 2), (0, 1))
@@ -104,3 +118,12 @@ def test_a_copy_one_bit_off_its_source_stops_the_run():
         else:
             with pytest.raises(RunError, match="checksum mismatch"):
                 ledger.check_established()
+
+
+def test_a_failure_preparing_receive_buffers_is_raised_where_the_copy_takes_them():
+    def make(index):
+        raise MemoryError(f"no memory for layer {index}")
+
+    ahead = PreparedLayers((4,), make)
+    with pytest.raises(MemoryError, match="layer 4"):
+        ahead.take(4)
