@@ -4,6 +4,10 @@
 (``oobleck.sim.validate.calibrate_runs``; one of them with a failure) and predicts each other run with it (the ``predicted``
 model of ``oobleck.sim.validate.compare``): one tidy row per run and metric.
 
+``across_repeats(table)`` summarises repeated runs of the same case (``benchmarks/bench_validation.py
+--repeats``): one row per case and metric with the median ratio and its range, so that one run
+slowed by other jobs on the shared cores does not decide a row.
+
 CLI: ``python -m analysis.validation --calibration CAL_RUN_DIR [--calibration ...] RUN_DIR [RUN_DIR ...]
 [--out FILE.csv]``.
 """
@@ -36,6 +40,30 @@ def validation_table(calibration: list[str | Path], runs: list[str | Path]) -> p
         frames.append(table.assign(run=str(run), calibration=runtime.source))
     out = pd.concat(frames, ignore_index=True)
     out.attrs["runtime"] = runtime
+    return out
+
+
+def across_repeats(table: pd.DataFrame, case: str = "case") -> pd.DataFrame:
+    """One row per ``case`` and metric of a ``validation_table`` over repeated runs of each case:
+    the medians of measured, simulated and their ratio, the ratio's range, ``within_target`` by
+    the median ratio (the rule of ``oobleck.sim.validate.compare``: ``|ratio - 1| <= target``)
+    and how many of the repeats were within target on their own."""
+    missing = {case, "metric", "measured", "simulated", "ratio", "target", "within_target"} - set(table.columns)
+    if missing:
+        raise RunError(f"across_repeats: the table has no column {sorted(missing)} (a validation_table with a {case!r} column)")
+    groups = table.groupby([case, "metric"], sort=False)
+    out = groups.agg(
+        repeats=("ratio", "size"),
+        measured=("measured", "median"),
+        simulated=("simulated", "median"),
+        target=("target", "first"),
+        ratio=("ratio", "median"),
+        ratio_min=("ratio", "min"),
+        ratio_max=("ratio", "max"),
+        repeats_within=("within_target", "sum"),
+    ).reset_index()
+    out["within_target"] = (out["ratio"] - 1.0).abs() <= out["target"]
+    out["repeats_within"] = out["repeats_within"].astype(int)
     return out
 
 

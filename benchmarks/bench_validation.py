@@ -1,7 +1,7 @@
 """Simulator accuracy against real runs of all three strategies, out of sample (issues 6 and 13:
 throughput within 15%, recovery, failover, restart and checkpoint times within 50%).
 
-    python benchmarks/bench_validation.py [--out DIR] [--only oobleck varuna bamboo]
+    python benchmarks/bench_validation.py [--out DIR] [--only oobleck varuna bamboo] [--repeats N]
 
 Runs the protocol of analysis/README.md back to back on this machine: calibration runs, on which
 ``oobleck.sim.validate.calibrate_runs`` measures the runtime's terms (step overhead, the fixed
@@ -12,7 +12,11 @@ its membership changes at their times, its measured profile, its own strategy co
 checkpoint interval). It prints the ``predicted`` rows of ``analysis.validation`` and how many are
 within target. It is a benchmark, not a test: the runtime's step time follows other jobs' load on
 the shared cores (up to 2-3x), so the figures are only meaningful when every run saw the same
-load; the load average before and after is printed with them.
+load; the load average before and after is printed with them. ``--repeats N`` runs the whole
+protocol N times, interleaved (every calibration and predicted run once, then again), pools all
+the calibration runs into one calibration, predicts every run, and judges each row by the
+median ratio over its repeats (``analysis.validation.across_repeats``, written to
+``repeats.csv``): a load that comes and goes then moves one repeat, not the row.
 
 Calibration: C1 Oobleck, 3 nodes, a node killed at step 5; C2 Oobleck, 3 nodes, batch 8, no
 failure; VC Varuna, 3 nodes, a checkpoint every 5 steps, a node killed at step 30; BC Bamboo,
@@ -73,26 +77,41 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", default=["oobleck", "varuna", "bamboo"], help="strategies whose runs to predict")
     parser.add_argument("--reuse", action="store_true", help="do not rerun run dirs that exist already (only re-validate)")
     parser.add_argument("--profile-repeats", type=int, default=21, help="timed repeats per layer of the shared measured profile (median)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of the whole protocol, interleaved; rows judged by the median ratio")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: run the protocol at least once")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     print(f"load average before: {os.getloadavg()}", flush=True)
     # Calibration runs of the strategies predicted (Oobleck's always: it measures the step overhead).
     calibration = {k: v for k, v in CALIBRATION.items() if v[0] in {"oobleck", *args.only}}
     predicted = {k: v for k, v in PREDICTED.items() if v[0] in args.only}
-    for name, (_, overrides) in {**calibration, **predicted}.items():
-        if not (args.reuse and (out / name / "summary.json").is_file()):
-            run(out, name, overrides, args.profile_repeats)
-    print(f"load average after: {os.getloadavg()}")
-    from analysis.validation import validation_table
 
-    table = validation_table([out / n for n in calibration], [out / n for n in predicted])
+    def run_dir(name: str, repeat: int) -> Path:  # repeat 0 keeps the single run's layout
+        return out / (name if repeat == 0 else f"{name}-r{repeat}")
+
+    for repeat in range(args.repeats):
+        for name, (_, overrides) in {**calibration, **predicted}.items():
+            if not (args.reuse and (run_dir(name, repeat) / "summary.json").is_file()):
+                run(out, run_dir(name, repeat).name, overrides, args.profile_repeats)
+    print(f"load average after: {os.getloadavg()}")
+    from analysis.validation import across_repeats, validation_table
+
+    repeats = range(args.repeats)
+    table = validation_table([run_dir(n, k) for k in repeats for n in calibration], [run_dir(n, k) for k in repeats for n in predicted])
     table["run"] = [Path(run).name for run in table["run"]]
-    table["strategy"] = table["run"].map({name: strategy for name, (strategy, _) in predicted.items()})
+    table["case"] = [run.split("-r")[0] for run in table["run"]]
+    table["strategy"] = table["case"].map({name: strategy for name, (strategy, _) in predicted.items()})
     print(f"runtime overhead: {table.attrs['runtime']}")
     print(table.drop(columns=["calibration"]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     table.to_csv(out / "table.csv", index=False)
     print(f"within target: {int(table['within_target'].sum())} of {len(table)} rows; written {out / 'table.csv'}")
+    if args.repeats > 1:
+        summary = across_repeats(table)
+        print(summary.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        summary.to_csv(out / "repeats.csv", index=False)
+        print(f"within target by the median over {args.repeats} repeats: {int(summary['within_target'].sum())} of {len(summary)} rows; written {out / 'repeats.csv'}")
     return 0
 
 

@@ -163,3 +163,19 @@ def test_load_run_reads_files_and_names_missing_ones(tmp_path: Path):
     (tmp_path / "plan.json").write_text("{not json")
     with pytest.raises(RunError, match="plan.json: not valid JSON"):
         load_run(tmp_path)
+
+
+def test_repeated_runs_are_judged_by_their_median_ratio():
+    from analysis.validation import across_repeats
+
+    rows = [("D", "throughput", 100.0, r * 100.0, r, 0.15) for r in (0.9, 1.5, 0.95)]
+    rows += [("E", "throughput", 10.0, 3.0, 0.3, 0.15), ("D", "recovery_s", 1.0, 0.6, 0.6, 0.5)]
+    table = pd.DataFrame(rows, columns=["case", "metric", "measured", "simulated", "ratio", "target"])
+    table["within_target"] = (table["ratio"] - 1).abs() <= table["target"]
+    out = across_repeats(table).set_index(["case", "metric"])
+    d = out.loc[("D", "throughput")]
+    assert (d["repeats"], d["ratio"], d["ratio_min"], d["ratio_max"], d["repeats_within"]) == (3, 0.95, 0.9, 1.5, 2)
+    assert bool(d["within_target"]) and d["simulated"] == 95.0
+    assert not bool(out.loc[("E", "throughput"), "within_target"]) and bool(out.loc[("D", "recovery_s"), "within_target"])
+    with pytest.raises(RunError, match="case"):
+        across_repeats(table.drop(columns=["case"]))
