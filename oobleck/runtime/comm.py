@@ -66,11 +66,18 @@ def make_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
     return dist.TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
 
 
+# The abort watch's store wait is cut into slices only because a TCPStore wait needs a timeout;
+# c10d logs two warning lines for every slice that times out, so short slices (it was 30 s) fill
+# a long run's logs with them. A slice bounds nothing: the watch lasts the generation.
+ABORT_WATCH_SLICE = timedelta(hours=1)
+
+
 class AbortWatch:
     """Waits (on its own store connection, in one thread at a time) for ``abort/<g>``.
 
     When the key appears it sets ``aborted`` and every pending wait event, so blocked waits in
-    the main thread return at once.
+    the main thread return at once. A lost store connection (the controller is gone, so no step
+    can commit any more) ends the watch the same way.
     """
 
     def __init__(self, host: str, port: int, timeout_s: float) -> None:
@@ -96,10 +103,12 @@ class AbortWatch:
         key = keys.abort(generation)
         while True:
             try:
-                self._store.wait([key], timedelta(seconds=30))
+                self._store.wait([key], ABORT_WATCH_SLICE)
                 break
-            except Exception:  # a timeout of this bounded wait: keep watching
+            except dist.DistStoreError:  # this slice timed out: keep watching
                 continue
+            except Exception:  # the store is unreachable: retrying would spin, so end as an abort
+                break
         with self._lock:
             flag.set()
             for event in list(self._pending):

@@ -126,3 +126,15 @@ def test_a_gloo_work_still_completes_through_its_future(store, make_waiter):
     tensor = torch.full((4,), 3.0)
     waiter.work(group.allreduce([tensor]), "all-reducing")
     assert torch.equal(tensor, torch.full((4,), 3.0))
+
+
+def test_an_abort_watch_whose_store_is_gone_ends_as_an_abort():
+    """Without it the watch retried a wait that fails at once (a busy loop) until the process exited."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10), use_libuv=True)
+    watch = AbortWatch("127.0.0.1", server.port, 10.0)
+    watch.watch(3)
+    assert not watch.aborted.wait(0.3)
+    del server
+    assert watch.aborted.wait(10.0)
+    watch._thread.join(10.0)
+    assert not watch._thread.is_alive()
