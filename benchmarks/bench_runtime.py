@@ -24,7 +24,9 @@ compared), because on a shared 2-core machine the load drifts from minute to min
    (``bytes_moved``: 353 MB of parameters and AdamW state when last measured). Run with
    ``planner.transfer_sources=1`` and ``=2`` (one source, or the chunks of each layer split over
    two), and with one source and ``runtime.prefault_copies=false`` (the receive buffers
-   allocated as the copy starts, not ahead while the groups are created); ``runtime.link_probe_mb`` times a raw gloo send/recv on the same channels between the
+   allocated as the copy starts, not ahead while the groups are created); then both of those
+   again without link probes, end to end (the probes run between the groups and the copy, so
+   they give the preparation time to finish that a real run does not); ``runtime.link_probe_mb`` times a raw gloo send/recv on the same channels between the
    same processes just before the copy, the peer of the copy's bytes per second, into memory
    already touched and into fresh memory (as the copy lands); ``receiver_copy_s`` is the
    receiver's own copy time (the split's figure).
@@ -288,12 +290,16 @@ def compare(title: str, sides: dict[str, Callable[[], float]], repeats: int, rat
 
 # ---------------------------------------------------------------------------- state copies
 def bench_transfer(repeats: int, steps: int = 4) -> dict:
-    """gpt2_small: a recovery that moves a whole stage: from one source with the receive buffers
-    prepared ahead (the default), the same without, and split over two sources."""
-    variants = {"1": (1, True), "1_unprepared": (1, False), "2": (2, True)}
+    """gpt2_small: a recovery that moves a whole stage. With link probes (the raw gloo peer):
+    one source with the receive buffers prepared ahead (the default), the same without, and
+    split over two sources. Without probes (as a real run): prepared and not, end to end."""
+    variants = {
+        "1": (1, True, 256), "1_unprepared": (1, False, 256), "2": (2, True, 256),
+        "1_no_probe": (1, True, 0), "1_unprepared_no_probe": (1, False, 0),
+    }  # fmt: skip
     results: dict[str, list[dict]] = {name: [] for name in variants}
     for _ in range(repeats):
-        for name, (sources, prefault) in variants.items():
+        for name, (sources, prefault, probe_mb) in variants.items():
             cfg = bench_config(
                 steps,
                 "model=gpt2_small",
@@ -301,7 +307,7 @@ def bench_transfer(repeats: int, steps: int = 4) -> dict:
                     "model.seq_len": 64, "job.global_batch_size": 6, "job.microbatch_size": 1, "job.warmup_steps": 1,
                     "cluster.nodes": 6, "job.fault_tolerance": 2, "profile.source": "analytic",
                     "cluster.collective_timeout_s": 120.0, "cluster.heartbeat_timeout_s": 30.0,
-                    "planner.transfer_sources": sources, "runtime.prefault_copies": prefault, "runtime.link_probe_mb": 256,
+                    "planner.transfer_sources": sources, "runtime.prefault_copies": prefault, "runtime.link_probe_mb": probe_mb,
                     "failures.kind": "explicit", "failures.events": [{"action": "remove", "step": 2, "nodes": [5]}],
                 },
             )  # fmt: skip
@@ -311,31 +317,35 @@ def bench_transfer(repeats: int, steps: int = 4) -> dict:
                 raise RuntimeError(f"the gpt2_small recovery moved no layers: {outcome.recoveries}")
             results[name] += moved
             print_recoveries(
-                f"gpt2_small, node 5 killed, planner.transfer_sources={sources}, runtime.prefault_copies={prefault} ({load()})", moved,
-                ("receiver_copy_s", "copy_bytes_per_s", "prefault_s", "prefault_wait_s", "link_probe_bytes_per_s", "link_probe_cold_bytes_per_s"),
+                f"gpt2_small, node 5 killed, planner.transfer_sources={sources}, runtime.prefault_copies={prefault},"
+                f" runtime.link_probe_mb={probe_mb} ({load()})", moved,
+                ("receiver_copy_s", "copy_bytes_per_s", "prefault_s", "prefault_wait_s") + (("link_probe_bytes_per_s", "link_probe_cold_bytes_per_s") if probe_mb else ()),
             )  # fmt: skip
     summary: dict[str, Any] = {}
     for name, rows in results.items():
-        rate = statistics.median(r["copy_bytes_per_s"] for r in rows)
-        link = statistics.median(r["link_probe_bytes_per_s"] for r in rows)
-        cold = statistics.median(r["link_probe_cold_bytes_per_s"] for r in rows)
-        summary[name] = {
-            "copy_bytes_per_s": rate, "link_bytes_per_s": link, "link_cold_bytes_per_s": cold, "copy/link": rate / link,
-            "copy/link_cold": rate / cold, **medians(rows, RECOVERY_KEYS + ("receiver_copy_s", "prefault_s", "prefault_wait_s")),
-        }  # fmt: skip
-        print(
-            f"  {name}: the receiver's copy {summary[name]['receiver_copy_s']:.3f} s, {rate / 1e6:.0f} MB/s; raw gloo send/recv per channel"
-            f" {link / 1e6:.0f} MB/s into touched memory (ratio {rate / link:.2f}), {cold / 1e6:.0f} MB/s into fresh memory"
-            f" (ratio {rate / cold:.2f}); buffers prepared in {summary[name]['prefault_s']:.3f} s, of which the copy waited"
-            f" {summary[name]['prefault_wait_s']:.3f} s"
-        )
+        summary[name] = medians(rows, RECOVERY_KEYS + ("receiver_copy_s", "copy_bytes_per_s", "prefault_s", "prefault_wait_s"))
+        summary[name]["groups_and_copy_s"] = statistics.median(r["groups_s"] + r["receiver_copy_s"] for r in rows)
+        rate = summary[name]["copy_bytes_per_s"]
+        line = f"  {name}: the receiver's copy {summary[name]['receiver_copy_s']:.3f} s, {rate / 1e6:.0f} MB/s"
+        if variants[name][2]:
+            link = statistics.median(r["link_probe_bytes_per_s"] for r in rows)
+            cold = statistics.median(r["link_probe_cold_bytes_per_s"] for r in rows)
+            summary[name].update({"link_bytes_per_s": link, "link_cold_bytes_per_s": cold, "copy/link": rate / link, "copy/link_cold": rate / cold})
+            line += (f"; raw gloo send/recv per channel {link / 1e6:.0f} MB/s into touched memory (ratio {rate / link:.2f}),"
+                     f" {cold / 1e6:.0f} MB/s into fresh memory (ratio {rate / cold:.2f})")  # fmt: skip
+        line += f"; buffers prepared in {summary[name]['prefault_s']:.3f} s, of which the copy waited {summary[name]['prefault_wait_s']:.3f} s"
+        print(line)
     one, unprepared, two = summary["1"], summary["1_unprepared"], summary["2"]
     summary["prepare_speedup"] = unprepared["receiver_copy_s"] / one["receiver_copy_s"]
     summary["split_speedup"] = one["receiver_copy_s"] / two["receiver_copy_s"]
+    ahead, plain = summary["1_no_probe"], summary["1_unprepared_no_probe"]
+    summary["prepare_speedup_end_to_end"] = plain["groups_and_copy_s"] / ahead["groups_and_copy_s"]
     print(
-        f"  receive buffers prepared ahead: the receiver's copy takes {one['receiver_copy_s']:.3f} s against"
-        f" {unprepared['receiver_copy_s']:.3f} s allocated as the copy starts ({summary['prepare_speedup']:.2f}x faster);"
-        f" splitting each layer over 2 sources: {two['receiver_copy_s']:.3f} s ({1 / summary['split_speedup']:.2f}x one source's)"
+        f"  with probes (which give the preparation time to finish): the copy into prepared buffers takes {one['receiver_copy_s']:.3f} s"
+        f" against {unprepared['receiver_copy_s']:.3f} s into buffers allocated as it starts ({summary['prepare_speedup']:.2f}x);"
+        f" split over 2 sources {two['receiver_copy_s']:.3f} s ({summary['split_speedup']:.2f}x faster than one)\n"
+        f"  end to end without probes (groups + the receiver's copy): {ahead['groups_and_copy_s']:.3f} s prepared ahead against"
+        f" {plain['groups_and_copy_s']:.3f} s ({summary['prepare_speedup_end_to_end']:.2f}x)"
     )
     return summary
 
