@@ -56,6 +56,7 @@ NODES = 12
 # the schedule starts a join only once the last is up, so they come one at a time; the nodes
 # started at launch boot together.
 JOINS, JOIN_SIZE = 9, 1
+LEFTOVER_WAIT_S = 10.0  # how long the run's ports may take to close after it returned
 STEPS = 1500  # a bound only (~450 are needed): the loop stops the run once it has its generations
 GENERATIONS = 25
 GAP = 3  # steps committed after a recovery before the next fault
@@ -313,5 +314,13 @@ def test_nothing_is_left_behind(chaos_run):
     *_, chaos, _ = chaos_run
     assert run_processes(chaos.run_id) == []
     assert len(chaos.ports) == 2
+    # A helper thread of the run still winding down may hold the store's object for a moment
+    # (seen once in a full suite, not reproduced alone): give it a bounded while, then name the
+    # threads still alive, so a real leak says who holds the port.
+    deadline = time.monotonic() + LEFTOVER_WAIT_S
+    while any("LISTEN" in tcp_states(port) for port in chaos.ports) and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.2)
+    threads = sorted(t.name for t in threading.enumerate())
     for port in chaos.ports:
-        assert "LISTEN" not in tcp_states(port), port
+        assert "LISTEN" not in tcp_states(port), (port, tcp_states(port), threads)
