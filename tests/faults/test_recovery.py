@@ -1,7 +1,8 @@
 """In-place recovery from real SIGKILLs loses nothing (issue 5).
 
-One shared run on 7 local nodes (f=1, gpt3_tiny; the planner picks a 5-stage and a 2-stage
-pipeline) takes node failures at every point of a step (forward, backward, gradient all-reduce,
+One shared run on 7 local nodes (f=1, gpt3_tiny; it starts on a 5-stage and a 2-stage pipeline,
+given, not planned: the planner's choice follows the measured profile, and in a 4+3 plan nodes 1
+and 4 hold the same layer, so the double failure below would leave it no replica) takes node failures at every point of a step (forward, backward, gradient all-reduce,
 optimizer step) and a second failure during a reconfiguration, shrinking to two single-node
 pipelines; its per-step losses and final parameters must equal single-process training on the
 same batches (tolerance justified in tests/runtime/test_exactness.py).
@@ -17,7 +18,7 @@ from oobleck.elastic import controller as controller_module
 from oobleck.elastic.job import launch
 from oobleck.elastic.local import run_processes
 from oobleck.errors import RunError
-from oobleck.runtime.testing import assert_matches_reference, tiny_config, two_pipelines_of_two_nodes
+from oobleck.runtime.testing import assert_matches_reference, hand_plan, template, tiny_config, two_pipelines_of_two_nodes
 
 PHASE_EVENTS = [
     {"action": "remove", "step": 2, "nodes": [1], "phase": "forward"},
@@ -38,11 +39,18 @@ def phase_config():
     })
 
 
+def phase_plan():
+    """Nodes 0-4: one stage each (layers 0-1, 2, 3, 4, 5); nodes 5-6: layers 0-2 and 3-5."""
+    five = template([(0, 2, 0, 0, 1), (2, 3, 1, 0, 1), (3, 4, 2, 0, 1), (4, 5, 3, 0, 1), (5, 6, 4, 0, 1)])
+    two = template([(0, 3, 0, 0, 1), (3, 6, 1, 0, 1)])
+    return hand_plan([(five, (0, 1, 2, 3, 4), 4), (two, (5, 6), 4)], batch=16, micro=2, layers=6, f=1, gpus=1)
+
+
 @pytest.fixture(scope="module")
 def phase_run(tmp_path_factory):
     cfg = phase_config()
     run_dir = tmp_path_factory.mktemp("phases")
-    outcome, summary = launch(cfg, run_dir)
+    outcome, summary = launch(cfg, run_dir, initial_plan=phase_plan())
     return cfg, outcome, summary, run_dir
 
 
