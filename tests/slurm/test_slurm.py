@@ -36,6 +36,7 @@ def slurm_environment() -> dict[str, str]:
 
 # Job states after which a job never runs again (a requeued job passes through REQUEUED and
 # PENDING, which are not here).
+REQUEUE_START_DELAY_S = 3  # seconds between a requeue and the requeued job's start (see its use)
 FINISHED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
@@ -137,10 +138,15 @@ def test_warning_signal_checkpoints_requeues_and_resumes_exactly(tmp_path):
         time.sleep(0.2)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, timeout=30, check=True)
     # Slurm holds a requeued job back for a while (its begin time moves ~2 minutes ahead); let it
-    # start again at once so the test does not wait for that.
+    # start again sooner so the test does not wait for that, but not at once: a node revokes the
+    # old run's job credential, with one-second resolution, and a new one issued in the same
+    # second is refused ("Killing non-startable batch JobId=62: Job credential revoked" in
+    # slurmctld.log, and the job ended FAILED without running again). The update itself must say
+    # "now": a later begin time waits for the scheduler's next periodic pass (17-50 s here).
     while time.monotonic() < deadline:
         shown = subprocess.run(["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True, timeout=30).stdout
         if "Restarts=1" in shown:
+            time.sleep(REQUEUE_START_DELAY_S)
             moved = subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, capture_output=True, timeout=30)
             if moved.returncode == 0:
                 break
