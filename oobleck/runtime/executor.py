@@ -16,8 +16,8 @@ all-reduce starts as soon as the last microbatch's backward has produced the fin
 every parameter in it (per-parameter post-accumulate hooks); the reducer waits for all of them
 before the gradient norm. As DDP's ``gradient_as_bucket_view``, a bucket's parameters' gradients
 are views of its one flat tensor, so backward accumulates straight into what is all-reduced, in
-place: no copy into the bucket and none back. Shapes of the tensors crossing stage boundaries come from the model's
-``ModelSpec``.
+place: no copy into the bucket and none back. Shapes of the tensors crossing stage boundaries
+come from the model's ``ModelSpec``.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class GradientReducer:
     hook, armed only during the step's last backward (the one that makes its gradient final);
     without, every bucket is launched by ``finish``. Parameters the backward never reaches
     (shadow copies, a shard with no rows) contribute zeros. ``close`` removes the hooks and the
-gradient views.
+    gradient views.
     """
 
     def __init__(self, ctx: "StepContext", *, bucket_bytes: int, overlap: bool) -> None:
