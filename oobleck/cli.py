@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, TextIO
 
-from oobleck.errors import EXIT_INTERRUPTED, report_errors
+from oobleck.errors import EXIT_INTERRUPTED, exit_with, report_errors
 
 
 class Interrupted(KeyboardInterrupt):
@@ -122,5 +122,4 @@ def entry(program: str) -> Iterator[Path]:
                 yield run_dir
         except KeyboardInterrupt as stop:
             kept = str(stop) if isinstance(stop, Interrupted) and str(stop) else f"what was printed is in {log}"
-            print(f"\n{program}: interrupted (Ctrl-C); {kept}", file=sys.stderr, flush=True)
-            sys.exit(EXIT_INTERRUPTED)
+            exit_with(f"\n{program}: interrupted (Ctrl-C); {kept}", EXIT_INTERRUPTED)

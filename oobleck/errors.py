@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 
 class OobleckError(Exception):
@@ -80,6 +82,20 @@ EXIT_REQUEUE = 75  # sysexits.h EX_TEMPFAIL: slurm/run.sbatch requeues the job o
 _body = {"started": False}  # set once an entry point's body runs (``report_errors``)
 
 
+def exit_with(message: str, exit_code: int) -> NoReturn:
+    """Print ``message``, an entry point's last line (an error, a stop, a Ctrl-C), and exit.
+
+    From here on SIGINT is ignored: the line is the last word, and the exit that follows is bounded
+    (with torch loaded, tearing the interpreter down takes most of a second). A Ctrl-C in that
+    window (a user pressing twice) would otherwise kill the process by SIGINT, or print a
+    traceback, after the line was printed, and the exit status would no longer say what happened.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print(message, file=sys.stderr, flush=True)
+    sys.exit(exit_code)
+
+
 @contextlib.contextmanager
 def report_errors(program: str) -> Iterator[None]:
     """Print an ``OobleckError`` as ``<program>: error: <message>`` and exit with status 2 (or the
@@ -88,11 +104,9 @@ def report_errors(program: str) -> Iterator[None]:
     try:
         yield
     except Stopped as error:
-        print(f"{program}: stopped: {error}", file=sys.stderr, flush=True)
-        sys.exit(error.exit_code)
+        exit_with(f"{program}: stopped: {error}", error.exit_code)
     except OobleckError as error:
-        print(f"{program}: error: {error}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USER_ERROR)
+        exit_with(f"{program}: error: {error}", EXIT_USER_ERROR)
 
 
 # Hydra prints its own errors over several lines and exits with 1, unless this variable is "1":
@@ -116,19 +130,16 @@ def run_app(main: Callable[[], Any], program: str) -> None:
     try:
         main()
     except (HydraException, OmegaConfBaseException) as error:
-        print(f"{program}: error: {hydra_error_message(error, program)}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USER_ERROR)
+        exit_with(f"{program}: error: {hydra_error_message(error, program)}", EXIT_USER_ERROR)
     except KeyboardInterrupt:  # before the task's own handling (oobleck.cli.entry) took over
-        print(f"\n{program}: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
-        sys.exit(EXIT_INTERRUPTED)
+        exit_with(f"\n{program}: interrupted (Ctrl-C)", EXIT_INTERRUPTED)
     except (OSError, ValueError) as error:
         # Before the body runs, Hydra creates the run dir and opens its log file there; a run dir
         # that cannot be written fails right there (an OSError, or logging's ValueError around it).
         cause = _os_error(error)
         if _body["started"] or cause is None:
             raise
-        print(f"{program}: error: {unwritable_message(cause)}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USER_ERROR)
+        exit_with(f"{program}: error: {unwritable_message(cause)}", EXIT_USER_ERROR)
     finally:
         os.environ.pop(HYDRA_FULL_ERROR, None)
 
