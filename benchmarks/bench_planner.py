@@ -174,19 +174,14 @@ def _paper_shrink(model: str, stop: int) -> list[tuple[int, float, float]]:
     """experiment=paper_failure_frequency: 30 nodes losing one node at a time (the lowest id of the
     largest pipeline, seeded order otherwise irrelevant) down to ``stop``; per node count the
     reconfigured plan's predicted iteration time and a fresh instantiation's on the same nodes."""
-    from hydra import compose, initialize_config_dir
-
-    import oobleck.config  # noqa: F401  (registers the schema)
+    from oobleck.config import compose_config
     from oobleck.planning.instantiate import instantiate
     from oobleck.planning.profile import ClusterSpec
     from oobleck.planning.reconfigure import reconfigure
     from oobleck.planning.templates import generate_templates
     from oobleck.profiling.analytic import analytic_profile
 
-    from oobleck.config import CONF_DIR
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=["experiment=paper_failure_frequency", f"model={model}", "cluster.nodes=30"])
+    cfg = compose_config("experiment=paper_failure_frequency", f"model={model}", "cluster.nodes=30")
     profile = analytic_profile(cfg.model, cfg.cluster.gpu, int(cfg.job.microbatch_size))
     f, B, b = int(cfg.job.fault_tolerance), int(cfg.job.global_batch_size), int(cfg.job.microbatch_size)
     templates = generate_templates(profile, ClusterSpec.from_config(cfg.cluster), f)

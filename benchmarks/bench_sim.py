@@ -21,17 +21,15 @@ import os
 import sys
 import time
 
-from hydra import compose, initialize_config_dir
 
 ONE_TARGET_S = 1.0  # issue 13: the 11 h EC2 trace for one model and strategy
 EXPERIMENT_TARGET_S = 60.0  # issue 13: the whole paper experiment with its shifted starts
 
 
 def _config(experiment: str):
-    from oobleck.config import CONF_DIR  # also registers the schema
+    from oobleck.config import compose_config
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=[f"experiment={experiment}"])
+    return compose_config(f"experiment={experiment}")
 
 
 def main() -> None:
@@ -44,7 +42,6 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-    import oobleck.config  # noqa: F401  (registers the schema)
     import oobleck.profiling  # noqa: F401  (imports torch once, outside the timings)
 
     # The planner's placement imports scipy.optimize on first use: a once-per-process cost, timed

@@ -1,8 +1,9 @@
 """Structured configuration: the schema of every Hydra config group, and its validation.
 
-The dataclasses here are registered in Hydra's ConfigStore as ``oobleck_schema``; ``conf/config.yaml``
-puts that schema first in its defaults list, so every key a YAML file or a command-line override
-sets is type-checked. The schema holds types only (``MISSING`` everywhere): every value lives in
+The dataclasses here are registered in Hydra's ConfigStore as ``oobleck_schema`` by
+``register_configs`` (every Hydra entry point calls it at import; ``compose_config`` composes with
+it); ``conf/config.yaml`` puts that schema first in its defaults list, so every key a YAML file or a
+command-line override sets is type-checked. The schema holds types only (``MISSING`` everywhere): every value lives in
 ``conf/``. ``validate(cfg)`` then checks that every key is one the schema knows (Hydra's ``+`` adds
 any key; ``check_known_keys`` names the closest known one), and values and cross-field constraints
 before any process starts, raising ``ConfigError`` with one message that names the key, the value
@@ -23,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from oobleck.errors import ConfigError, unknown_key_message
@@ -269,11 +269,29 @@ class Config:
 
 
 def register_configs() -> None:
-    """Register the schema with Hydra; ``conf/config.yaml`` lists ``oobleck_schema`` first."""
+    """Register the schema with Hydra; ``conf/config.yaml`` lists ``oobleck_schema`` first.
+
+    Every place that composes through Hydra calls this first: the entry points at import (before
+    ``@hydra.main`` composes) and ``compose_config``. It is not done at import of this module, so
+    that a process that only reads a config (a worker: ``from_container``) never imports Hydra,
+    about 0.2 s of every worker's start. Registering again replaces the entry with the same one.
+    """
+    from hydra.core.config_store import ConfigStore
+
     ConfigStore.instance().store(name="oobleck_schema", node=Config)
 
 
-register_configs()
+def compose_config(*overrides: str, return_hydra_config: bool = False) -> DictConfig:
+    """The config ``python -m oobleck.run <overrides>`` would run with, composed by Hydra's compose
+    API from ``CONF_DIR`` (inside a Hydra app already running, with that app's search path)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    if GlobalHydra.instance().is_initialized():
+        return compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
 
 # Config groups whose files fill one section outside Hydra too (tools, tests, the simulator).
 _GROUP_SECTIONS = {"model": ("model", ModelConfig), "gpu": ("cluster.gpu", GPUConfig)}

@@ -19,7 +19,7 @@ import hydra
 from omegaconf import DictConfig
 
 from oobleck.cli import entry
-from oobleck.config import CONF_DIR, to_container, validate
+from oobleck.config import CONF_DIR, register_configs, to_container, validate
 from oobleck.errors import run_app
 from oobleck.planning.instantiate import instantiate
 from oobleck.planning.plan import ExecutionPlan
@@ -101,6 +101,9 @@ def plan_document(cfg: DictConfig, profile: ModelProfile, templates: TemplateSet
         "predicted_iteration_s": plan.predicted_iteration_s,
         "predicted_samples_per_s": plan.predicted_samples_per_s,
     }
+
+
+register_configs()  # before @hydra.main composes: conf/config.yaml starts from the schema
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

@@ -17,7 +17,7 @@ import hydra
 from omegaconf import DictConfig
 
 from oobleck.cli import entry
-from oobleck.config import CONF_DIR, validate
+from oobleck.config import CONF_DIR, register_configs, validate
 from oobleck.errors import run_app
 from oobleck.planning.profile import ModelProfile
 
@@ -47,6 +47,9 @@ def format_profile(profile: ModelProfile) -> str:
             f"all-reduce {sample.scope}: {sample.group_size} ranks, {sample.nbytes / MB:.1f} MiB: {sample.seconds * 1e3:.3f} ms"
         )
     return "\n".join(lines)
+
+
+register_configs()  # before @hydra.main composes: conf/config.yaml starts from the schema
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

@@ -14,10 +14,13 @@ import hydra
 from omegaconf import DictConfig
 
 from oobleck.cli import entry
-from oobleck.config import CONF_DIR  # also registers the structured schema
+from oobleck.config import CONF_DIR, register_configs
 from oobleck.errors import run_app
 
 PROGRAM = "oobleck.run"
+
+
+register_configs()  # before @hydra.main composes: conf/config.yaml starts from the schema
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

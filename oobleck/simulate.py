@@ -29,7 +29,7 @@ import hydra
 from omegaconf import DictConfig, open_dict
 
 from oobleck.cli import Interrupted, entry
-from oobleck.config import CONF_DIR, group_names, to_container, validate
+from oobleck.config import CONF_DIR, group_names, register_configs, to_container, validate
 from oobleck.errors import run_app
 
 PROGRAM = "oobleck.simulate"
@@ -139,6 +139,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     if notice:
         print(notice, file=sys.stderr, flush=True)
     return {k: str(v) for k, v in paths.items()}
+
+
+register_configs()  # before @hydra.main composes: conf/config.yaml starts from the schema
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

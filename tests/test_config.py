@@ -4,7 +4,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from oobleck.config import from_container, to_container, validate
+from oobleck.config import compose_config, from_container, to_container, validate
 from oobleck.errors import ConfigError
 
 MODELS = ["gpt3_tiny", "gpt2_small", "gpt3_medium", "gpt3_1_3b", "gpt3_2_7b", "gpt3_6_7b"]
@@ -62,8 +62,6 @@ def test_bad_values_name_the_key(make_config, overrides, needle):
 def _schema_defaults(schema, prefix=""):
     """(key, default) of every field of a schema dataclass and its nested sections."""
     import dataclasses
-
-    from omegaconf import MISSING
 
     for f in dataclasses.fields(schema):
         if f.default_factory is not dataclasses.MISSING:
@@ -125,17 +123,13 @@ def test_slurm_reads_gpus_per_node_from_the_allocation(make_config, monkeypatch)
 
 
 def test_caches_and_outputs_live_under_paths(make_config, monkeypatch, tmp_path):
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
-
-    from oobleck.config import CONF_DIR
 
     monkeypatch.setenv("OOBLECK_CACHE_DIR", str(tmp_path / "cache"))
     assert make_config().profile.cache_dir == f"{tmp_path / 'cache'}/profiles"
     monkeypatch.delenv("OOBLECK_CACHE_DIR")
     assert make_config().profile.cache_dir == "~/.cache/oobleck/profiles"
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        hydra = compose("config", overrides=[f"paths.output_dir={tmp_path}/out", f"paths.multirun_dir={tmp_path}/multi"], return_hydra_config=True).hydra
+    hydra = compose_config(f"paths.output_dir={tmp_path}/out", f"paths.multirun_dir={tmp_path}/multi", return_hydra_config=True).hydra
     hydra = OmegaConf.to_container(hydra, resolve=False)  # ${now:...} resolves only in a running app
     assert hydra["run"]["dir"].startswith("${paths.output_dir}/") and hydra["sweep"]["dir"].startswith("${paths.multirun_dir}/")
 
@@ -160,11 +154,24 @@ def test_keys_the_schema_does_not_know_are_refused(make_config, overrides, messa
 @pytest.mark.parametrize(("preset", "gpus"), [("slurm_cpu", None), ("slurm_gpu", 1)])
 def test_slurm_launcher_presets_compose(preset, gpus):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
-    from hydra import compose, initialize_config_dir
-
-    from oobleck.config import CONF_DIR
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        launcher = compose("config", overrides=[f"hydra/launcher={preset}"], return_hydra_config=True).hydra.launcher
+    launcher = compose_config(f"hydra/launcher={preset}", return_hydra_config=True).hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher") and launcher.gpus_per_node == gpus
     assert launcher.timeout_min > 0 and launcher.nodes == 1
+
+
+def test_a_worker_reads_its_config_without_importing_hydra():
+    # Hydra is about 0.2 s of every worker's start: a worker rebuilds its config with
+    # from_container, and only the entry points and compose_config register the schema.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import oobleck.runtime.worker\n"
+        "from oobleck.config import from_container\n"
+        "assert from_container({'job': {'steps': 3}}).job.steps == 3\n"
+        "hydra = sorted(m for m in sys.modules if m.split('.')[0] == 'hydra')\n"
+        "assert not hydra, f'the worker imported {hydra}'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -41,13 +41,10 @@ from analysis.paper_figures import markdown_table
 out = Path(out_dir)
 out.mkdir(parents=True, exist_ok=True)
 if not sim_dirs:
-    from hydra import compose, initialize_config_dir
-
-    from oobleck.config import CONF_DIR
+    from oobleck.config import compose_config
     from oobleck.simulate import run as run_simulation
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=list(simulate) + ["logger.progress_bar=false", "sim.figures=false"])
+    cfg = compose_config(*simulate, "logger.progress_bar=false", "sim.figures=false")
     run_simulation(cfg, out / "simulation")
     sim_dirs = [str(out / "simulation")]
 

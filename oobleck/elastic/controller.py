@@ -34,7 +34,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import signal
 import socket
 import statistics
 import time

@@ -18,19 +18,13 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from oobleck.config import CONF_DIR
+from oobleck.config import compose_config
 from oobleck.planning.plan import ExecutionPlan, PipelineInstance, PipelineTemplate, StageSpec
 
 
 def compose_run_config(*overrides: str) -> Any:
     """The config ``python -m oobleck.run <overrides>`` would run with (Hydra's compose API)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    if GlobalHydra.instance().is_initialized():
-        return compose("config", overrides=list(overrides))
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+    return compose_config(*overrides)
 
 
 @functools.lru_cache(maxsize=1)

@@ -66,7 +66,6 @@ def test_time_lost_and_recovery_breakdown(sweep, restart_run):
     phases = recovery_breakdown(runs)
     ours = phases[phases["strategy"] == "oobleck"]
     assert set(ours["kind"]) == {"reconfiguration"} and {"detect", "plan", "groups", "state_copy", "first_step"} <= set(ours["phase"])
-    events = runs.events.set_index("strategy")
     for strategy in ("oobleck", "varuna"):
         total = float(runs.events[(runs.events["strategy"] == strategy) & runs.events["kind"].isin(["reconfiguration", "restart"])]["total_s"].sum())
         assert phases[phases["strategy"] == strategy]["seconds"].sum() == pytest.approx(total, abs=2e-3)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from ckpthelpers import WAIT_S, save
 
-from oobleck.checkpoint import AsyncCheckpointWriter, latest_valid, list_checkpoints, prepare_step_dir, prune, verify
+from oobleck.checkpoint import latest_valid, list_checkpoints, prepare_step_dir, prune, verify
 from oobleck.checkpoint.durable import durable_write, is_temporary
 
 CHILD = textwrap.dedent(

@@ -1,7 +1,6 @@
 """The checkpoint: config group, job.resume, and their validation; when a checkpoint is due."""
 
 import pytest
-from omegaconf import OmegaConf
 
 from oobleck.checkpoint import checkpoint_root
 from oobleck.strategy import checkpoint_every_steps

@@ -10,7 +10,7 @@ import pytest
 from analysis.dashboards import SIM_EVENTS, SIM_REACTIONS, paper_workspace, spec
 from oobleck.metrics.offline import find_offline_runs
 from oobleck.metrics.simulation import SIM_TIME
-from oobleck.config import CONF_DIR
+from oobleck.config import compose_config
 from oobleck.simulate import run as simulate
 
 # wandb's service writes the run file after finish() returns: a hang guard, not a speed target.
@@ -20,10 +20,7 @@ TRACE = [f"0,add,n{i}" for i in range(8)] + ["1800000,remove,n2", "2400000,remov
 
 
 def _compose(*overrides: str):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+    return compose_config(*overrides)
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,10 @@ import json
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-
-from oobleck.config import CONF_DIR
+from oobleck.config import compose_config
 from oobleck.errors import ProfileError
 from oobleck.models import load_model_config, num_layers, parameter_count
 from oobleck.planning.profile import ModelProfile
@@ -33,8 +30,7 @@ FAST = ["profile.warmup=1", "profile.repeats=2", "profile.allreduce_group_sizes=
 
 
 def _cfg(*overrides):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+    return compose_config(*overrides)
 
 
 @pytest.fixture(scope="module")
