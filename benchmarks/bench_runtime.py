@@ -36,6 +36,10 @@ compared), because on a shared 2-core machine the load drifts from minute to min
    worker's traffic goes through (``pt_tcpstore_uv``), over the whole run and over the steady
    window alone (from the commit of step 5 to that of the step before the kill: no start-up,
    recovery or shutdown).
+7. ``startup``: gpt3_tiny on 4 and 8 local nodes, seconds from ``launch()`` to the first committed
+   step, with workers forked by the run's fork server (``cluster.fork_workers=true``, the local
+   default: torch imported once per run) against exec'd ones (``false``: a fresh
+   ``python -m oobleck.runtime.worker`` per node, as on Slurm), alternated.
 
 Throughput is the median samples/s over the steps after a warm-up, measured the same way on both
 sides (time between consecutive step completions). The load average is printed with each section.
@@ -61,7 +65,7 @@ from typing import Any, Callable
 
 WARMUP = 5
 RECOVERY_KEYS = ("detect_s", "plan_s", "groups_s", "state_copy_s", "first_step_s", "total_s", "bytes_moved")
-SECTIONS = ("recovery", "ddp", "pipeline", "hetero", "transfer", "scale")
+SECTIONS = ("recovery", "ddp", "pipeline", "hetero", "transfer", "scale", "startup")
 
 
 def free_port() -> int:
@@ -423,6 +427,38 @@ def bench_scale(nodes_list: tuple[int, ...], steps: int) -> dict:
     return results
 
 
+# ---------------------------------------------------------------------------- start-up
+def seconds_to_first_step(cfg) -> float:
+    """Seconds from ``launch()`` to the controller's first committed step."""
+    first: list[float] = []
+
+    def watch(controller) -> None:
+        controller.on_step = lambda row: first.append(time.perf_counter()) if not first else None
+
+    started = time.perf_counter()
+    run_job(cfg, on_start=watch)
+    return first[0] - started
+
+
+def bench_startup(nodes_list: tuple[int, ...], repeats: int) -> dict:
+    print(f"\nstart-up: launch() to the first committed step, gpt3_tiny, forked vs exec'd workers ({load()})")
+    result: dict[str, Any] = {}
+    for nodes in nodes_list:
+        cfg = bench_config(3, **{"cluster.nodes": nodes, "job.fault_tolerance": 1})
+        samples: dict[str, list[float]] = {"forked": [], "execd": []}
+        for _ in range(repeats):
+            for side, fork in (("forked", True), ("execd", False)):
+                run = copy.deepcopy(cfg)
+                run.cluster.fork_workers = fork
+                samples[side].append(seconds_to_first_step(run))
+        forked, execd = statistics.median(samples["forked"]), statistics.median(samples["execd"])
+        result[nodes] = {"forked_s": forked, "execd_s": execd, "execd/forked": execd / forked, "samples": samples}
+        per = ", ".join(f"{e / f:.2f}" for f, e in zip(samples["forked"], samples["execd"]))
+        print(f"  {nodes:>2} nodes: forked {forked:.2f} s, exec'd {execd:.2f} s: exec'd / forked = {execd / forked:.2f} (per repeat: {per})")
+    print(f"  ({load()})")
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", choices=SECTIONS, help="sections to run (default: all)")
@@ -431,6 +467,7 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=0.25, help="gradient bucket cap of both ours and DDP (MiB)")
     parser.add_argument("--transfer-repeats", type=int, default=1)
     parser.add_argument("--scale-nodes", type=int, nargs="*", default=[4, 8, 12])
+    parser.add_argument("--startup-nodes", type=int, nargs="*", default=[4, 8])
     parser.add_argument("--peer", nargs=7, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peer:
@@ -471,6 +508,8 @@ def main() -> None:
         results["transfer"] = bench_transfer(args.transfer_repeats)
     if "scale" in chosen:
         results["scale"] = bench_scale(tuple(args.scale_nodes), args.steps)
+    if "startup" in chosen:
+        results["startup"] = bench_startup(tuple(args.startup_nodes), args.repeats)
     print(json.dumps(results, indent=1, default=str))
 
 

@@ -122,4 +122,4 @@ def entry(program: str) -> Iterator[Path]:
                 yield run_dir
         except KeyboardInterrupt as stop:
             kept = str(stop) if isinstance(stop, Interrupted) and str(stop) else f"what was printed is in {log}"
-            exit_with(f"\n{program}: interrupted (Ctrl-C); {kept}", EXIT_INTERRUPTED)
+            exit_with(f"\n{program}: interrupted (Ctrl-C); {kept}", EXIT_INTERRUPTED, at_once=True)

@@ -111,6 +111,7 @@ class ClusterConfig:
     collective_timeout_s: float = MISSING
     startup_timeout_s: float = MISSING
     torch_threads: int = MISSING  # torch threads per worker; 0 lets torch choose
+    fork_workers: bool = MISSING  # local only: fork workers from a process that imported torch once
 
 
 @dataclass
@@ -417,6 +418,11 @@ def validate(cfg: Config | DictConfig) -> None:
         raise ConfigError(
             f"cluster.heartbeat_timeout_s={cluster.heartbeat_timeout_s} must exceed "
             f"cluster.heartbeat_interval_s={cluster.heartbeat_interval_s}"
+        )
+    if cluster.fork_workers and cluster.kind != "local":
+        raise ConfigError(
+            f"cluster.fork_workers=true needs cluster.kind=local (got {cluster.kind}: each node execs its own "
+            "workers); set cluster.fork_workers=false"
         )
     if not 0 <= cluster.master_port <= 65535:
         raise ConfigError(f"cluster.master_port={cluster.master_port} must be in 0..65535 (0 picks a free port)")

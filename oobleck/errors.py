@@ -82,17 +82,28 @@ EXIT_REQUEUE = 75  # sysexits.h EX_TEMPFAIL: slurm/run.sbatch requeues the job o
 _body = {"started": False}  # set once an entry point's body runs (``report_errors``)
 
 
-def exit_with(message: str, exit_code: int) -> NoReturn:
+def exit_with(message: str, exit_code: int, *, at_once: bool = False) -> NoReturn:
     """Print ``message``, an entry point's last line (an error, a stop, a Ctrl-C), and exit.
 
     From here on SIGINT is ignored: the line is the last word, and the exit that follows is bounded
     (with torch loaded, tearing the interpreter down takes most of a second). A Ctrl-C in that
     window (a user pressing twice) would otherwise kill the process by SIGINT, or print a
     traceback, after the line was printed, and the exit status would no longer say what happened.
+    ``at_once`` (a Ctrl-C: the user wants out, and every file worth keeping was closed by the
+    body's own cleanup) skips that teardown: streams and log handlers are flushed and the process
+    exits with ``exit_code`` right away. (CI twice saw a Ctrl-C'd profile print its line and still
+    end by SIGINT during the teardown, which no local repeat reproduced; exiting at once leaves no
+    window for that.)
     """
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     print(message, file=sys.stderr, flush=True)
+    if at_once:
+        import logging
+
+        sys.stdout.flush()
+        logging.shutdown()
+        os._exit(exit_code)
     sys.exit(exit_code)
 
 
@@ -132,7 +143,7 @@ def run_app(main: Callable[[], Any], program: str) -> None:
     except (HydraException, OmegaConfBaseException) as error:
         exit_with(f"{program}: error: {hydra_error_message(error, program)}", EXIT_USER_ERROR)
     except KeyboardInterrupt:  # before the task's own handling (oobleck.cli.entry) took over
-        exit_with(f"\n{program}: interrupted (Ctrl-C)", EXIT_INTERRUPTED)
+        exit_with(f"\n{program}: interrupted (Ctrl-C)", EXIT_INTERRUPTED, at_once=True)
     except (OSError, ValueError) as error:
         # Before the body runs, Hydra creates the run dir and opens its log file there; a run dir
         # that cannot be written fails right there (an OSError, or logging's ValueError around it).

@@ -10,11 +10,15 @@ is also in ``<run dir>/run.log``. Installed, the command is ``oobleck-run``.
 
 from __future__ import annotations
 
+import contextlib
+
 import hydra
 from omegaconf import DictConfig
 
 from oobleck.cli import entry
-from oobleck.config import CONF_DIR, register_configs
+from oobleck.config import CONF_DIR, register_configs, validate
+from oobleck.elastic.forkserver import fork_server_for
+from oobleck.elastic.protocol import new_run_id
 from oobleck.errors import run_app
 
 PROGRAM = "oobleck.run"
@@ -25,10 +29,15 @@ register_configs()  # before @hydra.main composes: conf/config.yaml starts from 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from oobleck.elastic.job import launch
-
     with entry(PROGRAM) as run_dir:
-        launch(cfg, run_dir, handle_signals=True)
+        validate(cfg)
+        # The fork server (cluster.fork_workers) imports torch while this process does the same
+        # and plans: started before anything here imports torch.
+        run_id = new_run_id()
+        with fork_server_for(cfg, run_id) or contextlib.nullcontext() as fork_server:
+            from oobleck.elastic.job import launch
+
+            launch(cfg, run_dir, handle_signals=True, run_id=run_id, fork_server=fork_server)
 
 
 def cli() -> None:

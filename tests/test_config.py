@@ -48,6 +48,7 @@ def test_unknown_key_and_wrong_type_are_rejected(make_config):
         (["failures=explicit", "failures.events=[{action:remove,count:1}]"], "exactly one of step"),
         (["failures=explicit", "failures.events=[{action:explode,step:1,count:1}]"], "action='explode'"),
         (["logger.wandb.mode=sometimes"], "logger.wandb.mode"),
+        (["cluster=slurm", "cluster.fork_workers=true"], "cluster.fork_workers=true needs cluster.kind=local"),
     ],
 )
 def test_bad_values_name_the_key(make_config, overrides, needle):

@@ -3,8 +3,9 @@
 ``python -m oobleck.elastic.agent --controller HOST:PORT --node-id K`` (what ``srun`` runs on each
 node; ``cluster.kind=local`` starts one per simulated node). It imports no torch: it connects to the
 controller with the run's secret (environment variable ``OOBLECK_AGENT_SECRET``), receives the
-store address and the number of workers, starts them, reports each worker's exit the moment it
-happens (one waiting thread per worker) and heartbeats. On ``restart`` it kills its workers (a
+store address and the number of workers, starts them (``python -m <worker module>``, or forked by
+the run's fork server when the controller names one: ``oobleck.elastic.forkserver``), reports
+each worker's exit the moment it happens (one waiting thread per worker) and heartbeats. On ``restart`` it kills its workers (a
 real restart: the processes exit) and starts fresh ones of a new incarnation. The agent is the
 leader of its own process group, so killing a node is one ``killpg``. If the controller goes
 away, or asks it to shut down, it stops its workers and exits.
@@ -20,12 +21,16 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Any, Optional
 
+from oobleck.elastic.forkserver import ForkedWorker
 from oobleck.elastic.protocol import SECRET_ENV, Channel, ProtocolError
 
 CONNECT_TIMEOUT_S = 30.0
 STOP_GRACE_S = 3.0
+# Bounds a fork request: the server may still be importing torch when the first agents ask (it
+# starts with the run, ~1.5 s of CPU; on a loaded 2-core machine several times that).
+FORK_TIMEOUT_S = 120.0
 
 
 def connect(host: str, port: int, timeout_s: float) -> socket.socket:
@@ -43,28 +48,42 @@ class Agent:
     def __init__(self, channel: Channel, node: int) -> None:
         self.channel = channel
         self.node = node
-        self.workers: list[subprocess.Popen] = []
+        self.workers: list[Any] = []  # subprocess.Popen, or ForkedWorker (the same methods)
         self.stopping = threading.Event()
         self.store = ""
         self.gpus = 0
         self.run_id = ""
         self.module = ""  # the worker program (the strategy's: oobleck.runtime.worker by default)
+        self.fork_server = ""  # where to ask for forked workers; "" to exec them
         self.incarnation = 0
 
     def start_workers(self, incarnation: int) -> None:
         self.incarnation = incarnation
         self.workers = []
         for local_rank in range(self.gpus):
-            command = [
-                sys.executable, "-m", self.module,
+            arguments = [
                 "--store", self.store, "--node-id", str(self.node), "--local-rank", str(local_rank),
                 "--incarnation", str(incarnation), "--run-id", self.run_id,
             ]  # fmt: skip
-            process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+            if self.fork_server:
+                title = " ".join(["python", "-m", self.module, *arguments])
+                process: Any = ForkedWorker(self.fork_server, ["-m", self.module, *arguments], title, FORK_TIMEOUT_S)
+            else:
+                process = subprocess.Popen([sys.executable, "-m", self.module, *arguments], stdin=subprocess.DEVNULL)
             self.workers.append(process)
             threading.Thread(target=self._watch, args=(local_rank, process, incarnation), daemon=True).start()
 
-    def _watch(self, local_rank: int, process: subprocess.Popen, incarnation: int) -> None:
+    def try_start_workers(self, incarnation: int) -> bool:
+        """``start_workers``, or one line saying why none could start (the agent then exits, and
+        the controller sees its node fail)."""
+        try:
+            self.start_workers(incarnation)
+            return True
+        except OSError as error:  # the executable, or the fork server, is not there
+            print(f"oobleck.elastic.agent: error: node {self.node} cannot start its workers: {error}", file=sys.stderr, flush=True)
+            return False
+
+    def _watch(self, local_rank: int, process: Any, incarnation: int) -> None:
         code = process.wait()
         self.channel.send({"type": "exit", "node": self.node, "local_rank": local_rank, "code": code, "incarnation": incarnation})
 
@@ -94,7 +113,10 @@ class Agent:
                 process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
-                process.wait()
+                try:
+                    process.wait(timeout=STOP_GRACE_S * 10)
+                except subprocess.TimeoutExpired:  # unkillable (e.g. in uninterruptible I/O): give up on it
+                    pass
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -130,11 +152,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         if message["type"] == "start":
             agent.store, agent.gpus, agent.run_id = message["store"], int(message["gpus"]), message["run_id"] or args.run_id
             agent.module = message["worker_module"]
-            agent.start_workers(int(message["incarnation"]))
+            agent.fork_server = message["fork_server"]
+            if not agent.try_start_workers(int(message["incarnation"])):
+                code = 1
+                break
             threading.Thread(target=agent.heartbeat, args=(float(message["heartbeat_s"]),), daemon=True).start()
         elif message["type"] == "restart":
             agent.kill_workers()
-            agent.start_workers(int(message["incarnation"]))
+            if not agent.try_start_workers(int(message["incarnation"])):
+                code = 1
+                break
         elif message["type"] == "shutdown":
             break
         elif message["type"] == "kill":  # fault injection where the controller cannot killpg us

@@ -33,11 +33,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import socket
 import statistics
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -49,7 +47,7 @@ from oobleck.elastic.checkpoints import CheckpointCoordinator
 from oobleck.elastic.firing import FaultFiring
 from oobleck.elastic.ledger import Outcome, StepLedger
 from oobleck.elastic.membership import Membership
-from oobleck.elastic.protocol import new_secret
+from oobleck.elastic.protocol import new_run_id, new_secret
 from oobleck.errors import EXIT_REQUEUE, OobleckError, RunError, Stopped
 from oobleck.faults.injector import Injector
 from oobleck.faults.schedule import FaultEvent
@@ -100,6 +98,7 @@ class Controller:
         resume: Any = None,
         run_id: Optional[str] = None,
         on_event: Optional[Callable[[str, dict[str, Any]], None]] = None,
+        fork_server: Any = None,
     ) -> None:
         self.cfg = cfg
         self.config_dict = config_dict
@@ -109,9 +108,8 @@ class Controller:
         self.recorder = recorder
         self.schedule = schedule
         self.resume = resume  # the checkpoint to resume from (oobleck.checkpoint.Checkpoint)
-        # Tags every agent and worker command line (--run-id) so tools and tests can find them;
-        # OOBLECK_RUN_ID lets a caller choose it.
-        self.run_id = run_id or os.environ.get("OOBLECK_RUN_ID") or uuid.uuid4().hex[:12]
+        self.run_id = run_id or new_run_id()
+        self.fork_server = fork_server  # forks the local workers (cluster.fork_workers); its owner closes it
         self.secret = new_secret()
         self.on_event = on_event
         # Called with each committed step's row, in the controller's loop (tools and benchmarks
@@ -230,7 +228,10 @@ class Controller:
         if self.cfg.cluster.kind == "local":
             from oobleck.elastic.local import LocalLauncher
 
-            return LocalLauncher(self.membership.agent_address, self.run_id, self.secret)
+            return LocalLauncher(
+                self.membership.agent_address, self.run_id, self.secret,
+                fork_workers=bool(self.cfg.cluster.fork_workers), fork_server=self.fork_server,
+            )  # fmt: skip
         if self.cfg.cluster.kind == "slurm":
             from oobleck.elastic.slurm import SlurmLauncher  # one agent job step per node
 

@@ -24,6 +24,8 @@ from typing import Any, Optional
 
 from oobleck.config import to_container, validate
 from oobleck.elastic.controller import Controller, Outcome, summarize
+from oobleck.elastic.forkserver import ForkServer, fork_server_for
+from oobleck.elastic.protocol import new_run_id
 from oobleck.errors import OobleckError, RunError, unwritable_message
 from oobleck.faults.schedule import build_schedule
 from oobleck.planning.plan import ExecutionPlan
@@ -102,15 +104,37 @@ def launch(
     recorder: bool = True,
     handle_signals: bool = False,
     on_start: Optional[Callable[[Controller], None]] = None,
+    run_id: Optional[str] = None,
+    fork_server: Optional[ForkServer] = None,
 ) -> tuple[Outcome, dict[str, Any]]:
     """Run the job; returns what happened and the summary. Raises ``RunError`` if it had to stop
     (after writing the summary of what it did). ``handle_signals``: see ``stop_on_signals``;
-    ``on_start`` is handed the controller before it starts (tests watch or attack the run)."""
-    from oobleck.checkpoint import resume_checkpoint
-
+    ``on_start`` is handed the controller before it starts (tests watch or attack the run).
+    ``fork_server`` (with its ``run_id``): one the caller started early and closes; without it, a
+    config that forks workers gets one started here, before planning, and closed at the end."""
     validate(cfg)
     check_device(cfg)
-    run_dir = Path(run_dir)
+    run_id = run_id or new_run_id()
+    own = fork_server_for(cfg, run_id) if fork_server is None else None
+    try:
+        return _launch(cfg, Path(run_dir), initial_plan, recorder, handle_signals, on_start, run_id, fork_server or own)
+    finally:
+        if own is not None:
+            own.close()
+
+
+def _launch(
+    cfg: Any,
+    run_dir: Path,
+    initial_plan: Optional[ExecutionPlan],
+    recorder: bool,
+    handle_signals: bool,
+    on_start: Optional[Callable[[Controller], None]],
+    run_id: str,
+    fork_server: Optional[ForkServer],
+) -> tuple[Outcome, dict[str, Any]]:
+    from oobleck.checkpoint import resume_checkpoint
+
     schedule = build_schedule(cfg.failures, nodes=int(cfg.cluster.nodes), steps=int(cfg.job.steps))
     resume = resume_checkpoint(cfg, run_dir)
     if resume is not None and resume.step >= int(cfg.job.steps):
@@ -142,8 +166,9 @@ def launch(
             resume=resume is not None,  # a resumed run continues the run dir's files and wandb run
         )
     controller = Controller(
-        cfg, config_dict, strategy=strategy, initial=initial, run_dir=run_dir, recorder=rec, schedule=schedule, resume=resume
-    )
+        cfg, config_dict, strategy=strategy, initial=initial, run_dir=run_dir, recorder=rec, schedule=schedule, resume=resume,
+        run_id=run_id, fork_server=fork_server,
+    )  # fmt: skip
     if on_start is not None:
         on_start(controller)
     try:

@@ -1,7 +1,11 @@
 """Starting node agents as local processes (``cluster.kind=local``), and finding stray ones.
 
-Each agent is the leader of a new session, so a node is one process group: killing the node is
-``killpg(agent pid, SIGKILL)`` and takes its workers with it.
+Each agent leads a process group of its own, so a node is one process group: killing the node is
+``killpg(agent pid, SIGKILL)`` and takes its workers with it. Agents exec their workers
+(``python -m``), or, with ``cluster.fork_workers``, have the run's fork server fork them
+(``oobleck.elastic.forkserver``): then a worker joins its agent's process group from the server,
+which only works within one session, so agents lead a process group in the controller's session
+rather than a session of their own.
 """
 
 from __future__ import annotations
@@ -10,21 +14,40 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Optional
 
+from oobleck.elastic.forkserver import ForkServer
 from oobleck.elastic.launcher import Launcher
 
 
 class LocalLauncher(Launcher):
-    """Starts ``python -m oobleck.elastic.agent`` for a node id, each in its own session."""
+    """Starts ``python -m oobleck.elastic.agent`` for a node id, each leading a process group."""
 
-    def __init__(self, controller: str, run_id: str, secret: str = "") -> None:
+    def __init__(self, controller: str, run_id: str, secret: str = "", *, fork_workers: bool = False, fork_server: Optional[ForkServer] = None) -> None:
+        """``fork_workers``: agents ask a fork server for their workers: ``fork_server`` (its
+        owner closes it) or, if none is given, one this launcher starts and closes."""
         super().__init__(secret)
         self.controller = controller
         self.run_id = run_id
+        self._owns_fork_server = fork_workers and fork_server is None
+        self.fork_server = (fork_server or ForkServer(run_id)) if fork_workers else None
+
+    @property
+    def worker_server(self) -> str:
+        """Where agents ask for forked workers ("" when they exec them)."""
+        return self.fork_server.address if self.fork_server is not None else ""
 
     def start(self, node: int) -> None:
         command = [sys.executable, "-m", "oobleck.elastic.agent", "--controller", self.controller, "--node-id", str(node), "--run-id", self.run_id]
-        self.processes[node] = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True, env=self.agent_environment())
+        # A session of its own keeps a terminal out of the node entirely; forked workers need the
+        # controller's session (see the module docstring), where a process group does the same.
+        grouping: dict[str, Any] = {"process_group": 0} if self.fork_server is not None else {"start_new_session": True}
+        self.processes[node] = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=self.agent_environment(), **grouping)
+
+    def shutdown(self, grace_s: float) -> None:
+        super().shutdown(grace_s)
+        if self.fork_server is not None and self._owns_fork_server:
+            self.fork_server.close()
 
     def send_signal(self, node: int, sig: int) -> None:
         """Deliver ``sig`` to the node's whole process group, without waiting."""
@@ -68,7 +91,7 @@ def _flag(argv: list[str], name: str) -> int | None:
 def _tagged(run_id: str) -> dict[int, list[str]]:
     """Live (not zombie) processes whose command line carries ``--run-id run_id``: pid -> argv."""
     found: dict[int, list[str]] = {}
-    needle = f"--run-id\0{run_id}\0".encode()
+    tag = run_id.encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -77,6 +100,11 @@ def _tagged(run_id: str) -> dict[int, list[str]]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if needle in cmdline and state != "Z":
-            found[int(entry.name)] = cmdline.decode(errors="replace").split("\0")
+        if state == "Z" or tag not in cmdline:
+            continue
+        argv = [arg for arg in cmdline.decode(errors="replace").split("\0") if arg]
+        if len(argv) == 1:  # a forked worker's title (oobleck.elastic.forkserver): one string
+            argv = argv[0].split(" ")
+        if "--run-id" in argv[:-1] and argv[argv.index("--run-id") + 1] == run_id:
+            found[int(entry.name)] = argv
     return found

@@ -260,6 +260,7 @@ class Membership:
                 "heartbeat_s": float(self.cfg.cluster.heartbeat_interval_s),
                 "incarnation": state.incarnation,
                 "worker_module": self.worker_module,
+                "fork_server": getattr(self.launcher, "worker_server", ""),  # "": agents exec their workers
             })  # fmt: skip
             self._await_workers(node, state.incarnation)
             return

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 import secrets
 import socket
 import threading
@@ -35,7 +36,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "hello": {"node": _INT, "pid": _INT, "host": (str,), "secret": (str,)},
     "hb": {"node": _INT, "time": _NUM},
     "exit": {"node": _INT, "local_rank": _INT, "code": _INT, "incarnation": _INT},
-    "start": {"store": (str,), "gpus": _INT, "run_id": (str,), "heartbeat_s": _NUM, "incarnation": _INT, "worker_module": (str,)},
+    "start": {"store": (str,), "gpus": _INT, "run_id": (str,), "heartbeat_s": _NUM, "incarnation": _INT, "worker_module": (str,), "fork_server": (str,)},
     "restart": {"incarnation": _INT},
     "kill": {"signal": (str,)},
     "shutdown": {},
@@ -48,6 +49,12 @@ class ProtocolError(ValueError):
 
 def new_secret() -> str:
     return secrets.token_hex(16)
+
+
+def new_run_id() -> str:
+    """The tag of a run on every agent and worker command line (``--run-id``), so tools and tests
+    can find its processes; ``OOBLECK_RUN_ID`` lets a caller choose it."""
+    return os.environ.get("OOBLECK_RUN_ID") or secrets.token_hex(6)
 
 
 def same_secret(a: str, b: str) -> bool:

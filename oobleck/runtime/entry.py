@@ -2,7 +2,9 @@
 
 A node agent starts ``python -m <Strategy.worker_module> --store HOST:PORT --node-id K
 --local-rank R --incarnation I --run-id X`` (``oobleck.runtime.worker``, or a baseline's own
-worker such as ``baselines.torchft.worker``). ``run_worker`` parses that, builds the worker,
+worker such as ``baselines.torchft.worker``), or has the run's fork server fork the same command
+from a process that already imported torch (``cluster.fork_workers``, local clusters:
+``oobleck.elastic.forkserver``). ``run_worker`` parses that, builds the worker,
 registers it in the store (``keys.worker_registered``: the controller counts the node up), runs
 it, and on an exception writes the traceback to ``keys.worker_error`` (the controller stops the
 run and prints it) and returns 1. ``exit_now`` ends the process without interpreter teardown.

@@ -35,7 +35,7 @@ def test_agent_hello_heartbeat_and_node_kill():
             assert hello["secret"] == "s3cret"  # the launcher's per-run secret, from the environment
             channel.send({
                 "type": "start", "store": "127.0.0.1:1", "gpus": 0, "run_id": "t", "heartbeat_s": 0.05,
-                "incarnation": 0, "worker_module": "oobleck.runtime.worker",
+                "incarnation": 0, "worker_module": "oobleck.runtime.worker", "fork_server": "",
             })  # fmt: skip
             beats = [channel.recv() for _ in range(3)]
             assert all(b["type"] == "hb" and b["node"] == 3 for b in beats)

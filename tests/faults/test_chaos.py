@@ -296,10 +296,16 @@ def test_resources_stay_flat(chaos_run):
     for name, samples in (("survivor", survivor), ("controller", chaos.samples)):
         early, late = samples[2:9], samples[-7:]
         assert len(early) == len(late) == 7, (name, len(samples))
-        # A leak of one thread or descriptor per generation would add 15+ between the windows;
-        # within a window the counts swing with the groups the reaper still holds.
-        for key, slack in (("threads", 8), ("fds", 12), ("sockets", 10)):
-            assert max(p[key] for p in late) <= max(p[key] for p in early) + slack, (name, key, early, late)
+        # A leak of one thread or descriptor per generation would add 15+ between the windows.
+        # A process group holds threads and sockets until the reaper drops it, and how many the
+        # reaper holds at a sample depends on how fast generations follow each other (about one
+        # thread and up to four descriptors each, measured): the survivor's counts are compared
+        # net of what its held groups account for, which the mean_held check below bounds.
+        for key, slack, per_group in (("threads", 8, 1), ("fds", 12, 4), ("sockets", 10, 4)):
+            def net(p, key=key, per_group=per_group):
+                return p[key] - per_group * ((p.get("groups") or 0) + (p.get("parked") or 0))  # the controller holds none
+
+            assert max(map(net, late)) <= max(map(net, early)) + slack, (name, key, early, late)
         assert max(p["rss_kb"] for p in late) - max(p["rss_kb"] for p in early) < 40_000, (name, early, late)
     # Abandoned groups wait in the reaper until their peers release them or the group timeout
     # passes, so compare window means: a leak of one group per generation adds 15 to the late one.

@@ -205,18 +205,20 @@ def test_failures_at_random_times_lose_nothing(tmp_path):
     assert_matches_reference(cfg, outcome, tmp_path / "run")
 
 
-def test_single_worker_death_is_noticed_by_its_agent(tmp_path):
+@pytest.mark.parametrize("fork_workers", [True, False], ids=["forked", "execd"])
+def test_single_worker_death_is_noticed_by_its_agent(tmp_path, fork_workers):
     """Only one worker process dies (its agent lives): the agent reports the exit at once and the
-    controller retires the whole node, then training continues in place."""
+    controller retires the whole node, then training continues in place. Workers forked by the
+    run's fork server (the local default) and exec'd ones (as on Slurm) alike."""
     import os
     import signal
     import threading
 
-    from oobleck.elastic.local import run_processes
+    from oobleck.elastic.local import node_processes
 
     # The kill lands once 3 steps have committed, and no step commits without the dead worker
     # until the recovery: 20 steps leave the killer thread 17 to find it (it scans /proc at once).
-    cfg = tiny_config(**{"cluster.nodes": 3, "job.fault_tolerance": 1, "job.steps": 20, "failures.kind": "none"})
+    cfg = tiny_config(**{"cluster.nodes": 3, "cluster.fork_workers": fork_workers, "job.fault_tolerance": 1, "job.steps": 20, "failures.kind": "none"})
     holder: list = []
     original = controller_module.Controller.__init__
 
@@ -228,11 +230,9 @@ def test_single_worker_death_is_noticed_by_its_agent(tmp_path):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if holder and len(holder[0].outcome.steps) >= 3:
-                for pid in run_processes(holder[0].run_id):
-                    cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-                    if b"oobleck.runtime.worker" in cmdline and cmdline[cmdline.index(b"--node-id") + 1] == b"1":
-                        os.kill(pid, signal.SIGKILL)
-                        return
+                for pid in node_processes(holder[0].run_id).get(1, {}).get("workers", []):
+                    os.kill(pid, signal.SIGKILL)
+                    return
             time.sleep(0.01)
 
     controller_module.Controller.__init__ = init

@@ -1,0 +1,23 @@
+"""A stand-in worker for tests/elastic/test_forkserver.py: prints what a forked process is (one
+JSON line), then exits with the code given, or sleeps until it is killed."""
+
+import json
+import os
+import sys
+import time
+
+what = {
+    "pid": os.getpid(),
+    "pgid": os.getpgrp(),
+    "cwd": os.getcwd(),
+    "marker": os.environ.get("FORKPROG_MARKER"),
+    "argv": sys.argv[1:],
+    "cmdline": open(f"/proc/{os.getpid()}/cmdline", "rb").read().rstrip(b"\0").decode(),
+    "name": __name__,
+}
+print(json.dumps(what), flush=True)
+if sys.argv[1] == "exit":
+    sys.exit(int(sys.argv[2]))
+if sys.argv[1] == "raise":
+    raise RuntimeError("forkprog was asked to fail")
+time.sleep(120)  # killed by the test long before

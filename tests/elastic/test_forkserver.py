@@ -1,0 +1,117 @@
+"""Forked workers (cluster.fork_workers): each is a real process that lives as an exec'd worker
+would: its agent's process group, environment, working directory, streams and command line, and
+its exit status as Popen reports it. The server goes when its launcher does."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from oobleck.elastic.forkserver import ForkedWorker, ForkServer
+from oobleck.elastic.local import node_processes, run_processes
+
+PROGRAMS = Path(__file__).resolve().parent / "forkprogs"
+TIMEOUT_S = 60.0
+RUN_ID = f"forktest-{uuid.uuid4().hex[:8]}"  # this session's: a leftover of another cannot count
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ForkServer(RUN_ID) as fork_server:
+        yield fork_server
+
+
+def _fork(server, tmp_path, *args, marker="m"):
+    """Fork forkprog with ``args`` as a worker of node 7; returns the handle and its stdout file."""
+    out = tmp_path / "out.txt"
+    env = {**os.environ, "PYTHONPATH": str(PROGRAMS), "FORKPROG_MARKER": marker}
+    argv = ["-m", "forkprog", *args, "--node-id", "7", "--local-rank", "0", "--run-id", RUN_ID]
+    with out.open("w") as stdout:
+        saved = os.dup(1)
+        os.dup2(stdout.fileno(), 1)  # the requester's stdout is what the worker gets
+        try:
+            worker = ForkedWorker(server.address, argv, " ".join(["python", *argv]), TIMEOUT_S, env=env)
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+    return worker, out
+
+
+def _described(out: Path) -> dict:
+    deadline = time.monotonic() + TIMEOUT_S
+    while not out.read_text().strip():
+        assert time.monotonic() < deadline, "the forked worker printed nothing"
+        time.sleep(0.05)
+    return json.loads(out.read_text().splitlines()[0])
+
+
+def test_a_forked_worker_is_what_an_execd_one_would_be(server, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    worker, out = _fork(server, tmp_path, "exit", "3", marker="env-from-the-agent")
+    assert worker.wait(timeout=TIMEOUT_S) == 3 and worker.poll() == 3
+    seen = _described(out)
+    assert seen["pid"] == worker.pid and seen["pid"] != server.process.pid
+    assert seen["pgid"] == os.getpgrp()  # the requester's (an agent's) process group
+    assert seen["cwd"] == str(tmp_path) and seen["marker"] == "env-from-the-agent"
+    assert seen["name"] == "__main__" and seen["argv"][:2] == ["exit", "3"]
+    assert seen["cmdline"] == f"python -m forkprog exit 3 --node-id 7 --local-rank 0 --run-id {RUN_ID}"
+
+
+def test_signals_and_failures_give_popens_exit_status(server, tmp_path):
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        worker, out = _fork(server, tmp_path, "sleep")
+        _described(out)
+        assert node_processes(RUN_ID)[7]["workers"] == [worker.pid]  # found by its command line
+        worker.send_signal(sig)
+        assert worker.wait(timeout=TIMEOUT_S) == -sig
+    worker, out = _fork(server, tmp_path, "raise")
+    assert worker.wait(timeout=TIMEOUT_S) == 1  # an exception: the traceback on stderr, status 1
+    sleeper, _ = _fork(server, tmp_path, "sleep")
+    with pytest.raises(subprocess.TimeoutExpired):
+        sleeper.wait(timeout=0.2)
+    sleeper.kill()
+    assert sleeper.wait(timeout=TIMEOUT_S) == -signal.SIGKILL
+    assert run_processes(RUN_ID) == [server.process.pid]  # nothing of the tests' is left but the server
+
+
+def test_a_node_kill_takes_its_forked_workers(tmp_path):
+    # A stand-in agent in its own process group asks for a worker; killpg of that group (what a
+    # node kill is) takes the worker too, although the worker is the server's child.
+    with ForkServer(RUN_ID) as fork_server:
+        code = (
+            "import os, sys, time\n"
+            "from oobleck.elastic.forkserver import ForkedWorker\n"
+            f"argv = ['-m', 'forkprog', 'sleep', '--run-id', {RUN_ID!r}]\n"
+            f"w = ForkedWorker({fork_server.address!r}, argv, 'python ' + ' '.join(argv), 60.0, env={{**os.environ, 'PYTHONPATH': {str(PROGRAMS)!r}}})\n"
+            "print(w.pid, flush=True)\n"
+            "time.sleep(600)\n"
+        )
+        agent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, process_group=0)
+        worker_pid = int(agent.stdout.readline())
+        assert os.getpgid(worker_pid) == agent.pid
+        os.killpg(agent.pid, signal.SIGKILL)
+        assert agent.wait(timeout=TIMEOUT_S) == -signal.SIGKILL
+        deadline = time.monotonic() + TIMEOUT_S
+        while worker_pid in run_processes(RUN_ID):  # reaped by the server: no zombie left
+            assert time.monotonic() < deadline, "the worker outlived its node"
+            time.sleep(0.05)
+
+
+def test_the_server_goes_with_its_launcher(tmp_path):
+    fork_server = ForkServer(RUN_ID)
+    directory = Path(fork_server.directory)
+    os.close(fork_server._alive)  # the launcher's end of the pipe closes, as when it dies
+    fork_server._alive = -1
+    assert fork_server.process.wait(timeout=TIMEOUT_S) == 0  # it exits by itself, once ready
+    fork_server.close()
+    assert not directory.exists()
+    with pytest.raises(OSError):
+        ForkedWorker(fork_server.address, ["-m", "forkprog", "sleep"], "python -m forkprog sleep", 1.0)
