@@ -5,10 +5,10 @@ node; ``cluster.kind=local`` starts one per simulated node). It imports no torch
 controller with the run's secret (environment variable ``OOBLECK_AGENT_SECRET``), receives the
 store address and the number of workers, starts them (``python -m <worker module>``, or forked by
 the run's fork server when the controller names one: ``oobleck.elastic.forkserver``), reports
-each worker's exit the moment it happens (one waiting thread per worker) and heartbeats. On ``restart`` it kills its workers (a
-real restart: the processes exit) and starts fresh ones of a new incarnation. The agent is the
-leader of its own process group, so killing a node is one ``killpg``. If the controller goes
-away, or asks it to shut down, it stops its workers and exits.
+each worker's exit the moment it happens (one waiting thread per worker) and heartbeats. On
+``restart`` it kills its workers (a real restart: the processes exit) and starts fresh ones of a
+new incarnation. The agent is the leader of its own process group, so killing a node is one
+``killpg``. If the controller goes away, or asks it to shut down, it stops its workers and exits.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--run-id", default="", help="a tag of the run (lets tools find its processes)")
     args = parser.parse_args(argv)
     if os.getpgrp() != os.getpid():
-        os.setpgid(0, 0)  # under srun: become the node's process group so a node kill is one killpg
+        os.setpgid(0, 0)  # under srun (or locally on Python 3.10): lead the node's process group, so a node kill is one killpg
     host, _, port = args.controller.rpartition(":")
     try:
         sock = connect(host, int(port), CONNECT_TIMEOUT_S)

@@ -60,6 +60,12 @@ CLOSE_TIMEOUT_S = 5.0  # a killed server is reaped within this
 EXITED_POLL_S = 0.05  # after losing the server, how often a worker's agent checks it is gone
 
 
+def own_process_group() -> dict[str, Any]:
+    """``Popen`` arguments that start a process as the leader of a new process group in this
+    session (Python 3.11+; on 3.10 the agent and the server call ``setpgid`` themselves first)."""
+    return {"process_group": 0} if sys.version_info >= (3, 11) else {}
+
+
 def fork_server_for(cfg: Any, run_id: str) -> Optional["ForkServer"]:
     """The run's fork server if its config forks workers (``cluster.fork_workers``), else None."""
     if cfg.cluster.kind == "local" and bool(cfg.cluster.fork_workers):
@@ -79,10 +85,13 @@ class ForkServer:
         listener.bind(self.address)
         listener.listen(128)  # agents may connect before the server has imported torch
         alive_read, self._alive = os.pipe()
-        command = [sys.executable, "-m", "oobleck.elastic.forkserver", "--listen-fd", str(listener.fileno()), "--alive-fd", str(alive_read), "--run-id", run_id]
+        command = [
+            sys.executable, "-m", "oobleck.elastic.forkserver",
+            "--listen-fd", str(listener.fileno()), "--alive-fd", str(alive_read), "--run-id", run_id,
+        ]  # fmt: skip
         # A process group of its own: a terminal's Ctrl-C is the controller's to handle, not the
         # server's (its workers join their agents' groups, which needs only the same session).
-        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, pass_fds=(listener.fileno(), alive_read), process_group=0)
+        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, pass_fds=(listener.fileno(), alive_read), **own_process_group())
         listener.close()
         os.close(alive_read)
 
@@ -176,16 +185,22 @@ def _alive(pid: int) -> bool:
 
 # ---------------------------------------------------------------------------------- the server
 def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """One request: a JSON line, and the worker's stdin, stdout and stderr (closed on an error)."""
     conn.settimeout(REQUEST_TIMEOUT_S)
     data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST_BYTES, 3)
-    while not data.endswith(b"\n"):
-        more = conn.recv(MAX_REQUEST_BYTES)
-        if not more or len(data) > MAX_REQUEST_BYTES:
-            raise OSError("incomplete request")
-        data += more
-    if len(fds) != 3:
-        raise OSError(f"a request carries the worker's stdin, stdout and stderr; got {len(fds)} descriptors")
-    return json.loads(data), fds
+    try:
+        while not data.endswith(b"\n"):
+            more = conn.recv(MAX_REQUEST_BYTES)
+            if not more or len(data) > MAX_REQUEST_BYTES:
+                raise OSError("incomplete request")
+            data += more
+        if len(fds) != 3:
+            raise OSError(f"a request carries the worker's stdin, stdout and stderr; got {len(fds)} descriptors")
+        return json.loads(data), fds
+    except (OSError, ValueError):
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 def _become_worker(request: dict[str, Any], fds: list[int]) -> int:
@@ -324,6 +339,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--run-id", default="", help="the run's tag (lets tools find its processes)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.getpgrp() != os.getpid():
+        os.setpgid(0, 0)  # Python 3.10: Popen could not start it in a group of its own
     for name in PRELOAD:
         importlib.import_module(name)
     serve(socket.socket(fileno=args.listen_fd), args.alive_fd)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from oobleck.elastic.forkserver import ForkServer
+from oobleck.elastic.forkserver import ForkServer, own_process_group
 from oobleck.elastic.launcher import Launcher
 
 
@@ -41,7 +41,7 @@ class LocalLauncher(Launcher):
         command = [sys.executable, "-m", "oobleck.elastic.agent", "--controller", self.controller, "--node-id", str(node), "--run-id", self.run_id]
         # A session of its own keeps a terminal out of the node entirely; forked workers need the
         # controller's session (see the module docstring), where a process group does the same.
-        grouping: dict[str, Any] = {"process_group": 0} if self.fork_server is not None else {"start_new_session": True}
+        grouping: dict[str, Any] = own_process_group() if self.fork_server is not None else {"start_new_session": True}
         self.processes[node] = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=self.agent_environment(), **grouping)
 
     def shutdown(self, grace_s: float) -> None:

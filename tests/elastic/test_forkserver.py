@@ -115,3 +115,16 @@ def test_the_server_goes_with_its_launcher(tmp_path):
     assert not directory.exists()
     with pytest.raises(OSError):
         ForkedWorker(fork_server.address, ["-m", "forkprog", "sleep"], "python -m forkprog sleep", 1.0)
+
+
+def test_a_bad_request_is_refused_and_the_server_keeps_serving(server, tmp_path):
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(TIMEOUT_S)
+        client.connect(server.address)
+        client.sendall(b'{"argv": ["-m", "forkprog"]}\n')  # no standard streams passed along
+        reply = json.loads(client.makefile("rb").readline())
+    assert "stdin, stdout and stderr" in reply["error"]
+    worker, _ = _fork(server, tmp_path, "exit", "0")
+    assert worker.wait(timeout=TIMEOUT_S) == 0
