@@ -57,6 +57,7 @@ NODES = 12
 # started at launch boot together.
 JOINS, JOIN_SIZE = 9, 1
 LEFTOVER_WAIT_S = 10.0  # how long the run's ports may take to close after it returned
+CLOSE_WAIT_GRACE_S = 2.0  # how long a dead agent's socket may stay in CLOSE-WAIT after a recovery
 STEPS = 1500  # a bound only (~450 are needed): the loop stops the run once it has its generations
 GENERATIONS = 25
 GAP = 3  # steps committed after a recovery before the next fault
@@ -103,8 +104,18 @@ class Chaos:
 
     def on_event(self, kind: str, fields: dict) -> None:
         if kind in ("reconfiguration", "failover", "restart"):
-            probe = resource_probe({"close_wait": tcp_states(self.agent_port()).count("CLOSE_WAIT")})
+            port = self.agent_port()
+            probe = resource_probe({"close_wait": tcp_states(port).count("CLOSE_WAIT")})
             self.samples.append({"generation": fields["generation"], **probe})
+            if probe["close_wait"]:  # closed a moment later (the agent's reader just saw its EOF), or left?
+                threading.Thread(target=self._recheck_close_wait, args=(port, self.samples[-1]), daemon=True).start()
+
+    @staticmethod
+    def _recheck_close_wait(port: int, sample: dict) -> None:
+        deadline = time.monotonic() + CLOSE_WAIT_GRACE_S
+        while tcp_states(port).count("CLOSE_WAIT") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sample["close_wait_left"] = tcp_states(port).count("CLOSE_WAIT")
 
     def agent_port(self) -> int:
         return self.controller.membership.server.getsockname()[1]
@@ -296,16 +307,18 @@ def test_resources_stay_flat(chaos_run):
     for name, samples in (("survivor", survivor), ("controller", chaos.samples)):
         early, late = samples[2:9], samples[-7:]
         assert len(early) == len(late) == 7, (name, len(samples))
-        # A leak of one thread or descriptor per generation would add 15+ between the windows.
-        # A process group holds threads and sockets until the reaper drops it, and how many the
-        # reaper holds at a sample depends on how fast generations follow each other (about one
-        # thread and up to four descriptors each, measured): the survivor's counts are compared
-        # net of what its held groups account for, which the mean_held check below bounds.
+        # A leak of one thread or descriptor per generation would add 15+ between the windows, to
+        # every later sample. What comes and goes does not count: a process group holds threads
+        # and sockets until the reaper drops it (about one thread and up to four descriptors
+        # each, measured), and an abandoned wait's thread lives until its group's timeout; how
+        # many of those a sample catches depends on how fast generations follow each other. So
+        # the counts are compared net of the held groups (which the mean_held check below
+        # bounds), and by each window's floor, which a leak raises and a transient does not.
         for key, slack, per_group in (("threads", 8, 1), ("fds", 12, 4), ("sockets", 10, 4)):
             def net(p, key=key, per_group=per_group):
                 return p[key] - per_group * ((p.get("groups") or 0) + (p.get("parked") or 0))  # the controller holds none
 
-            assert max(map(net, late)) <= max(map(net, early)) + slack, (name, key, early, late)
+            assert min(map(net, late)) <= min(map(net, early)) + slack, (name, key, early, late)
         assert max(p["rss_kb"] for p in late) - max(p["rss_kb"] for p in early) < 40_000, (name, early, late)
     # Abandoned groups wait in the reaper until their peers release them or the group timeout
     # passes, so compare window means: a leak of one group per generation adds 15 to the late one.
@@ -313,7 +326,10 @@ def test_resources_stay_flat(chaos_run):
         return sum(p["groups"] + p["parked"] for p in window) / len(window)
 
     assert mean_held(survivor[-7:]) <= mean_held(survivor[2:9]) + 8, (survivor[2:9], survivor[-7:])
-    assert max(s["close_wait"] for s in chaos.samples) == 0, "a dead agent's socket was left in CLOSE-WAIT"
+    # A socket whose agent just died is in CLOSE-WAIT until the membership handles its EOF; one
+    # still there CLOSE_WAIT_GRACE_S later was left behind.
+    time.sleep(CLOSE_WAIT_GRACE_S if any(s["close_wait"] for s in chaos.samples) else 0)
+    assert max(s.get("close_wait_left", 0) for s in chaos.samples) == 0, ("a dead agent's socket was left in CLOSE-WAIT", chaos.samples)
 
 
 def test_nothing_is_left_behind(chaos_run):
