@@ -45,6 +45,7 @@ import torch.distributed as dist
 
 from oobleck.elastic.checkpoints import CheckpointCoordinator
 from oobleck.elastic.firing import FaultFiring
+from oobleck.elastic.forkserver import forks_workers
 from oobleck.elastic.ledger import Outcome, StepLedger
 from oobleck.elastic.membership import Membership
 from oobleck.elastic.protocol import new_run_id, new_secret
@@ -230,7 +231,7 @@ class Controller:
 
             return LocalLauncher(
                 self.membership.agent_address, self.run_id, self.secret,
-                fork_workers=bool(self.cfg.cluster.fork_workers), fork_server=self.fork_server,
+                fork_workers=forks_workers(self.cfg), fork_server=self.fork_server,
             )  # fmt: skip
         if self.cfg.cluster.kind == "slurm":
             from oobleck.elastic.slurm import SlurmLauncher  # one agent job step per node

@@ -66,11 +66,16 @@ def own_process_group() -> dict[str, Any]:
     return {"process_group": 0} if sys.version_info >= (3, 11) else {}
 
 
+def forks_workers(cfg: Any) -> bool:
+    """Whether a run forks its workers: ``cluster.fork_workers`` on a local cluster of CPU workers.
+    CUDA workers are exec'd: a process forked after CUDA was initialised cannot use it, and torch's
+    imports may initialise it (``torch.cuda.is_available()``), so the server cannot promise not to."""
+    return cfg.cluster.kind == "local" and bool(cfg.cluster.fork_workers) and cfg.cluster.device == "cpu"
+
+
 def fork_server_for(cfg: Any, run_id: str) -> Optional["ForkServer"]:
-    """The run's fork server if its config forks workers (``cluster.fork_workers``), else None."""
-    if cfg.cluster.kind == "local" and bool(cfg.cluster.fork_workers):
-        return ForkServer(run_id)
-    return None
+    """The run's fork server if it forks its workers (``forks_workers``), else None."""
+    return ForkServer(run_id) if forks_workers(cfg) else None
 
 
 class ForkServer:

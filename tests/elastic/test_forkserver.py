@@ -128,3 +128,13 @@ def test_a_bad_request_is_refused_and_the_server_keeps_serving(server, tmp_path)
     assert "stdin, stdout and stderr" in reply["error"]
     worker, _ = _fork(server, tmp_path, "exit", "0")
     assert worker.wait(timeout=TIMEOUT_S) == 0
+
+
+def test_only_local_cpu_workers_are_forked(make_config):
+    from oobleck.elastic.forkserver import forks_workers
+
+    assert forks_workers(make_config())  # the local default
+    assert not forks_workers(make_config("cluster.fork_workers=false"))
+    # a process forked after CUDA was initialised cannot use it: CUDA workers are exec'd
+    assert not forks_workers(make_config("cluster.device=cuda"))
+    assert not forks_workers(make_config("cluster=slurm"))
