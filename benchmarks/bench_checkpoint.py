@@ -41,9 +41,9 @@ WAIT_S = 3600.0  # bound on any one write here (gigabytes on a slow disk)
 def build_layers(model: str):
     from oobleck.models import num_layers
     from oobleck.runtime.state import new_layer_state
-    from oobleck.runtime.testing import compose_run_config
+    from oobleck.config import compose_config
 
-    cfg = compose_run_config(f"model={model}")
+    cfg = compose_config(f"model={model}")
     return cfg, [new_layer_state(cfg.model, cfg.job, index, 0, "cpu") for index in range(num_layers(cfg.model))]
 
 

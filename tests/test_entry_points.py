@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from oobleck.cli import Interrupted, console_log
-from oobleck.runtime.testing import compose_run_config
+from oobleck.config import compose_config
 
 BIN = Path(sys.executable).parent
 TIMEOUT_S = 240  # hang guards for the subprocesses; no test relies on them
@@ -105,7 +105,7 @@ def test_ctrl_c_in_a_simulation_keeps_the_models_it_finished(tmp_path, monkeypat
         return real(cfg, **kwargs)
 
     monkeypatch.setattr(experiment, "run_experiment", interrupted_second)
-    cfg = compose_run_config(
+    cfg = compose_config(
         "experiment=paper_spot", "sim.models=[gpt2_small,gpt3_medium]", "sim.traces=[synthetic/6h]", "sim.strategies=[oobleck]",
         "logger.progress_bar=false", "logger.wandb.mode=disabled",
     )  # fmt: skip
@@ -120,9 +120,9 @@ def test_ctrl_c_in_a_simulation_keeps_the_models_it_finished(tmp_path, monkeypat
 def test_the_toy_simulation_says_what_it_is():
     from oobleck.simulate import toy_setting_notice
 
-    notice = toy_setting_notice(compose_run_config())
+    notice = toy_setting_notice(compose_config())
     assert "no experiment= given" in notice and "experiment=paper_spot" in notice and "A100-40GB" in notice
-    assert toy_setting_notice(compose_run_config("experiment=paper_spot")) is None
+    assert toy_setting_notice(compose_config("experiment=paper_spot")) is None
 
 
 @pytest.mark.parametrize(

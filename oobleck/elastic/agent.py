@@ -66,8 +66,7 @@ class Agent:
                 "--incarnation", str(incarnation), "--run-id", self.run_id,
             ]  # fmt: skip
             if self.fork_server:
-                title = " ".join(["python", "-m", self.module, *arguments])
-                process: Any = ForkedWorker(self.fork_server, ["-m", self.module, *arguments], title, FORK_TIMEOUT_S)
+                process: Any = ForkedWorker(self.fork_server, ["-m", self.module, *arguments], FORK_TIMEOUT_S)
             else:
                 process = subprocess.Popen([sys.executable, "-m", self.module, *arguments], stdin=subprocess.DEVNULL)
             self.workers.append(process)

@@ -45,7 +45,6 @@ import torch.distributed as dist
 
 from oobleck.elastic.checkpoints import CheckpointCoordinator
 from oobleck.elastic.firing import FaultFiring
-from oobleck.elastic.forkserver import forks_workers
 from oobleck.elastic.ledger import Outcome, StepLedger
 from oobleck.elastic.membership import Membership
 from oobleck.elastic.protocol import new_run_id, new_secret
@@ -110,7 +109,7 @@ class Controller:
         self.schedule = schedule
         self.resume = resume  # the checkpoint to resume from (oobleck.checkpoint.Checkpoint)
         self.run_id = run_id or new_run_id()
-        self.fork_server = fork_server  # forks the local workers (cluster.fork_workers); its owner closes it
+        self.fork_server = fork_server  # forks the local workers (launch starts it, see forks_workers); None: exec them
         self.secret = new_secret()
         self.on_event = on_event
         # Called with each committed step's row, in the controller's loop (tools and benchmarks
@@ -229,10 +228,7 @@ class Controller:
         if self.cfg.cluster.kind == "local":
             from oobleck.elastic.local import LocalLauncher
 
-            return LocalLauncher(
-                self.membership.agent_address, self.run_id, self.secret,
-                fork_workers=forks_workers(self.cfg), fork_server=self.fork_server,
-            )  # fmt: skip
+            return LocalLauncher(self.membership.agent_address, self.run_id, self.secret, fork_server=self.fork_server)
         if self.cfg.cluster.kind == "slurm":
             from oobleck.elastic.slurm import SlurmLauncher  # one agent job step per node
 

@@ -121,12 +121,12 @@ class ForkServer:
 class ForkedWorker:
     """The agent's handle on a forked worker: the part of ``subprocess.Popen`` the agent uses."""
 
-    def __init__(self, address: str, argv: list[str], title: str, timeout_s: float, env: Optional[dict[str, str]] = None) -> None:
-        """Fork ``python <argv>`` (``argv``: ``["-m", module, args...]``) with ``env`` (default:
-        this process's), this process's working directory, standard streams and process group;
-        ``title`` is its command line. Raises ``OSError`` if the server does not answer within
-        ``timeout_s``."""
+    def __init__(self, address: str, argv: list[str], timeout_s: float, env: Optional[dict[str, str]] = None) -> None:
+        """Fork ``python <argv>`` (``argv``: ``["-m", module, args...]``, also its command line)
+        with ``env`` (default: this process's), this process's working directory, standard streams
+        and process group. Raises ``OSError`` if the server does not answer within ``timeout_s``."""
         env = dict(os.environ) if env is None else env
+        title = " ".join(["python", *argv])
         request = {"argv": argv, "title": title, "env": env, "cwd": os.getcwd(), "pgid": os.getpgrp()}
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout_s)  # bounds the connect and the reply (the server's imports)

@@ -23,14 +23,13 @@ from oobleck.elastic.launcher import Launcher
 class LocalLauncher(Launcher):
     """Starts ``python -m oobleck.elastic.agent`` for a node id, each leading a process group."""
 
-    def __init__(self, controller: str, run_id: str, secret: str = "", *, fork_workers: bool = False, fork_server: Optional[ForkServer] = None) -> None:
-        """``fork_workers``: agents ask a fork server for their workers: ``fork_server`` (its
-        owner closes it) or, if none is given, one this launcher starts and closes."""
+    def __init__(self, controller: str, run_id: str, secret: str = "", *, fork_server: Optional[ForkServer] = None) -> None:
+        """``fork_server``: agents ask it for their workers (its owner, ``launch``, closes it);
+        without one they exec them."""
         super().__init__(secret)
         self.controller = controller
         self.run_id = run_id
-        self._owns_fork_server = fork_workers and fork_server is None
-        self.fork_server = (fork_server or ForkServer(run_id)) if fork_workers else None
+        self.fork_server = fork_server
 
     @property
     def worker_server(self) -> str:
@@ -43,11 +42,6 @@ class LocalLauncher(Launcher):
         # controller's session (see the module docstring), where a process group does the same.
         grouping: dict[str, Any] = own_process_group() if self.fork_server is not None else {"start_new_session": True}
         self.processes[node] = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=self.agent_environment(), **grouping)
-
-    def shutdown(self, grace_s: float) -> None:
-        super().shutdown(grace_s)
-        if self.fork_server is not None and self._owns_fork_server:
-            self.fork_server.close()
 
     def send_signal(self, node: int, sig: int) -> None:
         """Deliver ``sig`` to the node's whole process group, without waiting."""

@@ -22,14 +22,9 @@ from oobleck.config import compose_config
 from oobleck.planning.plan import ExecutionPlan, PipelineInstance, PipelineTemplate, StageSpec
 
 
-def compose_run_config(*overrides: str) -> Any:
-    """The config ``python -m oobleck.run <overrides>`` would run with (Hydra's compose API)."""
-    return compose_config(*overrides)
-
-
 @functools.lru_cache(maxsize=1)
 def _default_config() -> Any:
-    return compose_run_config()
+    return compose_config()
 
 
 def config_section(section: str, **values: Any) -> Any:
@@ -41,7 +36,7 @@ def config_section(section: str, **values: Any) -> Any:
 def tiny_config(*groups: str, **overrides: Any) -> Any:
     """gpt3_tiny with a 4-step job; ``groups`` are config-group choices (e.g. ``"strategy=varuna"``),
     ``overrides`` dotted keys (``**{"cluster.nodes": 6}``)."""
-    cfg = compose_run_config("model=gpt3_tiny", "failures=none", *groups)
+    cfg = compose_config("model=gpt3_tiny", "failures=none", *groups)
     cfg.job.steps = 4
     cfg.job.global_batch_size = 16
     cfg.job.microbatch_size = 2

@@ -38,7 +38,7 @@ def _fork(server, tmp_path, *args, marker="m"):
         saved = os.dup(1)
         os.dup2(stdout.fileno(), 1)  # the requester's stdout is what the worker gets
         try:
-            worker = ForkedWorker(server.address, argv, " ".join(["python", *argv]), TIMEOUT_S, env=env)
+            worker = ForkedWorker(server.address, argv, TIMEOUT_S, env=env)
         finally:
             os.dup2(saved, 1)
             os.close(saved)
@@ -90,7 +90,7 @@ def test_a_node_kill_takes_its_forked_workers(tmp_path):
             "import os, sys, time\n"
             "from oobleck.elastic.forkserver import ForkedWorker\n"
             f"argv = ['-m', 'forkprog', 'sleep', '--run-id', {RUN_ID!r}]\n"
-            f"w = ForkedWorker({fork_server.address!r}, argv, 'python ' + ' '.join(argv), 60.0, env={{**os.environ, 'PYTHONPATH': {str(PROGRAMS)!r}}})\n"
+            f"w = ForkedWorker({fork_server.address!r}, argv, 60.0, env={{**os.environ, 'PYTHONPATH': {str(PROGRAMS)!r}}})\n"
             "print(w.pid, flush=True)\n"
             "time.sleep(600)\n"
         )
@@ -114,7 +114,7 @@ def test_the_server_goes_with_its_launcher(tmp_path):
     fork_server.close()
     assert not directory.exists()
     with pytest.raises(OSError):
-        ForkedWorker(fork_server.address, ["-m", "forkprog", "sleep"], "python -m forkprog sleep", 1.0)
+        ForkedWorker(fork_server.address, ["-m", "forkprog", "sleep"], 1.0)
 
 
 def test_a_bad_request_is_refused_and_the_server_keeps_serving(server, tmp_path):

@@ -114,7 +114,7 @@ def test_warning_signal_checkpoints_requeues_and_resumes_exactly(tmp_path):
     script requeues the job, and the requeued job resumes from that checkpoint with
     job.resume=auto: every step committed once in the final record, exactly as uninterrupted."""
     from oobleck.runtime.reference import train_reference
-    from oobleck.runtime.testing import compose_run_config
+    from oobleck.config import compose_config
 
     env = slurm_environment()
     run_dir = tmp_path / "run"
@@ -161,7 +161,7 @@ def test_warning_signal_checkpoints_requeues_and_resumes_exactly(tmp_path):
     metrics = pd.read_csv(run_dir / "metrics.csv")
     final = metrics.groupby("step").last()
     assert list(final.index) == list(range(60)), output
-    reference = train_reference(compose_run_config(*training))
+    reference = train_reference(compose_config(*training))
     for step, expected in enumerate(reference.losses):
         assert final.loc[step, "loss"] == pytest.approx(expected, rel=1e-5), (step, output)
     summary = json.loads((run_dir / "summary.json").read_text())
