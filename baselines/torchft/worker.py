@@ -17,8 +17,8 @@ then loops until ``job.steps`` updates committed:
 3. one flat ``Manager.allreduce(SUM)`` of the gradients plus the summed loss and, per
    participant, its node id and heal times (so every replica can report the whole step);
 4. ``Manager.should_commit()`` (the vote): on True, clip, set the learning rate of the update
-   and step AdamW; the first replica to commit update k reports it (``keys.step_report``,
-   ``keys.step_time``, then ``keys.decision`` under generation 0, so the controller's ledger and
+   and step AdamW; the first replica to commit update k reports it (``keys.step_report``, then
+   ``keys.decision`` with the step time, under generation 0, so the controller's ledger and
    outputs work unchanged). On False nothing is applied, and the batch index moves on anyway
    (``redo_uncommitted_batches=false``, as torchft's training loops drop a failed step's batch):
    the report of the next committed update counts the batches skipped.
@@ -281,11 +281,10 @@ class TorchftWorker:
             "quorum_s": round(quorum_done - started, 4),
         }
         self.failed_since_commit = 0
-        # The first replica to commit update ``step`` reports it; its decision comes last, so the
-        # ledger finds the report and the step time when it reads the decision.
-        self.store.compare_set(keys.step_time(self.generation, step), "", repr(done - started))
+        # The first replica to commit update ``step`` reports it; its decision (which carries the
+        # step time) comes last, so the ledger finds the report when it reads the decision.
         self.store.compare_set(keys.step_report(self.generation, step), "", json.dumps(report))
-        self.store.compare_set(keys.decision(self.generation, step), "", keys.COMMIT)
+        self.store.compare_set(keys.decision(self.generation, step), "", keys.commit_decision(False, done - started))
         for name, seconds in (("quorum", quorum_done - started), ("forward_backward", computed - quorum_done),
                               ("allreduce", reduced - computed), ("commit_vote", voted - reduced), ("optimizer", done - voted)):  # fmt: skip
             self._time(name, seconds)

@@ -8,11 +8,15 @@ bookkeeping: which plan each generation ran, when it was established, and whethe
 of every layer was bit-identical then. A restart rolls the ledger back to the checkpoint's step:
 the rows after it are dropped from the run's record (metrics.csv keeps them, appended as they
 happened) and those steps are committed again.
+
+``DecisionWatch`` tells the controller's loop the moment the step the ledger waits for is decided,
+so the loop reads the store for commits only when there is one to read.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -78,6 +82,10 @@ class StepLedger:
         self.outcome.generations = number + 1
         return generation
 
+    def establishing(self) -> bool:
+        """Whether the newest generation's establishment (and its ranks' reports) is still awaited."""
+        return self.generation >= 0 and self.generation not in self.outcome.checksums
+
     @property
     def layout(self) -> Layout:
         """The layout of the newest established generation (what holds the committed state)."""
@@ -126,6 +134,12 @@ class StepLedger:
         self.store.set(keys.abort(number), "1")
 
     # ------------------------------------------------------------------ steps
+    def awaited(self) -> Optional[str]:
+        """The decision key of the next step to commit (None: none is awaited)."""
+        if self.generation < 0 or self.next_step >= self.steps:
+            return None
+        return keys.decision(self.generation, self.next_step)
+
     def check_commits(self) -> None:
         while self.generation >= 0 and self.next_step < self.steps:
             key = keys.decision(self.generation, self.next_step)
@@ -157,13 +171,11 @@ class StepLedger:
             loss_sum = float(report.pop("loss_sum"))
         else:
             last = [a.rank for a in plan.assignments() if a.stage == plan.pipelines[a.pipeline].template.num_stages - 1]
-            loss_sum = sum(float(self.store.get(keys.loss(generation, step, r)).decode()) for r in last)
+            loss_sum = sum(float(value.decode()) for value in self.store.multi_get([keys.loss(generation, step, r) for r in last]))
         now = time.time()
         observed = now - self.last_commit_time
         self.last_commit_time = now
-        step_time = observed
-        if self.store.check([keys.step_time(generation, step)]):
-            step_time = float(self.store.get(keys.step_time(generation, step)).decode())
+        step_time = keys.decision_step_time(value) or observed
         attempts = self.attempts.get(step, 0) + 1
         self.attempts[step] = attempts
         row = {
@@ -181,7 +193,7 @@ class StepLedger:
         self.outcome.steps.append(row)
         self.on_step(row)
         self.next_step = step + 1
-        if value == keys.COMMIT_CHECKPOINT:
+        if keys.decision_kind(value) == keys.COMMIT_CHECKPOINT:
             self.checkpoint_boundaries.append((generation, step + 1))
 
     def count_attempt(self, step: int) -> None:
@@ -197,3 +209,72 @@ class StepLedger:
         self.outcome.rolled_back_steps += lost
         self.next_step = to_step
         return lost
+
+
+# A TCPStore wait needs a timeout, and c10d logs two lines for each one that expires; the slice
+# bounds nothing (the key the watch waits for is always set: see DecisionWatch).
+DECISION_WATCH_SLICE_S = 3600.0
+
+
+class DecisionWatch:
+    """A thread, on its own store connection, that waits for the decision key the ledger awaits
+    (``follow``) and calls ``wake`` when it is set.
+
+    Without it the controller's loop polled the store for commits every tick (500 round trips a
+    second, most of the controller's CPU, taken from the workers on a small machine). The awaited
+    key changes only once it is set: by the workers' commit, or by the controller's own abort of
+    the step in flight (``StepLedger.take_in_flight`` and the stop message), which come before
+    every new generation and the end of a run; so the thread never waits on a key nobody sets.
+    """
+
+    def __init__(self, store: Any, wake: Callable[[], None], timed_out: type[BaseException]) -> None:
+        self._store = store  # this thread's own connection
+        self._wake = wake
+        self._timed_out = timed_out  # what the store raises when a wait's slice ends
+        self._key: Optional[str] = None
+        self._changed = threading.Event()
+        self._closed = False
+        self._decided = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="decision-watch")
+        self._thread.start()
+
+    def follow(self, key: Optional[str]) -> None:
+        """Wait for ``key`` from now on (None: for nothing)."""
+        if key != self._key:
+            self._key = key
+            self._changed.set()
+
+    def take(self) -> bool:
+        """Whether a followed key was set since the last call."""
+        decided = self._decided.is_set()
+        if decided:
+            self._decided.clear()
+        return decided
+
+    def _run(self) -> None:
+        from datetime import timedelta
+
+        slice_ = timedelta(seconds=DECISION_WATCH_SLICE_S)
+        decided: Optional[str] = None
+        while not self._closed:
+            key = self._key
+            if key is None or key == decided:
+                self._changed.wait()
+                self._changed.clear()
+                continue
+            try:
+                self._store.wait([key], slice_)
+            except self._timed_out:
+                continue  # a slice ended: keep waiting
+            except Exception:
+                return  # the store is gone: the run is over
+            decided = key
+            self._decided.set()
+            self._wake()
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """End the thread. Call it after the controller's stop message, which sets the key it
+        waits on (else it would still wait when the store goes, and c10d logs a trace then)."""
+        self._closed = True
+        self._changed.set()
+        self._thread.join(timeout=timeout_s)

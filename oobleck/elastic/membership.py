@@ -241,7 +241,13 @@ class Membership:
             except queue.Empty:
                 return
 
+    def wake(self) -> None:
+        """End the loop's current ``drain`` now (something outside the agents' messages happened)."""
+        self.messages.put(("wake", -1, None, time.time()))
+
     def _handle(self, kind: str, node: int, payload: Any, when: float) -> None:
+        if kind == "wake":
+            return
         state = self.nodes.get(node)
         if kind == "hello":
             channel, message = payload

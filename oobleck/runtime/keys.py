@@ -90,14 +90,27 @@ def decision(generation: int, step: int) -> str:
     return f"g{generation}/decision/{step}"
 
 
+def commit_decision(checkpoint: bool, step_time_s: float) -> str:
+    """The decision value that commits a step (with a checkpoint after it, or not), carrying the
+    seconds the step took on the rank that decided it (the last to finish its reduction), so one
+    store operation both decides the step and reports its time."""
+    return f"{COMMIT_CHECKPOINT if checkpoint else COMMIT} {step_time_s!r}"
+
+
+def decision_kind(value: str) -> str:
+    """``COMMIT``, ``COMMIT_CHECKPOINT`` or ``ABORT`` of a decision value."""
+    return value.partition(" ")[0]
+
+
+def decision_step_time(value: str) -> Optional[float]:
+    """The step time a commit decision carries (None: it carries none)."""
+    _, _, seconds = value.partition(" ")
+    return float(seconds) if seconds else None
+
+
 def is_commit(value: str) -> bool:
     """Whether a decision value commits its step (with or without a checkpoint after it)."""
-    return value in (COMMIT, COMMIT_CHECKPOINT)
-
-
-def step_time(generation: int, step: int) -> str:
-    """Seconds step s took on the rank that decided its commit (the last to finish its reduction)."""
-    return f"g{generation}/step_time/{step}"
+    return decision_kind(value) in (COMMIT, COMMIT_CHECKPOINT)
 
 
 def step_report(generation: int, step: int) -> str:

@@ -30,6 +30,7 @@ from datetime import timedelta
 from typing import Any, Callable, Optional
 
 import torch
+import torch.distributed as dist
 
 from oobleck.config import from_container
 from oobleck.data import GlobalBatchSampler, build_dataset
@@ -122,6 +123,19 @@ class Worker:
         timeout the controller fails the ranks that did not answer (and aborts), so wait for it."""
         with self.liveness.waiting(what):
             self._wait_key(key, self.timeout_s + self.waiter.peer_grace_s, what)
+
+    def _get_world(self, key: str, what: str) -> bytes:
+        """``_wait_world``, then the key's value, in one store operation (a get waits for its key)."""
+        timeout_s = self.timeout_s + self.waiter.peer_grace_s
+        default = self.store.timeout
+        self.store.set_timeout(timedelta(seconds=timeout_s))
+        try:
+            with self.liveness.waiting(what):
+                return self.store.get(key)
+        except dist.DistStoreError as error:
+            raise RunError(f"timed out after {timeout_s} s waiting for {what} (store key {key!r})") from error
+        finally:
+            self.store.set_timeout(default)
 
     def _stopped(self) -> bool:
         return stop_requested(self.store, self.secret)
@@ -316,17 +330,20 @@ class Worker:
             norm = global_grad_norm(ctx)
             if topology.is_last:
                 self.store.set(keys.loss(generation, step, topology.rank), repr(loss))
+            # The last rank to vote decides; compare_set hands it the decision that stands (the
+            # controller's abort may have come first), and the others read it: two round trips.
+            decision_key = keys.decision(generation, step)
             if self.store.add(keys.commit_count(generation, step), 1) == world:
-                self.store.set(keys.step_time(generation, step), repr(time.perf_counter() - t0))
-                self.store.compare_set(keys.decision(generation, step), "", self._commit_value(step + 1, every_steps))
-            self._wait_world(keys.decision(generation, step), f"the commit decision of step {step}")
-            decision = self.store.get(keys.decision(generation, step)).decode()
+                proposal = keys.commit_decision(self._checkpoint_after(step + 1, every_steps), time.perf_counter() - t0)
+                decision = self.store.compare_set(decision_key, "", proposal).decode()
+            else:
+                decision = self._get_world(decision_key, f"the commit decision of step {step}").decode()
             if not keys.is_commit(decision):
                 raise Aborted()
             t3 = time.perf_counter()
             ctx.phase(Phase.OPTIMIZER)
             clip_and_step(ctx, norm, float(job.grad_clip), learning_rate(job, step))
-            if decision == keys.COMMIT_CHECKPOINT:
+            if keys.decision_kind(decision) == keys.COMMIT_CHECKPOINT:
                 self.checkpointer.write(step + 1, document["checkpoint"], self.layers)
             t4 = time.perf_counter()
             for name, seconds in (("pipeline_1f1b", t1 - t0), ("grad_allreduce", t2 - t1), ("norm_and_commit", t3 - t2), ("optimizer", t4 - t3)):
@@ -339,15 +356,15 @@ class Worker:
         self.store.set(keys.phase_times(self.node, self.local_rank), json.dumps(times))
         return True
 
-    def _commit_value(self, boundary: int, every_steps: int) -> str:
-        """The commit decision this rank takes for the step ending at ``boundary`` committed steps:
-        with a checkpoint after it every ``every_steps``, or when the controller asked for one."""
+    def _checkpoint_after(self, boundary: int, every_steps: int) -> bool:
+        """Whether the commit this rank decides for the step ending at ``boundary`` committed steps
+        has a checkpoint after it: every ``every_steps``, or when the controller asked for one."""
         if every_steps > 0 and boundary % every_steps == 0:
-            return keys.COMMIT_CHECKPOINT
+            return True
         if self.store.check([keys.CHECKPOINT_REQUEST]) and boundary >= int(self.store.get(keys.CHECKPOINT_REQUEST).decode()):
             self.store.delete_key(keys.CHECKPOINT_REQUEST)
-            return keys.COMMIT_CHECKPOINT
-        return keys.COMMIT
+            return True
+        return False
 
     def publish_final_params(self, topology: Topology) -> None:
         import io
