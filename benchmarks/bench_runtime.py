@@ -58,6 +58,7 @@ import sys
 import tempfile
 import threading
 import time
+import contextlib
 from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
@@ -293,14 +294,52 @@ def compare(title: str, sides: dict[str, Callable[[], float]], repeats: int, rat
 
 
 # ---------------------------------------------------------------------------- state copies
-def bench_transfer(repeats: int, steps: int = 4) -> dict:
+TRANSFER_NODES = 6
+LINK_BASE = "127.0.1.0"  # cluster.node_address_base of the link-capped runs: node n sends from 127.0.1.n
+
+
+@contextlib.contextmanager
+def capped_links(mbit: float, nodes: int = TRANSFER_NODES):
+    """Cap what each local node sends at ``mbit`` Mbit/s, as a NIC would: one HTB class per node's
+    source address (``LINK_BASE`` + n) on the loopback device, everything else unshaped. Needs root
+    and tc (iproute2); the loopback device must have no qdisc of its own (it is removed after)."""
+    import ipaddress
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("tc") is None:
+        raise SystemExit("--link-mbit shapes loopback traffic with tc: run as root on a machine with iproute2's tc")
+    shown = subprocess.run(["tc", "qdisc", "show", "dev", "lo"], check=True, capture_output=True, text=True).stdout
+    if "htb" in shown or "netem" in shown or "tbf" in shown:
+        raise SystemExit(f"lo already has a qdisc ({shown.strip()}); remove it first (tc qdisc del dev lo root)")
+
+    def tc(*args: str) -> None:
+        subprocess.run(["tc", *args], check=True, capture_output=True, text=True)
+
+    tc("qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "1")
+    try:
+        tc("class", "add", "dev", "lo", "parent", "1:", "classid", "1:1", "htb", "rate", "100gbit", "quantum", "200000")
+        for node in range(nodes):
+            classid = f"1:{10 + node}"
+            source = str(ipaddress.IPv4Address(LINK_BASE) + node)
+            tc("class", "add", "dev", "lo", "parent", "1:", "classid", classid, "htb", "rate", f"{mbit}mbit", "burst", "256k", "quantum", "65536")
+            tc("filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match", "ip", "src", f"{source}/32", "flowid", classid)
+        yield
+    finally:
+        tc("qdisc", "del", "dev", "lo", "root")
+
+
+def bench_transfer(repeats: int, steps: int = 4, link_mbit: float = 0.0) -> dict:
     """gpt2_small: a recovery that moves a whole stage. With link probes (the raw gloo peer):
     one source with the receive buffers prepared ahead (the default), the same without, and
-    split over two sources. Without probes (as a real run): prepared and not, end to end."""
+    split over two sources. Without probes (as a real run): prepared and not, end to end. With
+    ``link_mbit``: one source against two with every node's sending link capped (``capped_links``)."""
     variants = {
         "1": (1, True, 256), "1_unprepared": (1, False, 256), "2": (2, True, 256),
         "1_no_probe": (1, True, 0), "1_unprepared_no_probe": (1, False, 0),
     }  # fmt: skip
+    if link_mbit:
+        # probes of 64 MB: at 100 MB/s a probe of 256 MB would take longer than the copy
+        variants = {"1_capped": (1, True, 64), "2_capped": (2, True, 64)}
     results: dict[str, list[dict]] = {name: [] for name in variants}
     for _ in range(repeats):
         for name, (sources, prefault, probe_mb) in variants.items():
@@ -309,13 +348,15 @@ def bench_transfer(repeats: int, steps: int = 4) -> dict:
                 "model=gpt2_small",
                 **{
                     "model.seq_len": 64, "job.global_batch_size": 6, "job.microbatch_size": 1, "job.warmup_steps": 1,
-                    "cluster.nodes": 6, "job.fault_tolerance": 2, "profile.source": "analytic",
+                    "cluster.nodes": TRANSFER_NODES, "job.fault_tolerance": 2, "profile.source": "analytic",
                     "cluster.collective_timeout_s": 120.0, "cluster.heartbeat_timeout_s": 30.0,
                     "planner.transfer_sources": sources, "runtime.prefault_copies": prefault, "runtime.link_probe_mb": probe_mb,
                     "failures.kind": "explicit", "failures.events": [{"action": "remove", "step": 2, "nodes": [5]}],
+                    "cluster.node_address_base": LINK_BASE if link_mbit else None,
                 },
             )  # fmt: skip
-            outcome = run_job(cfg)
+            with capped_links(link_mbit) if link_mbit else nullcontext():
+                outcome = run_job(cfg)
             moved = [r for r in outcome.recoveries if r["bytes_moved"]]
             if not moved:
                 raise RuntimeError(f"the gpt2_small recovery moved no layers: {outcome.recoveries}")
@@ -339,6 +380,14 @@ def bench_transfer(repeats: int, steps: int = 4) -> dict:
                      f" {cold / 1e6:.0f} MB/s into fresh memory (ratio {rate / cold:.2f})")  # fmt: skip
         line += f"; buffers prepared in {summary[name]['prefault_s']:.3f} s, of which the copy waited {summary[name]['prefault_wait_s']:.3f} s"
         print(line)
+    if link_mbit:
+        one, two = summary["1_capped"], summary["2_capped"]
+        summary["split_speedup"] = one["receiver_copy_s"] / two["receiver_copy_s"]
+        print(
+            f"  every node's sending link capped at {link_mbit:g} Mbit/s: the receiver's copy takes {one['receiver_copy_s']:.3f} s"
+            f" from one source and {two['receiver_copy_s']:.3f} s split over two ({summary['split_speedup']:.2f}x faster)"
+        )
+        return summary
     one, unprepared, two = summary["1"], summary["1_unprepared"], summary["2"]
     summary["prepare_speedup"] = unprepared["receiver_copy_s"] / one["receiver_copy_s"]
     summary["split_speedup"] = one["receiver_copy_s"] / two["receiver_copy_s"]
@@ -464,8 +513,13 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", choices=SECTIONS, help="sections to run (default: all)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each side")
+    parser.add_argument("--ddp-nodes", type=int, default=4, help="processes of the pure data-parallel comparison")
     parser.add_argument("--bucket-mb", type=float, default=0.25, help="gradient bucket cap of both ours and DDP (MiB)")
     parser.add_argument("--transfer-repeats", type=int, default=1)
+    parser.add_argument(
+        "--link-mbit", type=float, default=0.0,
+        help="transfer: cap every node's sending link at this many Mbit/s (tc on loopback; root) and compare 1 and 2 sources",
+    )  # fmt: skip
     parser.add_argument("--scale-nodes", type=int, nargs="*", default=[4, 8, 12])
     parser.add_argument("--startup-nodes", type=int, nargs="*", default=[4, 8])
     parser.add_argument("--peer", nargs=7, help=argparse.SUPPRESS)
@@ -479,11 +533,12 @@ def main() -> None:
     if "recovery" in chosen:
         results["recovery"] = bench_recovery()
     if "ddp" in chosen:
-        cfg = bench_config(args.steps, **{"cluster.nodes": 4, "job.fault_tolerance": 3, "runtime.bucket_mb": args.bucket_mb})
-        plan = pure_dp_plan(4, 32, 2, 6)
+        n = args.ddp_nodes
+        cfg = bench_config(args.steps, **{"cluster.nodes": n, "job.fault_tolerance": n - 1, "runtime.bucket_mb": args.bucket_mb})
+        plan = pure_dp_plan(n, 32, 2, 6)
         results["ddp"] = compare(
-            f"pure data parallel, 4 processes, buckets of {args.bucket_mb} MiB on both sides",
-            {"overlapped": lambda: ours(with_overlap(cfg, True), plan), "ddp": lambda: theirs("ddp", cfg, 4),
+            f"pure data parallel, {n} processes, buckets of {args.bucket_mb} MiB on both sides",
+            {"overlapped": lambda: ours(with_overlap(cfg, True), plan), "ddp": lambda: theirs("ddp", cfg, n),
              "after_backward": lambda: ours(with_overlap(cfg, False), plan)},
             args.repeats, [("overlapped", "ddp"), ("after_backward", "ddp"), ("overlapped", "after_backward")],
         )  # fmt: skip
@@ -505,7 +560,7 @@ def main() -> None:
             args.repeats, [("overlapped", "after_backward")],
         )  # fmt: skip
     if "transfer" in chosen:
-        results["transfer"] = bench_transfer(args.transfer_repeats)
+        results["transfer"] = bench_transfer(args.transfer_repeats, link_mbit=args.link_mbit)
     if "scale" in chosen:
         results["scale"] = bench_scale(tuple(args.scale_nodes), args.steps)
     if "startup" in chosen:

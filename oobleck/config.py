@@ -18,6 +18,7 @@ Sections mirror the config groups: ``paths``, ``model/``, ``cluster/`` (``gpu/``
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import typing
 from dataclasses import dataclass, field
@@ -112,6 +113,7 @@ class ClusterConfig:
     startup_timeout_s: float = MISSING
     torch_threads: int = MISSING  # torch threads per worker; 0 lets torch choose
     fork_workers: bool = MISSING  # local only: fork workers from a process that imported torch once
+    node_address_base: Optional[str] = MISSING  # local only: node n's workers bind gloo to this address + n
 
 
 @dataclass
@@ -383,6 +385,21 @@ def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}; set {key}=<one of them>")
 
 
+def node_address(cluster: Any, node: int) -> str:
+    """The address node ``node``'s workers bind gloo to on a local cluster: the controller's (one
+    loopback address for all), or with ``cluster.node_address_base`` set, that address plus
+    ``node`` (an address of each node's own lets a traffic shaper give each node its own link)."""
+    base = cluster.node_address_base
+    if base is None:
+        return str(cluster.master_addr)
+    if cluster.kind != "local":
+        raise ConfigError(f"cluster.node_address_base={base} needs cluster.kind=local (got {cluster.kind}); set cluster.node_address_base=null")
+    try:
+        return str(ipaddress.IPv4Address(str(base)) + node)
+    except (ValueError, ipaddress.AddressValueError) as error:
+        raise ConfigError(f"cluster.node_address_base={base} does not give node {node} an IPv4 address ({error}); use e.g. 127.0.1.0") from None
+
+
 def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
     bound = ">= 0" if allow_zero else "> 0"
     if value is None or (isinstance(value, float) and not math.isfinite(value)):  # NaN passes every comparison below
@@ -424,6 +441,8 @@ def validate(cfg: Config | DictConfig) -> None:
             f"cluster.fork_workers=true needs cluster.kind=local (got {cluster.kind}: each node execs its own "
             "workers); set cluster.fork_workers=false"
         )
+    if cluster.node_address_base is not None:
+        node_address(cluster, 0)  # raises ConfigError when the base is unusable
     if not 0 <= cluster.master_port <= 65535:
         raise ConfigError(f"cluster.master_port={cluster.master_port} must be in 0..65535 (0 picks a free port)")
     _choice("profile.source", cfg.profile.source, ("auto", "measured", "analytic", "file"))

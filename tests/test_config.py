@@ -49,6 +49,9 @@ def test_unknown_key_and_wrong_type_are_rejected(make_config):
         (["failures=explicit", "failures.events=[{action:explode,step:1,count:1}]"], "action='explode'"),
         (["logger.wandb.mode=sometimes"], "logger.wandb.mode"),
         (["cluster=slurm", "cluster.fork_workers=true"], "cluster.fork_workers=true needs cluster.kind=local"),
+        (["cluster=slurm", "cluster.node_address_base=127.0.1.0"], "cluster.node_address_base=127.0.1.0 needs cluster.kind=local"),
+        (["cluster.node_address_base=node-0"], "does not give node 0 an IPv4 address"),
+        (["cluster.node_address_base=127.0.1.300"], "does not give node 0 an IPv4 address"),
     ],
 )
 def test_bad_values_name_the_key(make_config, overrides, needle):

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from oobleck.config import node_address
 from oobleck.errors import RunError
 
 if TYPE_CHECKING:
@@ -116,14 +117,15 @@ def abort_nccl_groups(groups: list[Any]) -> None:
         groups[0]._group_end()
 
 
-def open_backend(cluster: Any, local_rank: int) -> Backend:
+def open_backend(cluster: Any, node: int, local_rank: int) -> Backend:
     """Prepare this worker process for ``cluster.device`` and return its backend.
 
     cuda: in-process recovery needs communicator errors not to kill the process (an inherited
     ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` of 1 or 3 would kill the survivors; aborted generations'
     communicators are aborted explicitly by ``release``), and each worker owns the GPU of its
-    local rank. cpu: gloo binds to the controller's address on a local cluster (loopback), and to
-    the host's default interface elsewhere.
+    local rank. cpu: gloo binds to the node's address on a local cluster (``cluster.node_address_base``:
+    the controller's, loopback, unless each node has its own), and to the host's default interface
+    elsewhere.
     """
     if cluster.device == "cuda":
         if not torch.cuda.is_available():
@@ -131,6 +133,6 @@ def open_backend(cluster: Any, local_rank: int) -> Backend:
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
         torch.cuda.set_device(local_rank)
         return NcclBackend(device=f"cuda:{local_rank}")
-    hostname = cluster.master_addr if cluster.kind == "local" else ""
+    hostname = node_address(cluster, node) if cluster.kind == "local" else ""
     transport = dist.ProcessGroupGloo.create_device(hostname=hostname) if hostname else dist.ProcessGroupGloo.create_default_device()
     return GlooBackend(transport=transport)

@@ -93,7 +93,7 @@ class Worker:
         )
         if cluster.torch_threads > 0:
             torch.set_num_threads(int(cluster.torch_threads))
-        self.backend = open_backend(cluster, local_rank)
+        self.backend = open_backend(cluster, node, local_rank)
         self.device = self.backend.device
         self.timeout_s = float(cluster.collective_timeout_s)
         self.wait_s = float(cluster.startup_timeout_s)
