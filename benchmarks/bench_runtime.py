@@ -7,7 +7,7 @@ compared), because on a shared 2-core machine the load drifts from minute to min
 
 1. ``recovery``: gpt3_tiny on 6 local nodes with f=2; nodes SIGKILLed one at a time (detected by
    process exit), joins in between; every recovery's breakdown and the medians.
-2. ``ddp``: 4 processes, a pure data-parallel plan (4 single-node pipelines holding every layer),
+2. ``ddp``: 4 processes (``--ddp-nodes``), a pure data-parallel plan (single-node pipelines holding every layer),
    ours (gradient buckets all-reduced during the backward pass) and ours with the reduction after
    the backward pass (``runtime.overlap_grad_reduce=false``, the runtime before issue 19) against
    torch DistributedDataParallel on the same processes, model, batches, optimizer, clipping and
@@ -29,7 +29,10 @@ compared), because on a shared 2-core machine the load drifts from minute to min
    they give the preparation time to finish that a real run does not); ``runtime.link_probe_mb`` times a raw gloo send/recv on the same channels between the
    same processes just before the copy, the peer of the copy's bytes per second, into memory
    already touched and into fresh memory (as the copy lands); ``receiver_copy_s`` is the
-   receiver's own copy time (the split's figure).
+   receiver's own copy time (the split's figure). With ``--link-mbit M`` (root, tc): one source
+   against two with every node's sending link capped at M Mbit/s (``capped_links``: each node's
+   workers on an address of their own, ``cluster.node_address_base``, one HTB class per address
+   on loopback), where the links, not the receiver's CPU, bound the copy.
 6. ``scale``: gpt3_tiny on 4, 8 and 12 nodes (the planner's plan, f=1, one node SIGKILLed
    midway): steady samples/s, the recovery's breakdown, and the CPU seconds per committed step of
    this process's threads: the controller's loop (main thread) and the TCPStore server that every

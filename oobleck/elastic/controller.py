@@ -4,7 +4,8 @@ It hosts torch's TCPStore (C++, bound to ``cluster.master_addr``) that every wor
 ties together what each part owns:
 
 - ``Membership`` (agents, workers, failures, heartbeats) reports nodes lost and joined;
-- the ``StepLedger`` records each step the workers commit, and the generations;
+- the ``StepLedger`` records each step the workers commit, and the generations (its
+  ``DecisionWatch`` wakes the loop as each step is decided, so the loop does not poll for it);
 - ``FaultFiring`` carries out the scheduled faults;
 - ``CheckpointCoordinator`` completes the checkpoints the workers write;
 - the strategy (``oobleck.strategy``) decides what a membership change means, and this module
