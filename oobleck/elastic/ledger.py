@@ -19,6 +19,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Callable, Optional
 
 from oobleck.errors import RunError
@@ -252,8 +253,6 @@ class DecisionWatch:
         return decided
 
     def _run(self) -> None:
-        from datetime import timedelta
-
         slice_ = timedelta(seconds=DECISION_WATCH_SLICE_S)
         decided: Optional[str] = None
         while not self._closed:

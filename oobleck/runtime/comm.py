@@ -134,6 +134,7 @@ class Reaper:
         self.delay_s = delay_s
         self.poll_s = poll_s
         self._parked: list[tuple[float, list[Any], list[Any]]] = []
+        self._dropping = 0  # items taken off the list and being destroyed (gloo's destructors may block)
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True, name="group-reaper")
         self._thread.start()
@@ -143,8 +144,9 @@ class Reaper:
             self._parked.append((time.monotonic() + self.delay_s, items, list(pending)))
 
     def parked(self) -> int:
+        """Items the reaper holds: waiting for their time, or being destroyed."""
         with self._lock:
-            return sum(len(items) for _, items, _ in self._parked)
+            return sum(len(items) for _, items, _ in self._parked) + self._dropping
 
     def _run(self) -> None:
         while True:
@@ -153,7 +155,10 @@ class Reaper:
             with self._lock:
                 ready = [p for p in self._parked if p[0] <= now or all(_completed(w) for w in p[2])]
                 self._parked = [p for p in self._parked if p not in ready]
+                self._dropping = sum(len(items) for _, items, _ in ready)
             del ready  # may block in gloo's destructor; this thread exists for that
+            with self._lock:
+                self._dropping = 0
 
 
 def _completed(work: Any) -> bool:

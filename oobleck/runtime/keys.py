@@ -7,10 +7,11 @@ protocol can be read in one place:
   services publish, e.g. torchft's lighthouse address), ``gen`` (the newest generation number),
   ``plan/<g>`` (JSON: the plan of generation g, its reconfiguration and the step to resume at);
 - ``abort/<g>``: generation g is over (a newer one exists, or the run stops: then ``stop`` holds why);
-- ``g<g>/decision/<s>``: the commit decision of step s in generation g, "commit" (or
-  "commit+checkpoint": commit, then every layer's writer checkpoints the state after step s) or
-  "abort", taken atomically with ``compare_set`` by whichever comes first: the last rank to
-  finish its gradient all-reduce, or the controller aborting the generation;
+- ``g<g>/decision/<s>``: the commit decision of step s in generation g, "commit <seconds>" (or
+  "commit+checkpoint <seconds>": commit, then every layer's writer checkpoints the state after
+  step s; the seconds are the step's time on the deciding rank) or "abort", taken atomically with
+  ``compare_set`` by whichever comes first: the last rank to finish its gradient all-reduce, or
+  the controller aborting the generation (``commit_decision``, ``decision_kind``);
 - ``checkpoint/request``: the controller asks for a checkpoint at the first step boundary at or
   after the step it holds (the rank deciding that commit takes and deletes it);
   ``checkpoint/<b>/<layer>``: a written shard's record (JSON), ``checkpoint/<b>/timing/<node>/<rank>``;

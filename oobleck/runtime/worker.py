@@ -23,8 +23,10 @@ controller stops the run and prints it.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import threading
 import time
 from datetime import timedelta
 from typing import Any, Callable, Optional
@@ -51,7 +53,8 @@ from oobleck.runtime.transfer import PreparedLayers, incoming_layers, probe_link
 
 
 def resource_probe(extra: dict[str, Any]) -> dict[str, Any]:
-    """Threads, open file descriptors and resident memory of this process (from /proc)."""
+    """Threads, open file descriptors and resident memory of this process (from /proc), and its
+    Python threads by name (without a generation suffix), which say what a growing count is."""
     status = {}
     with open("/proc/self/status") as f:
         for line in f:
@@ -63,6 +66,7 @@ def resource_probe(extra: dict[str, Any]) -> dict[str, Any]:
         "fds": len(fds),
         "sockets": sum(1 for fd in fds if _is_socket(f"/proc/self/fd/{fd}")),
         "rss_kb": int(status.get("VmRSS", "0 kB").split()[0]),
+        "python_threads": dict(collections.Counter(t.name.split("-g")[0] for t in threading.enumerate())),
         **extra,
     }
 
