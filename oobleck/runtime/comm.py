@@ -144,9 +144,14 @@ class Reaper:
             self._parked.append((time.monotonic() + self.delay_s, items, list(pending)))
 
     def parked(self) -> int:
-        """Items the reaper holds: waiting for their time, or being destroyed."""
+        """Items waiting for their time to be dropped."""
         with self._lock:
-            return sum(len(items) for _, items, _ in self._parked) + self._dropping
+            return sum(len(items) for _, items, _ in self._parked)
+
+    def dropping(self) -> int:
+        """Items taken off the list and being destroyed now (a gloo destructor may block)."""
+        with self._lock:
+            return self._dropping
 
     def _run(self) -> None:
         while True:

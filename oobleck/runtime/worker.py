@@ -274,7 +274,7 @@ class Worker:
         )
         self.store.set(
             keys.probe(generation, topology.rank),
-            json.dumps(resource_probe({"pid": os.getpid(), "worker": list(self.worker), "groups": len(comm.groups), "parked": self.reaper.parked(), "layers": len(self.layers)})),
+            json.dumps(resource_probe({"pid": os.getpid(), "worker": list(self.worker), "groups": len(comm.groups), "parked": self.reaper.parked(), "dropping": self.reaper.dropping(), "layers": len(self.layers)})),
         )
 
     def _new_layer(self, index: int, committed: int) -> LayerState:

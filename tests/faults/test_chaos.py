@@ -321,11 +321,11 @@ def test_resources_stay_flat(chaos_run):
             def count(p, key=key):
                 return p["threads"] - p.get("gloo_threads", 0) if key == "own_threads" else p.get(key, 0)
 
-            def net(p, key=key, per_group=per_group):
-                return count(p) - per_group * ((p.get("groups") or 0) + (p.get("parked") or 0))  # the controller holds none
+            def net(p, key=key, per_group=per_group):  # live groups: held, parked, being destroyed
+                return count(p) - per_group * sum(p.get(k) or 0 for k in ("groups", "parked", "dropping"))  # the controller holds none
 
-            def brief(window, key=key):  # (count, held, parked[, the Python threads by name])
-                return [(count(p), p.get("groups"), p.get("parked")) + ((p.get("python_threads"),) if key == "own_threads" else ()) for p in window]
+            def brief(window, key=key):  # (count, held, parked, dropping[, the Python threads by name])
+                return [(count(p), p.get("groups"), p.get("parked"), p.get("dropping")) + ((p.get("python_threads"),) if key == "own_threads" else ()) for p in window]
 
             if name == "controller" and key == "gloo_threads":
                 continue  # the controller holds no groups
@@ -333,6 +333,8 @@ def test_resources_stay_flat(chaos_run):
         assert max(p["rss_kb"] for p in late) - max(p["rss_kb"] for p in early) < 40_000, (name, early, late)
     # Abandoned groups wait in the reaper until their peers release them or the group timeout
     # passes, so compare window means: a leak of one group per generation adds 15 to the late one.
+    # Groups being destroyed (``dropping``) are not held: under load their destructors can queue
+    # in the reaper's one thread (the gloo counts above net them out).
     def mean_held(window):
         return sum(p["groups"] + p["parked"] for p in window) / len(window)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 
 import pytest
@@ -317,7 +319,9 @@ def test_reconfigured_plan_is_as_good_as_a_fresh_one(case):
     assert len(result.new.nodes) == used and len(result.new.pipelines) >= kept + 1
     fresh = instantiate(templates, result.new.nodes, M, 1, kept)
     eager = reconfigure(plan, templates, removed=removed, joined=joined, replan_horizon_steps=10**12, fault_tolerance=f)
-    assert eager.new.predicted_iteration_s == fresh.predicted_iteration_s  # the fresh candidate is exact
+    # The fresh candidate is exact; another layout may tie with it to the last bit or two (a
+    # regrouped 1-node pipeline against a fresh 2-node one: 0.22729867219387193 vs ...719).
+    assert math.isclose(eager.new.predicted_iteration_s, fresh.predicted_iteration_s, rel_tol=1e-12), (eager.new, fresh)
 
     def copying(r: ReconfigurationPlan) -> float:
         return copy_seconds(((t.source[0], t.target[0], t.nbytes) for t in r.transfers), templates.inter_node_bandwidth)
