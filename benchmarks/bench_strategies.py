@@ -14,7 +14,7 @@ Printed, from this one run of the benchmark:
    ``predicted`` model, whose runtime terms (step overhead, the machine's load, reconfiguration,
    failover and restart times, checkpoint bandwidths, Bamboo's exposed redundant forward) are
    measured by ``calibrate_runs`` on benchmarks/bench_validation.py's calibration runs (C1, C2,
-   VC, BC), run first in this benchmark under the same load and with the same measured profile;
+   C3, VC, BC), run first in this benchmark under the same load and with the same measured profile;
    the paper-constant ``planner`` model beside it for contrast (a 78 s restart, a 2 s
    reconfiguration: it misses these local runs by far);
 3. the steady-state cost of each strategy's machinery without failures (Varuna's checkpoints,

@@ -19,11 +19,12 @@ median ratio over its repeats (``analysis.validation.across_repeats``, written t
 ``repeats.csv``): a load that comes and goes then moves one repeat, not the row.
 
 Calibration: C1 Oobleck, 3 nodes, 20 steps, a node killed at step 5; C2 Oobleck, 3 nodes,
-batch 8, no failure; VC Varuna, 3 nodes, a checkpoint every 5 steps, a node killed at step 30;
-BC Bamboo, 4 nodes of depth 2, a stage killed at step 10 (failover). Predicted: D the default
-job (30 steps, kill at 10); E Oobleck 5 nodes, 30 steps, kill at 10; F Oobleck 4 nodes, 28
-steps, kill at 8; VP Varuna 4 nodes, a checkpoint every 4 steps, a node killed at step 38; BP
-Bamboo 6 nodes of depth 3, a stage killed at step 14.
+batch 8, no failure; C3 Oobleck, 7 nodes, 24 steps, a node killed at step 12; VC Varuna, 3
+nodes, a checkpoint every 5 steps, a node killed at step 30; BC Bamboo, 4 nodes of depth 2, a
+stage killed at step 10 (failover). Predicted: D the default job (30 steps, kill at 10); E
+Oobleck 5 nodes, 30 steps, kill at 10; F Oobleck 4 nodes, 28 steps, kill at 8; VP Varuna 4
+nodes, a checkpoint every 4 steps, a node killed at step 38; BP Bamboo 6 nodes of depth 3, a
+stage killed at step 14.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ REPO = Path(__file__).resolve().parents[1]
 CALIBRATION = {
     "C1": ("oobleck", ["cluster.nodes=3", "job.steps=20", "failures.events=[{action:remove,step:5,count:1}]"]),
     "C2": ("oobleck", ["cluster.nodes=3", "job.steps=12", "job.global_batch_size=8", "failures=none"]),
+    # Deeper pipelines than C1's (3 + 2 + 2 stages, then 2 + 1 + 1 + 1 + 1): the per-microbatch and
+    # per-worker terms are told apart by layouts of many stage runs, not by C1's 2 + 1 alone.
+    "C3": ("oobleck", ["cluster.nodes=7", "job.steps=24", "failures.events=[{action:remove,step:12,count:1}]"]),
     # A restarted worker boots for several seconds here: keep steps after the restart.
     "VC": ("varuna", ["strategy=varuna", "cluster.nodes=3", "job.steps=60", "checkpoint.every_steps=5",
                       "failures.events=[{action:remove,step:30,count:1}]"]),

@@ -130,7 +130,7 @@ class Worker:
         try:
             self.store.wait([key], timedelta(seconds=timeout_s))
         except Exception as error:
-            raise RunError(f"timed out after {timeout_s} s waiting for {what} (store key {key!r})") from error
+            raise _timed_out(timeout_s, what, key) from error
 
     def _wait_world(self, key: str, what: str) -> None:
         """Wait for a decision every rank of the generation takes part in; past the collective
@@ -147,7 +147,7 @@ class Worker:
             with self.liveness.waiting(what):
                 return self.store.get(key)
         except dist.DistStoreError as error:
-            raise RunError(f"timed out after {timeout_s} s waiting for {what} (store key {key!r})") from error
+            raise _timed_out(timeout_s, what, key) from error
         finally:
             self.store.set_timeout(default)
 
@@ -393,6 +393,10 @@ class Worker:
 def _reconfiguration(document: dict[str, Any]) -> Optional[ReconfigurationPlan]:
     data = document.get("reconfiguration")
     return ReconfigurationPlan.from_dict(data) if data else None
+
+
+def _timed_out(timeout_s: float, what: str, key: str) -> RunError:
+    return RunError(f"timed out after {timeout_s} s waiting for {what} (store key {key!r})")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

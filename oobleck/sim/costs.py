@@ -193,18 +193,39 @@ def restore_s(plan: ExecutionPlan, profile: ModelProfile, costs: CostConstants, 
 
 
 @dataclass(frozen=True)
+class StepShape:
+    """What the runtime step model needs to know of a layout (``oobleck.sim.validate.step_shape``)."""
+
+    planner_s: float  # the planner's predicted iteration (Eq. 1-4: its critical path)
+    busiest_microbatches: int  # microbatches of the busiest pipeline
+    stage_microbatches: int  # sum over pipelines of microbatches x stages: stage runs per step
+    workers: int
+    compute_s: float  # the profile's compute of every worker in one step, summed (redundant forward included)
+
+
+@dataclass(frozen=True)
 class RuntimeOverhead:
     """The real runtime's step and recovery time on one machine, beyond the planner's Eq. 1-4.
 
-    A layout's step takes ``dilation(workers) * (planner_s + busiest * per_microbatch_s +
-    per_step_s)``:
+    A layout's step (commit to commit) takes the longer of its critical path and the CPU it needs
+    from the machine's ``cores``:
+
+        critical = planner_s + busiest_microbatches * per_microbatch_s + per_step_s
+        cpu      = (compute_scale * compute_s + stage_microbatches * per_microbatch_s
+                    + workers * per_worker_s) / cores
+        step     = max(critical, cpu)
 
     - ``planner_s``: the planner's predicted iteration (per-layer compute from the profile);
-    - ``per_microbatch_s``: seconds per microbatch of the busiest pipeline that Eq. 1-4 does not
-      see (Python per op, point-to-point and launch latency, loss and bookkeeping);
-    - ``per_step_s``: seconds per step (gradient all-reduce latency, optimizer, commit barrier);
-    - ``dilation``: ``max(1, workers / cores)``: the worker processes are CPU-bound and share
-      ``cores`` cores, so with more workers than cores each runs that much slower.
+    - ``per_microbatch_s``: seconds per microbatch a stage runs that Eq. 1-4 does not see (Python
+      per op, point-to-point and launch latency, loss and bookkeeping);
+    - ``per_step_s``: seconds per step on the critical path (gradient all-reduce latency,
+      optimizer, commit barrier with the controller);
+    - the CPU floor: the worker processes are CPU-bound and share ``cores`` cores, so a step takes
+      at least every worker's CPU time over the cores: its compute (``compute_scale`` times the
+      profile's, which was measured on an idle core) plus its per-microbatch overheads plus
+      ``per_worker_s`` per worker per step (its optimizer, its share of the collectives and of the
+      commit protocol). Workers that wait in a pipeline's bubble use no CPU, which a uniform
+      ``workers / cores`` slow-down (the model before) charged them.
 
     A reconfiguration (or failover) takes ``reconfigure_fixed_s`` (failure detection + planning +
     process-group rebuild, the runtime's own ``detect_s + plan_s + groups_s``) plus the state copy
@@ -232,13 +253,16 @@ class RuntimeOverhead:
     storage_write_gbps: Optional[float] = None
     storage_read_gbps: Optional[float] = None
     redundant_exposed: Optional[float] = None
+    per_worker_s: float = 0.0
+    compute_scale: float = 1.0
 
     def dilation(self, workers: int) -> float:
+        """How much slower each of ``workers`` busy processes runs on the machine's cores."""
         return max(1.0, workers / self.cores)
 
-    def step_s(self, planner_s: float, busiest_microbatches: int, workers: int) -> float:
-        """Predicted seconds of one step of a layout."""
-        return self.dilation(workers) * (planner_s + busiest_microbatches * self.per_microbatch_s + self.per_step_s)
+    def step_s(self, shape: StepShape) -> float:
+        """Predicted seconds of one step (commit to commit) of a layout."""
+        return step_model(shape, self.cores, self.per_microbatch_s, self.per_step_s, self.per_worker_s, self.compute_scale)
 
     def costs(self, base: CostConstants, restarted_workers: int) -> CostConstants:
         """``base`` with every term this calibration measured (restarts of ``restarted_workers``)."""
@@ -270,26 +294,46 @@ class RuntimeOverhead:
             raise ConfigError(f"runtime overhead file {path}: unreadable ({error}); write it with python -m oobleck.sim.validate --calibration") from None
 
 
-def fit_step_overhead(samples: Sequence[tuple[float, int, float]]) -> tuple[float, float]:
-    """``(per_microbatch_s, per_step_s)`` from ``(planner_s, busiest microbatches, undilated step)``.
+def step_model(shape: StepShape, cores: int, per_microbatch_s: float, per_step_s: float, per_worker_s: float, compute_scale: float) -> float:
+    """``RuntimeOverhead``'s step: the longer of the critical path and the CPU floor."""
+    critical = shape.planner_s + shape.busiest_microbatches * per_microbatch_s + per_step_s
+    cpu = compute_scale * shape.compute_s + shape.stage_microbatches * per_microbatch_s + shape.workers * per_worker_s
+    return max(critical, cpu / cores)
 
-    Non-negative least squares on ``step - planner = busiest * per_microbatch + per_step``: the
-    unconstrained fit when both terms come out non-negative (it needs at least two different
-    microbatch counts), otherwise the better (smaller squared residual) of the two one-term fits.
-    Which term dominates is the data's to say: on this machine it is the per-step one (README).
+
+STEP_TERMS = ("per_microbatch_s", "per_step_s", "per_worker_s", "compute_scale")
+
+
+def fit_step_model(samples: Sequence[tuple[StepShape, float]], cores: int) -> dict[str, float]:
+    """``RuntimeOverhead``'s step terms from ``(shape, measured step s)`` samples.
+
+    Least squares on the log ratio (each sample counts by its relative error, whatever its
+    length), all terms non-negative, from a few starting points (the model is a maximum of two
+    planes, so the fit has more than one basin); the best fit is kept. Terms the samples cannot
+    tell apart take the smallest error either way: ask for layouts that differ in what the terms
+    charge (microbatches, workers, total compute), which the calibration runs of
+    ``benchmarks/bench_validation.py`` do.
     """
     import numpy as np
+    from scipy.optimize import least_squares
 
     if not samples:
         raise ValueError("no step samples to fit the runtime overhead on")
-    gaps = np.array([max(0.0, step - planner) for planner, _, step in samples])
-    counts = np.array([float(mb) for _, mb, _ in samples])
-    if len(set(counts.tolist())) >= 2:
-        (per_mb, per_step), *_ = np.linalg.lstsq(np.stack([counts, np.ones_like(counts)], axis=1), gaps, rcond=None)
-        if per_mb >= 0 and per_step >= 0:
-            return float(per_mb), float(per_step)
-    only_mb = float(gaps @ counts / (counts @ counts))
-    only_step = float(gaps.mean())
-    residual_mb = float(((gaps - only_mb * counts) ** 2).sum())
-    residual_step = float(((gaps - only_step) ** 2).sum())
-    return (only_mb, 0.0) if residual_mb < residual_step else (0.0, only_step)
+    shapes = [shape for shape, _ in samples]
+    measured = np.array([seconds for _, seconds in samples])
+    if (measured <= 0).any():
+        raise ValueError("step samples must be positive seconds")
+    scale = float(np.median(measured))  # terms in units of a typical step: a well-conditioned fit
+
+    def residuals(x: Any) -> Any:
+        terms = x * np.array([scale, scale, scale, 1.0])
+        return np.log([step_model(s, cores, *terms) for s in shapes] / measured)
+
+    best = None
+    for compute_scale in (0.5, 1.0, 2.0):
+        for share in (0.0, 0.05, 0.2):
+            result = least_squares(residuals, x0=[share, share, share, compute_scale], bounds=(0.0, np.inf))
+            if best is None or result.cost < best.cost:
+                best = result
+    terms = best.x * np.array([scale, scale, scale, 1.0])
+    return dict(zip(STEP_TERMS, (float(t) for t in terms)))

@@ -26,19 +26,22 @@ fitted on the run's own first generation: in-sample for that generation) and, gi
 one: the out-of-sample validation (issues 6 and 13). ``RuntimeOverhead`` (oobleck/sim/costs.py)
 states the model; ``calibrate`` measures each of its terms on the calibration runs (pooled):
 
-- per-microbatch and per-step overhead: fitted (``fit_step_overhead``) on each generation's
-  median steady step (``step_time_s`` without a generation's first step), undilated by the
-  worker/core ratio, minus the planner's predicted iteration of that generation's layout;
-- ``reconfigure_fixed_s``: median ``detect_s + plan_s + groups_s`` of its reconfigurations (of
-  its failovers if it has none); ``failover_fixed_s``: the same of its failovers; ``warmup_s``:
+- the step terms (per microbatch, per step, per worker, the compute scale of the CPU floor):
+  fitted together (``fit_step_model``) on each generation's median steady step, commit to commit
+  (``time_s`` intervals without a generation's first step: what the throughput pays, where
+  ``step_time_s`` ends at the commit vote, before the optimizer), with the layout's
+  ``step_shape``;
+- ``reconfigure_fixed_s``: median time from the failure to the new generation established, less
+  the state copy (``total_s - first_step_s - state_copy_s``), of its reconfigurations (of its
+  failovers if it has none); ``failover_fixed_s``: the same of its failovers; ``warmup_s``:
   median excess of the step redone after a reconfiguration (its ``first_step_s``) over the new
   generation's steady step;
 - restarts: ``restart_fixed_s`` (``total_s - load_s - first_step_s``, undilated by the restarted
   workers), ``restart_warmup_s``, and the read bandwidth (the model's restore bytes over
   ``load_s``); checkpoints: the snapshot and write bandwidths (the model's busiest writer's
   bytes over ``snapshot_s`` and ``write_s``);
-- Bamboo: the exposed share of the redundant forward, from its generations' steady steps beyond
-  the fitted overhead, over their workers' redundant forward seconds per step;
+- Bamboo: the exposed share of the redundant forward, the one whose predicted steps (with the
+  fitted step terms) best match its generations' steady steps (``_fit_exposure``);
 - ``cores``: ``os.cpu_count()`` where the calibration runs (the runs are local).
 
 CLI: ``python -m oobleck.sim.validate RUN_DIR [--calibration CAL_RUN_DIR ...]`` prints the table and
@@ -63,12 +66,13 @@ from oobleck.errors import RunError, report_errors
 from oobleck.faults.trace import parse_trace
 from oobleck.planning.plan import ExecutionPlan, Worker
 from oobleck.planning.profile import ModelProfile
-from oobleck.sim.costs import RuntimeOverhead, checkpoint_cost, fit_step_overhead, restore_s
+from oobleck.sim.costs import RuntimeOverhead, StepShape, checkpoint_cost, fit_step_model, restore_s, step_model
 from oobleck.sim.engine import SimResult, simulate
 from oobleck.strategy import Decision, Layout, RunState, Strategy
 
 THROUGHPUT_TOLERANCE = 0.15  # issue 6: simulated throughput within 15% of the measured one
 RECOVERY_TOLERANCE = 0.5  # issue 6: recovery time within 50%
+EXPOSURE_STEPS = 20  # Bamboo's exposed share is fitted on a grid of 0, 1/20, ..., 1
 
 
 @dataclass
@@ -146,7 +150,8 @@ class _WithOverhead(Strategy):
             # The engine charges the decision right after it is taken, with these costs.
             costs = self.runtime.costs(self.base_costs, _workers(layout))
             self.config = replace(self.inner.config, costs=costs)
-            return replace(decision, layout=replace(layout, iteration_s=_runtime_step_s(self.runtime, layout)))
+            step_s = self.runtime.step_s(step_shape(layout, self.inner.context.profile))
+            return replace(decision, layout=replace(layout, iteration_s=step_s))
         extra = self.overhead_s * _busiest_microbatches(layout.plan)
         return replace(decision, layout=replace(layout, iteration_s=layout.iteration_s + extra))
 
@@ -169,9 +174,20 @@ def _workers(layout: Layout) -> int:
     return len(layout.plan.assignments()) if layout.plan is not None else len(layout.nodes)
 
 
-def _runtime_step_s(runtime: RuntimeOverhead, layout: Layout) -> float:
-    """The layout's step on the real runtime: the planner's iteration plus the measured overhead."""
-    return runtime.step_s(layout.iteration_s, _busiest_microbatches(layout.plan), _workers(layout))
+def step_shape(layout: Layout, profile: ModelProfile) -> StepShape:
+    """What ``RuntimeOverhead.step_s`` needs of a layout: its planner time, microbatches, workers
+    and the profile's compute of all its workers in one step (Bamboo's redundant forward included:
+    the CPU runs it whether or not it is on the critical path)."""
+    plan = layout.plan
+    if plan is None:
+        return StepShape(layout.iteration_s, 1, 1, len(layout.nodes), 0.0)
+    pipelines = {p.index: p for p in plan.pipelines}
+    compute = sum(_redundant_seconds(plan, profile).values())
+    for a in plan.assignments():
+        own = sum(profile.layers[layer].forward_s + profile.layers[layer].backward_s for layer in a.layers) / a.shards
+        compute += own * pipelines[a.pipeline].microbatches
+    stage_runs = sum(p.microbatches * p.template.num_stages for p in plan.pipelines)
+    return StepShape(layout.iteration_s, _busiest_microbatches(plan), stage_runs, _workers(layout), compute)
 
 
 def _median_step_s(metrics: pd.DataFrame) -> float:
@@ -355,18 +371,18 @@ def _changes(events: pd.DataFrame) -> list[tuple[int, list[int], list[int]]]:
 class _Calibration:
     """What one calibration run measured (pooled over runs by ``calibrate``)."""
 
-    samples: list[tuple[float, int, float]]  # (planner s, busiest microbatches, undilated steady step s)
-    fixed: list[float]  # detect + plan + groups of each reconfiguration
+    samples: list[tuple[StepShape, float]]  # each generation's layout and its steady step (commit to commit)
+    fixed: list[float]  # each reconfiguration from the failure to established, less the copy (_fixed_part)
     # The step redone after a reconfiguration beyond the new generation's steady step (not a run's
     # step 0: that one also pays the run's own start, lazy allocation, and is slower still).
     warmups: list[float]
-    failover_fixed: list[float] = field(default_factory=list)  # detect + plan + groups of each failover
+    failover_fixed: list[float] = field(default_factory=list)  # the same of each failover
     restart_fixed: list[float] = field(default_factory=list)  # before reading state, undilated
     restart_warmups: list[float] = field(default_factory=list)
     read_gbps: list[float] = field(default_factory=list)
     snapshot_gbps: list[float] = field(default_factory=list)
     write_gbps: list[float] = field(default_factory=list)
-    exposed: list[float] = field(default_factory=list)  # Bamboo: redundant forward on the critical path
+    exposed: list[tuple[Strategy, Layout, float]] = field(default_factory=list)  # Bamboo generations, as samples
 
 
 def _measure(
@@ -376,10 +392,9 @@ def _measure(
     strategy: Strategy,
     origin: str,
     cores: int,
-    phase_seconds: Mapping[str, Mapping[str, float]] | None = None,
 ) -> _Calibration:
-    if "step_time_s" not in metrics or "generation" not in metrics:
-        raise RunError(f"{origin}: metrics.csv needs step_time_s and generation columns to calibrate on")
+    if "time_s" not in metrics or "generation" not in metrics:
+        raise RunError(f"{origin}: metrics.csv needs time_s and generation columns to calibrate on")
     layout = strategy.start(list(plan.nodes)).layout
     if layout is None:
         raise RunError(f"{origin}: the planner finds no layout for the run's nodes {list(plan.nodes)}")
@@ -403,24 +418,24 @@ def _measure(
         layout = by_generation.get(int(generation))
         if len(rows) < 3 or layout is None:
             continue  # too few steps for a steady median beside the first step, or no recovery row
-        median = float(rows["step_time_s"].iloc[1:].median())
+        # The cadence (commit to commit), not ``step_time_s``: that one ends at the commit vote and
+        # leaves out the optimizer step and the wait for the decision, which the throughput pays.
+        median = float(rows["time_s"].diff().iloc[1:].median())
         steady[int(generation)] = median
-        undilated = median / max(1.0, _workers(layout) / cores)
-        plain = getattr(strategy, "iteration_s", None)
-        if layout.plan.shadows and plain is not None and layout.state is not None:
-            # Bamboo: the step without its redundant forward is what the overhead model is fitted
-            # on; the rest is the exposed redundant forward (fitted below, once the overhead is known).
-            found.exposed.append(_exposure_sample(strategy, layout, undilated, phase_seconds, metrics, cores))
+        if layout.plan.shadows and hasattr(strategy, "iteration_s") and layout.state is not None:
+            # Bamboo: how much of its redundant forward is on the critical path is fitted on these
+            # steps once the step terms are known (``_fit_exposure``), not with them.
+            found.exposed.append((strategy, layout, median))
             continue
-        found.samples.append((layout.iteration_s, _busiest_microbatches(layout.plan), undilated))
+        found.samples.append((step_shape(layout, profile), median))
     for _, row in _rows(events, "reconfiguration").iterrows():
-        found.fixed.append(float(row["detect_s"]) + float(row["plan_s"]) + float(row["groups_s"]))
+        found.fixed.append(_fixed_part(row))
         if int(row["generation"]) in steady:
             found.warmups.append(float(row["first_step_s"]) - steady[int(row["generation"])])
     for _, row in _rows(events, "failover").iterrows():
         # Apart from reconfigurations: a failover plans nothing (Bamboo's predecessor already
         # holds the stage), and pooling the two made a loaded planner's seconds a failover's.
-        found.failover_fixed.append(float(row["detect_s"]) + float(row["plan_s"]) + float(row["groups_s"]))
+        found.failover_fixed.append(_fixed_part(row))
     for _, row in _rows(events, "restart").iterrows():
         restarted = len(_nodes(row.get("restarted_nodes"))) * strategy.context.cluster.gpus_per_node
         load, first_step = float(row.get("load_s", 0.0) or 0.0), float(row["first_step_s"])
@@ -445,35 +460,50 @@ def _measure(
     return found
 
 
-def _exposure_sample(strategy: Strategy, layout: Layout, undilated: float, phase_seconds, metrics, cores) -> tuple[float, float, int, float]:  # type: ignore[no-untyped-def]
-    """``(plain planner s, busiest microbatches, undilated step s, undilated redundant s per step)``
-    of a Bamboo generation: what ``calibrate`` needs to fit the exposed share once it knows the
-    runtime overhead."""
-    plain = strategy.iteration_s(layout.state, redundancy=False)  # type: ignore[attr-defined]
-    seconds = _redundant_seconds(layout.plan, strategy.context.profile)
-    predicted = max(seconds.values(), default=0.0)
-    measured = math.nan
-    if phase_seconds:
-        steps = max(1, len(metrics))
-        per_worker = [float(p.get("redundant_forward", 0.0)) / steps for p in phase_seconds.values()]
-        measured = max(per_worker, default=0.0) / max(1.0, _workers(layout) / cores)
-    return (plain, _busiest_microbatches(layout.plan), undilated, measured if math.isfinite(measured) and measured > 0 else predicted)
+def _fixed_part(row: pd.Series) -> float:
+    """A reconfiguration's (or failover's) seconds from the failure to its new generation
+    established, less the state copy: detection, planning, the abort reaching every worker, the
+    generation's publication and rendezvous, the process groups. ``detect_s + plan_s + groups_s``
+    alone left out the abort and rendezvous between them (a quarter of a recovery here)."""
+    established = float(row["total_s"]) - float(row["first_step_s"])
+    return max(0.0, established - float(row.get("state_copy_s", 0.0) or 0.0))
+
+
+def _fit_exposure(samples: list[tuple[Strategy, Layout, float]], terms: dict[str, float], cores: int) -> float:
+    """Bamboo's exposed share of the redundant forward: the one in [0, 1] (in steps of
+    ``1 / EXPOSURE_STEPS``) whose predicted steps best match the Bamboo generations' measured ones
+    (squared log ratio). From 1 down, a smaller share only where it fits strictly better: where
+    the CPU floor sets the step, the share changes nothing and the runtime's own schedule (the
+    redundant forward right after the stage's own) stands."""
+    best: tuple[float, float] | None = None
+    for k in range(EXPOSURE_STEPS, -1, -1):
+        exposed = k / EXPOSURE_STEPS
+        error = 0.0
+        for strategy, layout, measured in samples:
+            variant = type(strategy)(replace(strategy.config, redundant_forward_exposed=exposed), strategy.context)  # type: ignore[type-var]
+            planner_s = variant.iteration_s(layout.state)  # type: ignore[attr-defined]
+            shape = replace(step_shape(layout, strategy.context.profile), planner_s=planner_s)
+            error += math.log(step_model(shape, cores, **terms) / measured) ** 2
+        if best is None or error < best[0] - 1e-12:
+            best = (error, exposed)
+    assert best is not None
+    return best[1]
 
 
 def calibrate(runs: list[tuple[Any, ...]]) -> RuntimeOverhead:
     """Measure ``RuntimeOverhead``'s terms on calibration runs ``(plan, metrics, events, strategy,
-    origin[, phase_seconds])``.
+    origin[, phase_seconds])`` (``phase_seconds`` is read by ``compare``, not here).
 
     Each generation's layout is the run's strategy's (its first plan, then its decision at each
-    recovery, as in the simulation); its steady step is the median ``step_time_s`` of the
+    recovery, as in the simulation); its steady step is the median commit-to-commit interval of the
     generation without its first step. The step samples of all runs are pooled into one fit
-    (Bamboo generations excluded: their redundant forward is fitted after, as the share of it
-    the steps show beyond the fitted overhead); at least one run must have a reconfiguration or
+    (``fit_step_model``; Bamboo generations apart: the share of their redundant forward on the
+    critical path is fitted after, on them, ``_fit_exposure``); at least one run must have a reconfiguration or
     failover (for the fixed part). Restart, checkpoint and Bamboo terms come from the runs of
     strategies that have them (``None`` otherwise).
     """
     cores = os.cpu_count() or 1
-    parts = [_measure(run[0], run[1], run[2], run[3], run[4], cores, run[5] if len(run) > 5 else None) for run in runs]
+    parts = [_measure(run[0], run[1], run[2], run[3], run[4], cores) for run in runs]
 
     def pooled(name: str) -> list[Any]:
         return [value for part in parts for value in getattr(part, name)]
@@ -488,19 +518,12 @@ def calibrate(runs: list[tuple[Any, ...]]) -> RuntimeOverhead:
         raise RunError(f"{names}: no generation with at least 3 steps to calibrate the step overhead on")
     if not fixed:
         raise RunError(f"{names}: no reconfiguration in events.csv: a calibration needs a run with one failure to measure the fixed reconfiguration time")
-    per_mb, per_step = fit_step_overhead(samples)
-    exposed = None
-    if pooled("exposed"):
-        shares = []
-        for plain, busiest, step, redundant in pooled("exposed"):
-            if redundant > 0:
-                shares.append((step - (plain + busiest * per_mb + per_step)) / redundant)
-        exposed = min(1.0, max(0.0, float(pd.Series(shares).median()))) if shares else None
+    terms = fit_step_model(samples, cores)
+    exposed = _fit_exposure(pooled("exposed"), terms, cores) if pooled("exposed") else None
     warmups = pooled("warmups")
     restart_warmup = median("restart_warmups")
     return RuntimeOverhead(
-        per_microbatch_s=per_mb,
-        per_step_s=per_step,
+        **terms,
         cores=cores,
         reconfigure_fixed_s=float(pd.Series(fixed).median()),
         warmup_s=max(0.0, float(pd.Series(warmups).median())) if warmups else 0.0,

@@ -101,18 +101,44 @@ def test_run_dirs_without_what_validation_needs_are_named(tmp_path: Path, make_c
 
 def test_runtime_overhead_model_and_fit(tmp_path: Path):
     from oobleck.errors import ConfigError
-    from oobleck.sim.costs import RuntimeOverhead, fit_step_overhead
+    from oobleck.sim.costs import RuntimeOverhead, StepShape, fit_step_model, step_model
 
-    # Two microbatch counts on an exact line: both terms come back.
-    samples = [(0.01, 4, 0.01 + 4 * 0.002 + 0.005), (0.02, 8, 0.02 + 8 * 0.002 + 0.005)]
-    per_mb, per_step = fit_step_overhead(samples)
-    assert per_mb == pytest.approx(0.002) and per_step == pytest.approx(0.005)
-    # A line that would need a negative per-step term: all of it is charged per microbatch.
-    per_mb, per_step = fit_step_overhead([(0.0, 4, 0.004), (0.0, 8, 0.012)])
-    assert per_step == 0.0 and per_mb == pytest.approx((4 * 0.004 + 8 * 0.012) / 80)
+    # The step is the longer of the critical path and the CPU every worker needs over the cores.
+    shape = StepShape(planner_s=0.02, busiest_microbatches=4, stage_microbatches=10, workers=5, compute_s=0.1)
+    critical = 0.02 + 4 * 0.002 + 0.01
+    cpu = 1.5 * 0.1 + 10 * 0.002 + 5 * 0.004
+    assert step_model(shape, 1000, 0.002, 0.01, 0.004, 1.5) == pytest.approx(critical)  # cores to spare
+    assert step_model(shape, 2, 0.002, 0.01, 0.004, 1.5) == pytest.approx(cpu / 2)  # 5 busy workers on 2 cores
+    # Workers waiting in a bubble use no CPU: more workers on the same compute cost only their own
+    # per-worker seconds, not a uniform workers / cores slow-down of the whole step.
+    wider = StepShape(planner_s=0.02, busiest_microbatches=4, stage_microbatches=10, workers=6, compute_s=0.1)
+    assert step_model(wider, 2, 0.002, 0.01, 0.004, 1.5) == pytest.approx((cpu + 0.004) / 2)
+
+    # The fit recovers the terms from layouts that tell them apart: some bound by their critical
+    # path (one long pipeline), some by the CPU (many workers), with different microbatch counts.
+    truth = {"per_microbatch_s": 0.0015, "per_step_s": 0.006, "per_worker_s": 0.005, "compute_scale": 1.2}
+    shapes = [
+        StepShape(0.08, 8, 16, 2, 0.06),
+        StepShape(0.05, 4, 8, 2, 0.05),
+        StepShape(0.03, 2, 8, 4, 0.05),
+        StepShape(0.02, 4, 16, 4, 0.075),
+        StepShape(0.03, 6, 16, 3, 0.075),
+        StepShape(0.02, 12, 52, 5, 0.075),
+        StepShape(0.12, 16, 32, 2, 0.08),
+        StepShape(0.01, 2, 24, 6, 0.04),
+    ]
+    samples = [(s, step_model(s, 2, **truth)) for s in shapes]
+    terms = fit_step_model(samples, 2)
+    assert terms == pytest.approx(truth, rel=0.02)
+    for s, measured in samples:
+        assert step_model(s, 2, **terms) == pytest.approx(measured, rel=1e-3)
+    with pytest.raises(ValueError, match="no step samples"):
+        fit_step_model([], 2)
+    with pytest.raises(ValueError, match="positive"):
+        fit_step_model([(shapes[0], 0.0)], 2)
+
     runtime = RuntimeOverhead(per_microbatch_s=0.002, per_step_s=0.01, cores=2, reconfigure_fixed_s=0.1, warmup_s=0.02, source="x")
-    assert runtime.step_s(0.02, 4, workers=2) == pytest.approx(0.038)
-    assert runtime.step_s(0.02, 4, workers=5) == pytest.approx(0.038 * 2.5)  # 5 CPU-bound workers on 2 cores
+    assert runtime.step_s(StepShape(0.02, 4, 4, 2, 0.0)) == pytest.approx(0.038)
     runtime.save(tmp_path / "o.json")
     assert RuntimeOverhead.load(tmp_path / "o.json") == runtime
     # A failover's fixed part is measured apart from a reconfiguration's (it plans nothing).
@@ -137,3 +163,60 @@ def test_a_zero_overhead_prediction_is_the_planner(tmp_path: Path, make_config):
     predicted = table[table["model"] == "predicted"].set_index("metric")
     assert list(predicted.index) == list(planner.index)
     assert predicted["simulated"].to_numpy() == pytest.approx(planner["simulated"].to_numpy())
+
+
+def test_bamboo_exposure_is_fitted_where_the_steps_show_it(context):
+    from dataclasses import replace
+
+    from simhelpers import make_strategy
+
+    from oobleck.sim.costs import step_model
+    from oobleck.sim.validate import _fit_exposure, step_shape
+
+    strategy = make_strategy(context, "bamboo", pipeline_depth=4)
+    layout = strategy.start(list(range(8))).layout
+    terms = {"per_microbatch_s": 0.001, "per_step_s": 0.002, "per_worker_s": 0.0, "compute_scale": 1.0}
+    shape = step_shape(layout, context.profile)
+    assert shape.compute_s > sum(  # the CPU runs the redundant forward whether or not it is exposed
+        (context.profile.layers[layer].forward_s + context.profile.layers[layer].backward_s) * layout.plan.pipelines[a.pipeline].microbatches
+        for a in layout.plan.assignments()
+        for layer in a.layers
+    )
+
+    def step_with(exposed: float, cores: int, **more) -> float:
+        variant = make_strategy(context, "bamboo", pipeline_depth=4, redundant_forward_exposed=exposed)
+        return step_model(replace(shape, planner_s=variant.iteration_s(layout.state)), cores, **{**terms, **more})
+
+    assert step_with(0.0, 1000) < step_with(1.0, 1000)
+    measured = step_with(0.25, 1000)  # the critical path sets the step: the share shows in it
+    fitted = _fit_exposure([(strategy, layout, measured)], terms, 1000)
+    assert fitted < 1.0 and step_with(fitted, 1000) == pytest.approx(measured)
+    # Where the CPU floor sets the step, the share changes nothing and the runtime's schedule (1.0) stands.
+    floor = {**terms, "compute_scale": 100.0}
+    assert _fit_exposure([(strategy, layout, step_with(0.25, 1, compute_scale=100.0))], floor, 1) == 1.0
+
+
+def test_calibration_fits_the_cadence_and_the_whole_fixed_part(tmp_path: Path, make_config):
+    """The step terms are fitted on the commit-to-commit cadence (what the throughput pays), not
+    on ``step_time_s`` (which ends at the commit vote); a reconfiguration's fixed part is all of it
+    up to the new generation, not only the phases the controller names."""
+    from oobleck.sim.validate import _load, calibrate_runs, step_shape
+
+    run = _write_run(make_config(*OVERRIDES), tmp_path / "run", slowdown=1.6, steps=30)
+    metrics = pd.read_csv(run / "metrics.csv")
+    metrics["step_time_s"] = metrics["time_s"].diff().fillna(0.1) * 0.5  # the vote comes before the optimizer
+    metrics.to_csv(run / "metrics.csv", index=False)
+    events = pd.read_csv(run / "events.csv")
+    after = metrics[metrics["generation"] == 1]["time_s"].diff().median()
+    recovery = events["kind"] == "reconfiguration"
+    events.loc[recovery, ["detect_s", "plan_s", "groups_s", "state_copy_s"]] = 0.001, 0.001, 0.001, 0.0
+    events.loc[recovery, "first_step_s"] = after
+    events.to_csv(run / "events.csv", index=False)
+
+    runtime = calibrate_runs([run])
+    plan, data, strategy, _ = _load(run, None)
+    layout = strategy.start(list(plan.nodes)).layout
+    cadence = metrics[metrics["generation"] == 0]["time_s"].diff().median()
+    assert runtime.step_s(step_shape(layout, strategy.context.profile)) == pytest.approx(cadence, rel=0.1)
+    total = float(events.loc[recovery, "total_s"].iloc[0])
+    assert runtime.reconfigure_fixed_s == pytest.approx(total - after) and runtime.reconfigure_fixed_s > 0.003

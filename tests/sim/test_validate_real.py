@@ -88,7 +88,7 @@ def test_calibrated_on_one_run_predicts_another(runs):
     calibration, failure = runs
     runtime = calibrate_runs(calibration)
     # Every term is measured (positive) and smaller than a whole measured step or recovery.
-    assert runtime.per_microbatch_s + runtime.per_step_s > 0 and runtime.cores == (os.cpu_count() or 1)
+    assert runtime.per_microbatch_s + runtime.per_step_s + runtime.per_worker_s > 0 and runtime.cores == (os.cpu_count() or 1)
     import pandas as pd
 
     events = pd.read_csv(calibration[0] / "events.csv")
