@@ -479,9 +479,12 @@ def _fit_exposure(samples: list[tuple[Strategy, Layout, float]], terms: dict[str
     for k in range(EXPOSURE_STEPS, -1, -1):
         exposed = k / EXPOSURE_STEPS
         error = 0.0
+        variants: dict[int, Strategy] = {}  # one per run's strategy: its generations share it
         for strategy, layout, measured in samples:
-            variant = type(strategy)(replace(strategy.config, redundant_forward_exposed=exposed), strategy.context)  # type: ignore[type-var]
-            planner_s = variant.iteration_s(layout.state)  # type: ignore[attr-defined]
+            if id(strategy) not in variants:
+                config = replace(strategy.config, redundant_forward_exposed=exposed)  # type: ignore[type-var]
+                variants[id(strategy)] = type(strategy)(config, strategy.context)
+            planner_s = variants[id(strategy)].iteration_s(layout.state)  # type: ignore[attr-defined]
             shape = replace(step_shape(layout, strategy.context.profile), planner_s=planner_s)
             error += math.log(step_model(shape, cores, **terms) / measured) ** 2
         if best is None or error < best[0] - 1e-12:
@@ -492,7 +495,7 @@ def _fit_exposure(samples: list[tuple[Strategy, Layout, float]], terms: dict[str
 
 def calibrate(runs: list[tuple[Any, ...]]) -> RuntimeOverhead:
     """Measure ``RuntimeOverhead``'s terms on calibration runs ``(plan, metrics, events, strategy,
-    origin[, phase_seconds])`` (``phase_seconds`` is read by ``compare``, not here).
+    origin)``.
 
     Each generation's layout is the run's strategy's (its first plan, then its decision at each
     recovery, as in the simulation); its steady step is the median commit-to-commit interval of the
@@ -580,7 +583,7 @@ def calibrate_runs(run_dirs: list[str | Path]) -> RuntimeOverhead:
     runs = []
     for run_dir in run_dirs:
         plan, data, strategy, origin = _load(run_dir, None)
-        runs.append((plan, data.metrics, data.events, strategy, origin, _phase_seconds(data)))
+        runs.append((plan, data.metrics, data.events, strategy, origin))
     return calibrate(runs)
 
 
