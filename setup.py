@@ -9,6 +9,8 @@ from any directory. ``oobleck.config.CONF_DIR`` looks there first and falls back
 
 from setuptools import find_namespace_packages, setup
 
-PACKAGES = find_namespace_packages(include=["oobleck", "oobleck.*", "baselines", "baselines.*", "analysis", "analysis.*"], exclude=["*.__pycache__"])
+PACKAGES = find_namespace_packages(
+    include=["oobleck", "oobleck.*", "baselines", "baselines.*", "analysis", "analysis.*"], exclude=["*.__pycache__"]
+)
 
 setup(packages=[*PACKAGES, "oobleck.conf"], package_dir={"oobleck.conf": "conf"})

@@ -46,7 +46,7 @@ def recovery_breakdown(runs: RunSet) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     rows = []
     recoveries = events[events["kind"].isin(RECOVERY_KINDS)].sort_values(["run", "time_s"], kind="stable")
-    for run, group in recoveries.groupby("run", sort=False):
+    for _run, group in recoveries.groupby("run", sort=False):
         for number, event in enumerate(group.to_dict(orient="records"), start=1):
             base = {k: event[k] for k in ("run", "label", "strategy", "kind", "time_s")} | {"recovery": number}
             accounted = 0.0
@@ -94,18 +94,32 @@ def time_lost(runs: RunSet) -> pd.DataFrame:
         recovering = events[kinds.isin(RECOVERY_KINDS)] if not events.empty else events
         # A recovery's total runs to the end of its first step, which useful_s already counts at
         # the steady step time: only the excess is lost to the recovery.
-        totals = pd.to_numeric(recovering["total_s"], errors="coerce") if "total_s" in recovering else pd.Series(dtype=float)
+        totals = (
+            pd.to_numeric(recovering["total_s"], errors="coerce") if "total_s" in recovering else pd.Series(dtype=float)
+        )
         recovery = float((totals - (steady if math.isfinite(steady) else 0.0)).clip(lower=0.0).sum())
         checkpoints = events[kinds == "checkpoint"] if not events.empty else events
-        snapshots = pd.to_numeric(checkpoints["snapshot_s"], errors="coerce") if "snapshot_s" in checkpoints else pd.Series(dtype=float)
+        snapshots = (
+            pd.to_numeric(checkpoints["snapshot_s"], errors="coerce")
+            if "snapshot_s" in checkpoints
+            else pd.Series(dtype=float)
+        )
         checkpoint = float(snapshots.sum())
         samples = metrics.drop_duplicates("step", keep="last")["samples"].sum() if "samples" in metrics else math.nan
         rows.append(
             {
-                "run": run["run"], "label": run["label"], "strategy": run["strategy"],
-                "span_s": span, "committed_steps": committed, "redone_steps": int(len(metrics) - committed),
-                "steady_step_s": steady, "useful_s": useful, "recovery_s": recovery, "checkpoint_s": checkpoint,
-                "other_lost_s": span - useful - recovery - checkpoint, "lost_s": span - useful,
+                "run": run["run"],
+                "label": run["label"],
+                "strategy": run["strategy"],
+                "span_s": span,
+                "committed_steps": committed,
+                "redone_steps": int(len(metrics) - committed),
+                "steady_step_s": steady,
+                "useful_s": useful,
+                "recovery_s": recovery,
+                "checkpoint_s": checkpoint,
+                "other_lost_s": span - useful - recovery - checkpoint,
+                "lost_s": span - useful,
                 "goodput": float(samples) / span if span > 0 else math.nan,
                 "recoveries": int(kinds.isin(("reconfiguration", "failover")).sum()),
                 "restarts": int((kinds == "restart").sum()),
@@ -125,10 +139,15 @@ def strategy_table(runs: RunSet, reference: str = "oobleck") -> pd.DataFrame:
     rows = []
     for row in lost.to_dict(orient="records"):
         events = runs.events[runs.events["run"] == row["run"]] if not runs.events.empty else runs.events
-        out = {k: row[k] for k in ("run", "strategy", "goodput", "span_s", "lost_s", "recovery_s", "checkpoint_s", "redone_steps")}
+        out = {
+            k: row[k]
+            for k in ("run", "strategy", "goodput", "span_s", "lost_s", "recovery_s", "checkpoint_s", "redone_steps")
+        }
         for kind in RECOVERY_KINDS:
             chosen = events[events["kind"] == kind] if not events.empty else events
-            totals = pd.to_numeric(chosen["total_s"], errors="coerce") if "total_s" in chosen else pd.Series(dtype=float)
+            totals = (
+                pd.to_numeric(chosen["total_s"], errors="coerce") if "total_s" in chosen else pd.Series(dtype=float)
+            )
             out[f"{kind}s"] = int(len(chosen))
             out[f"{kind}_median_s"] = float(totals.median()) if not totals.empty else math.nan
         rows.append(out)
@@ -145,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     from analysis.load import load_run_set
     from oobleck.errors import report_errors
 
-    parser = argparse.ArgumentParser(prog="python -m analysis.comparison", description=strategy_table.__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.comparison", description=strategy_table.__doc__.split("\n\n")[0]
+    )
     parser.add_argument("dirs", nargs="+", help="run dirs of python -m oobleck.run, or multirun/<date> sweep dirs")
     parser.add_argument("--csv", default=None, help="also write the table here")
     args = parser.parse_args(argv)

@@ -56,29 +56,49 @@ def strategy_workspace(entity: str, project: str, group: str, *, name: str | Non
         return wr.LinePlot(x=x, y=y, title=title, title_x=x)
 
     sections = [
-        ws.Section(name="Throughput", is_open=True, panels=[
-            line(TIME, ["train/samples_per_s"], "samples/s over wall time"),
-            line(STEP, ["train/samples_per_s"], "samples/s per step"),
-            line(TIME, ["train/samples_total"], "samples done over wall time"),
-            line(STEP, ["train/loss"], "loss"),
-        ]),
-        ws.Section(name="Layout", is_open=True, panels=[
-            line(TIME, ["train/generation"], "generation"),
-            line(TIME, ["train/nodes"], "nodes in the plan"),
-            line(TIME, ["train/pipelines"], "pipelines"),
-            line(STEP, ["train/attempts"], "attempts per step"),
-        ]),
-        ws.Section(name="Events", is_open=True, panels=[
-            line(TIME, [f"event/{kind}" for kind in EVENT_MARKERS], "events so far (one step up per event)"),
-            line(TIME, [f"event/{kind}/total_s" for kind in RECOVERY_TIMES], "recovery time (s), at the end of each recovery"),
-            line(TIME, ["event/reconfiguration/bytes_moved"], "bytes moved per reconfiguration"),
-        ]),
-        ws.Section(name="Totals", is_open=True, panels=[
-            wr.BarPlot(metrics=[wr.SummaryMetric("samples")], title="samples"),
-            wr.BarPlot(metrics=[wr.SummaryMetric("median_samples_per_s")], title="median samples/s"),
-            wr.BarPlot(metrics=[wr.SummaryMetric("recoveries")], title="recoveries"),
-            wr.BarPlot(metrics=[wr.SummaryMetric("wall_time_s")], title="wall time (s)"),
-        ]),
+        ws.Section(
+            name="Throughput",
+            is_open=True,
+            panels=[
+                line(TIME, ["train/samples_per_s"], "samples/s over wall time"),
+                line(STEP, ["train/samples_per_s"], "samples/s per step"),
+                line(TIME, ["train/samples_total"], "samples done over wall time"),
+                line(STEP, ["train/loss"], "loss"),
+            ],
+        ),
+        ws.Section(
+            name="Layout",
+            is_open=True,
+            panels=[
+                line(TIME, ["train/generation"], "generation"),
+                line(TIME, ["train/nodes"], "nodes in the plan"),
+                line(TIME, ["train/pipelines"], "pipelines"),
+                line(STEP, ["train/attempts"], "attempts per step"),
+            ],
+        ),
+        ws.Section(
+            name="Events",
+            is_open=True,
+            panels=[
+                line(TIME, [f"event/{kind}" for kind in EVENT_MARKERS], "events so far (one step up per event)"),
+                line(
+                    TIME,
+                    [f"event/{kind}/total_s" for kind in RECOVERY_TIMES],
+                    "recovery time (s), at the end of each recovery",
+                ),
+                line(TIME, ["event/reconfiguration/bytes_moved"], "bytes moved per reconfiguration"),
+            ],
+        ),
+        ws.Section(
+            name="Totals",
+            is_open=True,
+            panels=[
+                wr.BarPlot(metrics=[wr.SummaryMetric("samples")], title="samples"),
+                wr.BarPlot(metrics=[wr.SummaryMetric("median_samples_per_s")], title="median samples/s"),
+                wr.BarPlot(metrics=[wr.SummaryMetric("recoveries")], title="recoveries"),
+                wr.BarPlot(metrics=[wr.SummaryMetric("wall_time_s")], title="wall time (s)"),
+            ],
+        ),
     ]
     return ws.Workspace(
         entity=entity,
@@ -98,18 +118,36 @@ def paper_workspace(entity: str, project: str, experiment: str, *, name: str | N
     """The simulated comparison of one experiment (e.g. ``paper_failure_frequency``)."""
     ws, wr = _libraries()
     sections = [
-        ws.Section(name="Over simulated time", is_open=True, panels=[
-            wr.LinePlot(x=SIM_TIME, y=["sim/samples_per_s"], title="samples/s over simulated time (h)"),
-            wr.LinePlot(x=SIM_TIME, y=["sim/nodes_alive", "sim/nodes_used"], title="nodes alive and used"),
-            wr.LinePlot(x=SIM_TIME, y=[f"event/{k}" for k in SIM_EVENTS], title="events so far"),
-            wr.LinePlot(x=SIM_TIME, y=[f"event/{k}/downtime_s" for k in SIM_REACTIONS], title="downtime per reaction (s)"),
-        ]),
-        ws.Section(name="Totals", is_open=True, panels=[
-            wr.BarPlot(metrics=[wr.SummaryMetric("throughput")], title="throughput (samples/s)", groupby=wr.Config("model.name")),
-            wr.BarPlot(metrics=[wr.SummaryMetric("speedup_vs_varuna"), wr.SummaryMetric("speedup_vs_bamboo")],
-                       title="Oobleck's speedup"),
-            wr.BarPlot(metrics=[wr.SummaryMetric(f"{k}_fraction") for k in BREAKDOWN_SHARES], title="share of node time"),
-        ]),
+        ws.Section(
+            name="Over simulated time",
+            is_open=True,
+            panels=[
+                wr.LinePlot(x=SIM_TIME, y=["sim/samples_per_s"], title="samples/s over simulated time (h)"),
+                wr.LinePlot(x=SIM_TIME, y=["sim/nodes_alive", "sim/nodes_used"], title="nodes alive and used"),
+                wr.LinePlot(x=SIM_TIME, y=[f"event/{k}" for k in SIM_EVENTS], title="events so far"),
+                wr.LinePlot(
+                    x=SIM_TIME, y=[f"event/{k}/downtime_s" for k in SIM_REACTIONS], title="downtime per reaction (s)"
+                ),
+            ],
+        ),
+        ws.Section(
+            name="Totals",
+            is_open=True,
+            panels=[
+                wr.BarPlot(
+                    metrics=[wr.SummaryMetric("throughput")],
+                    title="throughput (samples/s)",
+                    groupby=wr.Config("model.name"),
+                ),
+                wr.BarPlot(
+                    metrics=[wr.SummaryMetric("speedup_vs_varuna"), wr.SummaryMetric("speedup_vs_bamboo")],
+                    title="Oobleck's speedup",
+                ),
+                wr.BarPlot(
+                    metrics=[wr.SummaryMetric(f"{k}_fraction") for k in BREAKDOWN_SHARES], title="share of node time"
+                ),
+            ],
+        ),
     ]
     return ws.Workspace(
         entity=entity,
@@ -118,7 +156,9 @@ def paper_workspace(entity: str, project: str, experiment: str, *, name: str | N
         sections=sections,
         settings=ws.WorkspaceSettings(x_axis=SIM_TIME, max_runs=100),
         runset_settings=ws.RunsetSettings(
-            filters=ws.And(ws.Metric("Group") == experiment, ws.Tags().isin(["simulation"]), ws.Metric("JobType") != "figures"),
+            filters=ws.And(
+                ws.Metric("Group") == experiment, ws.Tags().isin(["simulation"]), ws.Metric("JobType") != "figures"
+            ),
             groupby=[ws.Metric("JobType"), ws.Config("model.name")],
             pinned_columns=["config:model.name", "config:failures.trace", "summary:throughput", "summary:oom"],
         ),
@@ -135,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("kind", choices=("strategies", "paper"))
     parser.add_argument("--entity", required=True, help="wandb entity (user or team) that owns the project")
     parser.add_argument("--project", default="oobleck", help="wandb project (logger.wandb.project)")
-    parser.add_argument("--group", default=None, help="strategies: the wandb group of the runs (experiment or sweep-<dir>)")
+    parser.add_argument(
+        "--group", default=None, help="strategies: the wandb group of the runs (experiment or sweep-<dir>)"
+    )
     parser.add_argument("--experiment", default=None, help="paper: the simulated experiment (its wandb group)")
     parser.add_argument("--save", action="store_true", help="create the workspace on the wandb server (needs a login)")
     parser.add_argument("--out", default=None, help="write the spec JSON here instead of printing it")
@@ -143,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     with report_errors("analysis.dashboards"):
         if args.kind == "strategies":
             if not args.group:
-                parser.error("strategies needs --group (the runs' wandb group: their experiment, or sweep-<sweep dir name>)")
+                parser.error(
+                    "strategies needs --group (the runs' wandb group: their experiment, or sweep-<sweep dir name>)"
+                )
             workspace = strategy_workspace(args.entity, args.project, args.group)
         else:
             if not args.experiment:

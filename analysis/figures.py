@@ -57,7 +57,9 @@ def save(fig: plt.Figure, path: Path) -> list[Path]:
     return written
 
 
-def strategy_legend(fig: plt.Figure, strategies: list[str], extra: list[Patch] | None = None, *, y: float = 1.0) -> None:
+def strategy_legend(
+    fig: plt.Figure, strategies: list[str], extra: list[Patch] | None = None, *, y: float = 1.0
+) -> None:
     handles = [Patch(color=PALETTE.get(s, "k"), label=strategy_label(s)) for s in strategies] + list(extra or [])
     fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, y), ncol=len(handles), frameon=False)
 
@@ -72,7 +74,9 @@ def throughput_vs_frequency_figure(summary: pd.DataFrame) -> plt.Figure:
     data = summary.assign(interval=summary["trace"].map(frequency_label), oom=summary["oom"].astype(bool))
     if "no_durable_progress" not in data:
         data = data.assign(no_durable_progress=False)
-    order = [f for f in FREQUENCY_ORDER if f in set(data["interval"])] + sorted(set(data["interval"]) - set(FREQUENCY_ORDER))
+    order = [f for f in FREQUENCY_ORDER if f in set(data["interval"])] + sorted(
+        set(data["interval"]) - set(FREQUENCY_ORDER)
+    )
     strategies = strategies_in(data)
     models = list(dict.fromkeys(data["model"]))
     columns = min(3, len(models))
@@ -83,14 +87,30 @@ def throughput_vs_frequency_figure(summary: pd.DataFrame) -> plt.Figure:
         for ax, model in zip(axes.flat, models):
             panel = data[data["model"] == model]
             for index, strategy in enumerate(strategies):
-                rows_s = panel[panel["strategy"] == strategy].groupby("interval", sort=False).agg(
-                    median=("throughput", "median"), low=("throughput", "min"), high=("throughput", "max"),
-                    oom=("oom", "any"), lost=("no_durable_progress", "any"),
-                )  # fmt: skip
+                rows_s = (
+                    panel[panel["strategy"] == strategy]
+                    .groupby("interval", sort=False)
+                    .agg(
+                        median=("throughput", "median"),
+                        low=("throughput", "min"),
+                        high=("throughput", "max"),
+                        oom=("oom", "any"),
+                        lost=("no_durable_progress", "any"),
+                    )
+                )
                 xs = [order.index(i) + (index - (len(strategies) - 1) / 2) * width for i in rows_s.index]
                 colour = PALETTE.get(strategy, "k")
                 errors = [rows_s["median"] - rows_s["low"], rows_s["high"] - rows_s["median"]]
-                ax.bar(xs, rows_s["median"], width=width, color=colour, yerr=errors, ecolor="0.25", capsize=2, error_kw={"linewidth": 0.8})
+                ax.bar(
+                    xs,
+                    rows_s["median"],
+                    width=width,
+                    color=colour,
+                    yerr=errors,
+                    ecolor="0.25",
+                    capsize=2,
+                    error_kw={"linewidth": 0.8},
+                )
                 for x, oom, lost, top in zip(xs, rows_s["oom"], rows_s["lost"], rows_s["high"]):
                     if oom:
                         ax.text(x, 0, "OOM", rotation=90, ha="center", va="bottom", fontsize=8, color=colour)
@@ -100,18 +120,22 @@ def throughput_vs_frequency_figure(summary: pd.DataFrame) -> plt.Figure:
             ax.set_title(model_label(model))
             ax.set_xlabel("one node lost every")
             ax.set_ylabel("throughput (samples/s)")
-        for ax in list(axes.flat)[len(models):]:
+        for ax in list(axes.flat)[len(models) :]:
             ax.set_visible(False)
         fig.tight_layout()
         strategy_legend(fig, strategies)
     return fig
 
 
-def throughput_over_time(segments: pd.DataFrame, path: Path, bin_s: float, summary: pd.DataFrame | None = None) -> list[Path]:
+def throughput_over_time(
+    segments: pd.DataFrame, path: Path, bin_s: float, summary: pd.DataFrame | None = None
+) -> list[Path]:
     return save(throughput_over_time_figure(segments, bin_s, summary), path)
 
 
-def throughput_over_time_figure(segments: pd.DataFrame, bin_s: float, summary: pd.DataFrame | None = None) -> plt.Figure:
+def throughput_over_time_figure(
+    segments: pd.DataFrame, bin_s: float, summary: pd.DataFrame | None = None
+) -> plt.Figure:
     """``summary`` (optional) names the runs that did not fit in memory: their panels say so. Of a
     simulation with shifted starts, the first start's timeline."""
     data = timeline(segments, bin_s)
@@ -132,7 +156,9 @@ def throughput_over_time_figure(segments: pd.DataFrame, bin_s: float, summary: p
                 # Nodes alive, shaded behind the throughput lines on their own (right) axis.
                 nodes = panel[panel["strategy"] == strategies[0]] if not panel.empty else panel
                 twin = ax.twinx()
-                twin.fill_between(nodes["time_h"], nodes["nodes_alive"], step="post", color="0.85", zorder=0, linewidth=0)
+                twin.fill_between(
+                    nodes["time_h"], nodes["nodes_alive"], step="post", color="0.85", zorder=0, linewidth=0
+                )
                 twin.set_ylim(0, max(1.0, float(data["nodes_alive"].max())) * 1.05)
                 twin.grid(False)
                 twin.tick_params(axis="y", labelsize=7, colors="0.45")
@@ -142,12 +168,27 @@ def throughput_over_time_figure(segments: pd.DataFrame, bin_s: float, summary: p
                 ax.patch.set_visible(False)
                 for strategy in strategies:
                     line = panel[panel["strategy"] == strategy]
-                    ax.step(line["time_h"], line["samples_per_s"], where="post", color=PALETTE.get(strategy, "k"), linewidth=1.4)
+                    ax.step(
+                        line["time_h"],
+                        line["samples_per_s"],
+                        where="post",
+                        color=PALETTE.get(strategy, "k"),
+                        linewidth=1.4,
+                    )
                 ax.set_ylim(bottom=0)
                 missing = [strategy_label(s) for s in strategies if (model, trace, s) in oom]
                 if missing:
-                    ax.text(0.98, 0.04, f"{', '.join(missing)}: out of memory", transform=ax.transAxes, ha="right",
-                            va="bottom", fontsize=8, color="0.2", bbox={"facecolor": "white", "edgecolor": "0.7", "pad": 2})
+                    ax.text(
+                        0.98,
+                        0.04,
+                        f"{', '.join(missing)}: out of memory",
+                        transform=ax.transAxes,
+                        ha="right",
+                        va="bottom",
+                        fontsize=8,
+                        color="0.2",
+                        bbox={"facecolor": "white", "edgecolor": "0.7", "pad": 2},
+                    )
                 ax.set_title(f"{model_label(model)}, {trace_label(trace)}", fontsize=10)
                 ax.set_xlabel("time (h)" if row == len(traces) - 1 else "")
                 ax.set_ylabel("samples/s" if column == 0 else "")
@@ -181,12 +222,22 @@ def effective_time_breakdown_figure(summary: pd.DataFrame) -> plt.Figure:
             out_of_memory = panel.groupby("run", sort=False)["oom"].any()
             # A run that never started has all its node time idle: that is not what happened.
             wide.loc[out_of_memory[out_of_memory].index] = 0.0
-            wide.plot(kind="bar", stacked=True, ax=ax, color=[colours[c] for c in wide.columns], width=0.8, legend=False)
+            wide.plot(
+                kind="bar", stacked=True, ax=ax, color=[colours[c] for c in wide.columns], width=0.8, legend=False
+            )
             for x, run in enumerate(wide.index):
                 if out_of_memory[run]:
                     ax.bar(x, 1.0, width=0.8, color="white", edgecolor=OOM_COLOUR, hatch="///", linewidth=0.8)
-                    ax.text(x, 0.5, "out of\nmemory", ha="center", va="center", fontsize=7, color="0.25",
-                            bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+                    ax.text(
+                        x,
+                        0.5,
+                        "out of\nmemory",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="0.25",
+                        bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
+                    )
             ax.set_title(model_label(model), loc="left")
             ax.set_ylabel("share of node time")
             ax.set_xlabel("")

@@ -75,7 +75,7 @@ class RunLabels:
     experiment: str
 
     def text(self) -> str:
-        """"Oobleck, GPT-3 tiny, 4 nodes, remove1@8": a legend entry."""
+        """ "Oobleck, GPT-3 tiny, 4 nodes, remove1@8": a legend entry."""
         nodes = f"{self.nodes} nodes" if self.nodes is not None else "? nodes"
         return ", ".join([strategy_label(self.strategy), model_label(self.model), nodes, self.failures])
 
@@ -136,7 +136,7 @@ class RunSet:
     metrics: pd.DataFrame
     events: pd.DataFrame
 
-    def select(self, **labels: Any) -> "RunSet":
+    def select(self, **labels: Any) -> RunSet:
         """The runs whose label columns equal the given values, e.g. ``select(failures="remove1@8")``."""
         keep = self.runs
         for column, value in labels.items():
@@ -169,8 +169,14 @@ def _runs_from(datas: list[RunData], extra: list[dict[str, Any]]) -> RunSet:
     rows, metrics, events = [], [], []
     for name, data, more in zip(names, datas, extra):
         labels = data.labels
-        tags = {"run": name, "strategy": labels.strategy, "model": labels.model, "failures": labels.failures,
-                "nodes": labels.nodes, "label": labels.text()}
+        tags = {
+            "run": name,
+            "strategy": labels.strategy,
+            "model": labels.model,
+            "failures": labels.failures,
+            "nodes": labels.nodes,
+            "label": labels.text(),
+        }
         summary = {k: v for k, v in data.summary.items() if not isinstance(v, (dict, list)) and k not in tags}
         rows.append({**tags, "experiment": labels.experiment, "path": str(data.path), **more, **summary})
         metrics.append(data.metrics.assign(**tags))
@@ -181,14 +187,18 @@ def _runs_from(datas: list[RunData], extra: list[dict[str, Any]]) -> RunSet:
     table = pd.DataFrame(rows)
     repeated = table["label"].duplicated(keep=False)
     if repeated.any():
-        relabel = dict(zip(table["run"], np.where(repeated, table["label"] + " [" + table["run"] + "]", table["label"])))
+        relabel = dict(
+            zip(table["run"], np.where(repeated, table["label"] + " [" + table["run"] + "]", table["label"]))
+        )
         table["label"] = table["run"].map(relabel)
         metrics = [m.assign(label=relabel[m["run"].iloc[0]]) if not m.empty else m for m in metrics]
         events = [e.assign(label=relabel[e["run"].iloc[0]]) for e in events]
     return RunSet(
         runs=table,
         metrics=pd.concat(metrics, ignore_index=True) if metrics else pd.DataFrame(columns=list(LABEL_COLUMNS)),
-        events=pd.concat(events, ignore_index=True) if events else pd.DataFrame(columns=[*LABEL_COLUMNS, "kind", "time_s"]),
+        events=pd.concat(events, ignore_index=True)
+        if events
+        else pd.DataFrame(columns=[*LABEL_COLUMNS, "kind", "time_s"]),
     )
 
 
@@ -344,7 +354,9 @@ def throughput_table(summary: pd.DataFrame) -> pd.DataFrame:
     """Throughput (samples/s) per model and trace, one column per strategy, plus Oobleck's ratios:
     medians over the shifted starts when there are several (a ratio is the median of the ratios
     of the same start), with ``<ratio> min`` / ``<ratio> max`` columns for their range."""
-    table = summary.pivot_table(index=["model", "trace"], columns="strategy", values="throughput", aggfunc="median", sort=False)
+    table = summary.pivot_table(
+        index=["model", "trace"], columns="strategy", values="throughput", aggfunc="median", sort=False
+    )
     for baseline in BASELINES:
         if "oobleck" not in table or baseline not in table:
             continue
@@ -388,7 +400,9 @@ def throughput_cells(summary: pd.DataFrame, *, digits: int = 3) -> pd.DataFrame:
             if strategy in oom.columns and bool(oom.loc[key, strategy]):
                 cells.loc[key, column] = "OOM"
             elif "/" in str(column) and pd.isna(value):
-                cells.loc[key, column] = "no progress" if strategy in numbers.columns and numbers.loc[key, strategy] == 0 else "-"
+                cells.loc[key, column] = (
+                    "no progress" if strategy in numbers.columns and numbers.loc[key, strategy] == 0 else "-"
+                )
             elif pd.isna(value):
                 cells.loc[key, column] = "-"
             else:

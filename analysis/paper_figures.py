@@ -33,7 +33,10 @@ def markdown_table(summary: pd.DataFrame) -> str:
     not fit in memory, with the paper's headline beside the row it reports."""
     cells = throughput_cells(summary).reset_index()
     columns = [c for c in cells.columns if c not in ("model", "trace")]
-    header = [strategy_label(c) if "/" not in str(c) else "/".join(strategy_label(p) for p in str(c).split("/")) for c in columns]
+    header = [
+        strategy_label(c) if "/" not in str(c) else "/".join(strategy_label(p) for p in str(c).split("/"))
+        for c in columns
+    ]
     lines = [
         "| model | trace | " + " | ".join(header) + " | paper |",
         "| --- | --- | " + " | ".join("---:" for _ in columns) + " | ---: |",
@@ -41,7 +44,8 @@ def markdown_table(summary: pd.DataFrame) -> str:
     for _, row in cells.iterrows():
         paper = PAPER_HEADLINE.get((row["model"], row["trace"], "varuna"))
         lines.append(
-            f"| {model_label(row['model'])} | {trace_label(row['trace'], short=True)} | " + " | ".join(str(row[c]) for c in columns)
+            f"| {model_label(row['model'])} | {trace_label(row['trace'], short=True)} | "
+            + " | ".join(str(row[c]) for c in columns)
             + f" | {'' if paper is None else f'{paper}x vs Varuna'} |"
         )
     return "\n".join(lines) + "\n"

@@ -35,7 +35,11 @@ INSTANTS = {
     "join_started": ("#2471a3", "--", "join started"),
     "stop": ("black", ":", "stopped"),
 }
-SPANS = {"reconfiguration": ("#58d68d", "reconfiguration"), "failover": ("#af7ac5", "failover"), "restart": ("#f5b041", "restart")}
+SPANS = {
+    "reconfiguration": ("#58d68d", "reconfiguration"),
+    "failover": ("#af7ac5", "failover"),
+    "restart": ("#f5b041", "restart"),
+}
 CHECKPOINT = ("0.45", "checkpoint")
 PHASE_COLOURS = dict(zip([p.removesuffix("_s") for p in PHASES] + [OTHER], sns.color_palette("tab10", len(PHASES) + 1)))
 
@@ -84,7 +88,9 @@ def throughput_timeline_figure(runs: RunSet, *, align: bool = True) -> plt.Figur
     labels = list(runs.runs["label"])
     names = list(runs.runs["run"])
     with sns.axes_style("whitegrid"):
-        fig, axes = plt.subplots(len(names), 1, figsize=(9, _panel_height(len(names)) * len(names)), sharex=True, squeeze=False)
+        fig, axes = plt.subplots(
+            len(names), 1, figsize=(9, _panel_height(len(names)) * len(names)), sharex=True, squeeze=False
+        )
         seen: dict[str, object] = {}
         for ax, name, label in zip(axes[:, 0], names, labels):
             rows = metrics[metrics["run"] == name].sort_values("time_s", kind="stable")
@@ -146,7 +152,9 @@ def recovery_breakdown_figure(runs: RunSet) -> plt.Figure:
         fig, ax = plt.subplots(figsize=(9, 0.75 * len(bars) + 1.2))
         left = pd.Series(0.0, index=bars)
         for phase in phases:
-            seconds = long[long["phase"] == phase].groupby("bar", sort=False)["seconds"].sum().reindex(bars, fill_value=0.0)
+            seconds = (
+                long[long["phase"] == phase].groupby("bar", sort=False)["seconds"].sum().reindex(bars, fill_value=0.0)
+            )
             ax.barh(bars, seconds, left=left, color=PHASE_COLOURS[phase], label=phase.replace("_", " "))
             left += seconds
         ax.invert_yaxis()
@@ -157,8 +165,12 @@ def recovery_breakdown_figure(runs: RunSet) -> plt.Figure:
     return fig
 
 
-TIME_PARTS = (("useful_s", "useful steps", "#1b9e77"), ("recovery_s", "recovery", "#58d68d"),
-              ("checkpoint_s", "checkpoint stalls", "0.6"), ("other_lost_s", "other lost", "#e74c3c"))
+TIME_PARTS = (
+    ("useful_s", "useful steps", "#1b9e77"),
+    ("recovery_s", "recovery", "#58d68d"),
+    ("checkpoint_s", "checkpoint stalls", "0.6"),
+    ("other_lost_s", "other lost", "#e74c3c"),
+)
 
 
 def time_lost_plot(table: pd.DataFrame, path: Path) -> list[Path]:
@@ -180,4 +192,3 @@ def time_lost_figure(table: pd.DataFrame) -> plt.Figure:
         fig.tight_layout()
         fig.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(TIME_PARTS), frameon=False)
     return fig
-

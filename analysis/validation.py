@@ -50,7 +50,9 @@ def across_repeats(table: pd.DataFrame, case: str = "case") -> pd.DataFrame:
     and how many of the repeats were within target on their own."""
     missing = {case, "metric", "measured", "simulated", "ratio", "target", "within_target"} - set(table.columns)
     if missing:
-        raise RunError(f"across_repeats: the table has no column {sorted(missing)} (a validation_table with a {case!r} column)")
+        raise RunError(
+            f"across_repeats: the table has no column {sorted(missing)} (a validation_table with a {case!r} column)"
+        )
     groups = table.groupby([case, "metric"], sort=False)
     out = groups.agg(
         repeats=("ratio", "size"),
@@ -92,7 +94,9 @@ def ratio_figure(table: pd.DataFrame) -> Any:
 
     from analysis.figures import plt
 
-    metrics = [m for m in METRIC_TITLES if m in set(table["metric"])] + sorted(set(table["metric"]) - set(METRIC_TITLES))
+    metrics = [m for m in METRIC_TITLES if m in set(table["metric"])] + sorted(
+        set(table["metric"]) - set(METRIC_TITLES)
+    )
     models = [m for m in MODEL_ORDER if m in set(table["model"])]
     ratio = FuncFormatter(lambda value, _: f"{value:g}x")
     with sns.axes_style("whitegrid"):
@@ -102,8 +106,19 @@ def ratio_figure(table: pd.DataFrame) -> Any:
             target = float(rows["target"].iloc[0])
             ax.axhspan(1 - target, 1 + target, color="0.88", zorder=0, label="target")
             ax.axhline(1.0, color="0.4", linewidth=0.8)
-            sns.stripplot(data=rows, x="model", y="ratio", hue="model", order=models, hue_order=models,
-                          palette=MODEL_COLOURS, ax=ax, size=7, legend=False, jitter=0.15)
+            sns.stripplot(
+                data=rows,
+                x="model",
+                y="ratio",
+                hue="model",
+                order=models,
+                hue_order=models,
+                palette=MODEL_COLOURS,
+                ax=ax,
+                size=7,
+                legend=False,
+                jitter=0.15,
+            )
             ax.set_yscale("log")
             ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
             ax.yaxis.set_major_formatter(ratio)
@@ -118,7 +133,10 @@ def ratio_figure(table: pd.DataFrame) -> Any:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.validation", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--calibration", action="append", required=True, help="run dir the runtime overhead is measured on (repeatable; one with a failure)"
+        "--calibration",
+        action="append",
+        required=True,
+        help="run dir the runtime overhead is measured on (repeatable; one with a failure)",
     )
     parser.add_argument("runs", nargs="+", help="run dirs to predict")
     parser.add_argument("--out", default=None, help="write the table as CSV here")

@@ -39,9 +39,9 @@ WAIT_S = 3600.0  # bound on any one write here (gigabytes on a slow disk)
 
 
 def build_layers(model: str):
+    from oobleck.config import compose_config
     from oobleck.models import num_layers
     from oobleck.runtime.state import new_layer_state
-    from oobleck.config import compose_config
 
     cfg = compose_config(f"model={model}")
     return cfg, [new_layer_state(cfg.model, cfg.job, index, 0, "cpu") for index in range(num_layers(cfg.model))]
@@ -157,7 +157,11 @@ def summarise(samples: list[dict], threads_list: list[int]) -> dict:
         return statistics.median(s[num] / s[den] for s in samples)
 
     gb = samples[0]["bytes"] / 1e9
-    rows: dict = {"size_gb": gb, "raw_write_gbps": gb / median("raw_write_s"), "raw_read_gbps": gb / median("raw_read_s")}
+    rows: dict = {
+        "size_gb": gb,
+        "raw_write_gbps": gb / median("raw_write_s"),
+        "raw_read_gbps": gb / median("raw_read_s"),
+    }
     for threads in threads_list:
         key = f"t{threads}"
         rows[key] = {
@@ -179,7 +183,9 @@ def summarise(samples: list[dict], threads_list: list[int]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="gpt2_small")
-    parser.add_argument("--dir", default=None, help="where to write (default: a temporary dir under benchmarks/results/)")
+    parser.add_argument(
+        "--dir", default=None, help="where to write (default: a temporary dir under benchmarks/results/)"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="writer thread counts to measure")
     parser.add_argument("--matmul", type=int, default=512, help="size of the compute loop's square matmuls")
@@ -207,8 +213,12 @@ def main() -> None:
         writer.close(WAIT_S)
     rows = summarise(samples, args.threads)
 
-    print(f"\ncheckpoint of {args.model} ({len(layers)} layers, params + AdamW moments, fp32), medians of {args.repeats}")
-    print(f"  size {rows['size_gb']:.3f} GB; raw disk: write {rows['raw_write_gbps']:.3f} GB/s (os.write + fsync), cold read {rows['raw_read_gbps']:.3f} GB/s")
+    print(
+        f"\ncheckpoint of {args.model} ({len(layers)} layers, params + AdamW moments, fp32), medians of {args.repeats}"
+    )
+    print(
+        f"  size {rows['size_gb']:.3f} GB; raw disk: write {rows['raw_write_gbps']:.3f} GB/s (os.write + fsync), cold read {rows['raw_read_gbps']:.3f} GB/s"
+    )
     columns = (
         ("threads", None),
         ("snapshot 1st s", "snapshot_fresh_s"),
@@ -232,7 +242,9 @@ def main() -> None:
         "  compute w/ write: 1-thread matmul rate while an async write runs / alone"
     )
     if args.json:
-        Path(args.json).write_text(json.dumps({"model": args.model, "repeats": args.repeats, "medians": rows, "samples": samples}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"model": args.model, "repeats": args.repeats, "medians": rows, "samples": samples}, indent=1)
+        )
         print(f"\nwrote {args.json}")
 
 

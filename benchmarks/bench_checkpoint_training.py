@@ -36,11 +36,21 @@ REPO = Path(__file__).resolve().parents[1]
 
 def command(run_dir: Path, args: argparse.Namespace, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "oobleck.run", f"hydra.run.dir={run_dir}", f"model={args.model}",
-        f"model.seq_len={args.seq_len}", f"cluster.nodes={args.nodes}", "job.fault_tolerance=1",
-        f"job.global_batch_size={args.batch}", "job.microbatch_size=2", "failures=none",
-        "logger.wandb.mode=disabled", "logger.progress_bar=false", *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "oobleck.run",
+        f"hydra.run.dir={run_dir}",
+        f"model={args.model}",
+        f"model.seq_len={args.seq_len}",
+        f"cluster.nodes={args.nodes}",
+        "job.fault_tolerance=1",
+        f"job.global_batch_size={args.batch}",
+        "job.microbatch_size=2",
+        "failures=none",
+        "logger.wandb.mode=disabled",
+        "logger.progress_bar=false",
+        *extra,
+    ]
 
 
 def steady_rate(run_dir: Path) -> float:
@@ -63,32 +73,50 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_ckpt_training-"))
     env = dict(os.environ, WANDB_MODE="disabled")
-    print(f"{args.model} seq_len={args.seq_len} batch={args.batch} on {args.nodes} nodes; run dirs under {out}; load {os.getloadavg()[0]:.2f}")
+    print(
+        f"{args.model} seq_len={args.seq_len} batch={args.batch} on {args.nodes} nodes; run dirs under {out}; load {os.getloadavg()[0]:.2f}"
+    )
 
     ratios, rows = [], []
     for pair in range(args.pairs):
         rates = {}
         for label, every in (("none", 0), (f"every {args.every}", args.every)):
             run_dir = out / f"pair{pair}-{every}"
-            subprocess.run(command(run_dir, args, f"job.steps={args.steps}", f"checkpoint.every_steps={every}"), cwd=REPO, env=env, check=True, capture_output=True)
+            subprocess.run(
+                command(run_dir, args, f"job.steps={args.steps}", f"checkpoint.every_steps={every}"),
+                cwd=REPO,
+                env=env,
+                check=True,
+                capture_output=True,
+            )
             rates[label] = steady_rate(run_dir)
             events = pd.read_csv(run_dir / "events.csv")
             for row in events[events["kind"] == "checkpoint"].to_dict(orient="records"):
                 rows.append(row)
         ratio = rates[f"every {args.every}"] / rates["none"]
         ratios.append(ratio)
-        print(f"pair {pair}: {rates['none']:.3f} samples/s without, {rates[f'every {args.every}']:.3f} with checkpoints: ratio {ratio:.3f} (load {os.getloadavg()[0]:.2f})")
+        print(
+            f"pair {pair}: {rates['none']:.3f} samples/s without, {rates[f'every {args.every}']:.3f} with checkpoints: ratio {ratio:.3f} (load {os.getloadavg()[0]:.2f})"
+        )
     if rows:
         table = pd.DataFrame(rows)
         print(
             f"checkpoints: {len(table)}, {table['bytes'].median() / 1e9:.3f} GB each; snapshot median {table['snapshot_s'].median():.3f} s "
             f"(first {table['snapshot_s'].iloc[0]:.3f} s); background write median {table['write_s'].median():.2f} s"
         )
-    print(f"throughput ratio with checkpoints every {args.every} steps: median {statistics.median(ratios):.3f} over {len(ratios)} pairs (target >= 0.95)")
+    print(
+        f"throughput ratio with checkpoints every {args.every} steps: median {statistics.median(ratios):.3f} over {len(ratios)} pairs (target >= 0.95)"
+    )
 
     run_dir = out / "resume"
     kill_after = max(8, args.every)
-    first = subprocess.Popen(command(run_dir, args, f"job.steps={kill_after + 10}", "checkpoint.every_steps=5"), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(
+        command(run_dir, args, f"job.steps={kill_after + 10}", "checkpoint.every_steps=5"),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     while first.poll() is None:
         try:
             if len(pd.read_csv(run_dir / "metrics.csv")) >= kill_after:
@@ -100,7 +128,13 @@ def main() -> None:
     killed = time.monotonic()
     first.wait()
     done_rows = len(pd.read_csv(run_dir / "metrics.csv"))
-    second = subprocess.Popen(command(run_dir, args, f"job.steps={kill_after + 10}", "checkpoint.every_steps=5", "job.resume=auto"), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    second = subprocess.Popen(
+        command(run_dir, args, f"job.steps={kill_after + 10}", "checkpoint.every_steps=5", "job.resume=auto"),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     while second.poll() is None:
         try:
             if len(pd.read_csv(run_dir / "metrics.csv")) > done_rows:
@@ -112,7 +146,9 @@ def main() -> None:
     second.wait()
     events = pd.read_csv(run_dir / "events.csv")
     step = int(events[events["kind"] == "resume"]["resume_step"].iloc[-1])
-    print(f"resume: killed after {done_rows} committed steps, resumed at step {step}; kill to first redone step {resumed:.1f} s")
+    print(
+        f"resume: killed after {done_rows} committed steps, resumed at step {step}; kill to first redone step {resumed:.1f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -36,9 +36,15 @@ INTRA, INTER, MEMORY = 150e9, 12.5e9, 40e9  # NVLink-class, 100 Gb/s, A100-40GB 
 
 
 def _cluster(nodes: int, gpus: int):
-    from oobleck.planning.profile import ClusterSpec
+    from oobleck.planning.inputs import ClusterSpec
 
-    return ClusterSpec(nodes=nodes, gpus_per_node=gpus, device_memory_bytes=MEMORY, intra_node_bandwidth=INTRA, inter_node_bandwidth=INTER)
+    return ClusterSpec(
+        nodes=nodes,
+        gpus_per_node=gpus,
+        device_memory_bytes=MEMORY,
+        intra_node_bandwidth=INTRA,
+        inter_node_bandwidth=INTER,
+    )
 
 
 def _best_of(fn, repeats: int) -> float:
@@ -125,20 +131,31 @@ def _random_reconfigurations(cases: int, seed: int = 0) -> dict:
     import random
 
     from oobleck.errors import PlanningError
-    from oobleck.planning.cost import copy_seconds
+    from oobleck.planning.inputs import ClusterSpec
     from oobleck.planning.instantiate import instantiate
-    from oobleck.planning.profile import ClusterSpec
+    from oobleck.planning.pipeline_cost import copy_seconds
     from oobleck.planning.reconfigure import reconfigure
     from oobleck.planning.synthetic import synthetic_profile
     from oobleck.planning.templates import generate_templates
 
     rng = random.Random(seed)
-    tally = {"cases": 0, "slower": 0, "over_3pct": 0, "over_3pct_justified": 0, "over_1_5x": 0, "replanned": 0, "worst": 1.0}
+    tally = {
+        "cases": 0,
+        "slower": 0,
+        "over_3pct": 0,
+        "over_3pct_justified": 0,
+        "over_1_5x": 0,
+        "replanned": 0,
+        "worst": 1.0,
+    }
     horizon = 100
     while tally["cases"] < cases:
         layers, nodes, f = rng.randint(2, 12), rng.randint(2, 12), rng.randint(0, 3)
         profile = synthetic_profile(
-            layers, seed=rng.randint(0, 10**6), jitter=0.6, param_bytes=rng.choice([4_000_000, 400_000_000]),
+            layers,
+            seed=rng.randint(0, 10**6),
+            jitter=0.6,
+            param_bytes=rng.choice([4_000_000, 400_000_000]),
             output_bytes=rng.choice([0, 4_000_000, 1_000_000_000]),
         )
         cluster = ClusterSpec(nodes + 2, rng.choice([1, 2, 4]), 8e9, 150e9, rng.choice([1e9, 12.5e9]))
@@ -150,14 +167,23 @@ def _random_reconfigurations(cases: int, seed: int = 0) -> dict:
             joined = [100 + i for i in range(rng.randint(0, 2))] + (removed[:1] if rng.random() < 0.2 else [])
             if not removed and not joined:
                 continue
-            result = reconfigure(plan, templates, removed=removed, joined=joined, replan_horizon_steps=horizon, fault_tolerance=f)
-            eager = reconfigure(plan, templates, removed=removed, joined=joined, replan_horizon_steps=10**12, fault_tolerance=f)
+            result = reconfigure(
+                plan, templates, removed=removed, joined=joined, replan_horizon_steps=horizon, fault_tolerance=f
+            )
+            eager = reconfigure(
+                plan, templates, removed=removed, joined=joined, replan_horizon_steps=10**12, fault_tolerance=f
+            )
         except PlanningError:
             continue  # no plan to start from, or a layer lost every replica
         # A fresh plan on the same nodes keeping as many failures as the reconfigured one could.
         fresh = instantiate(templates, result.new.nodes, M, 1, eager.new.fault_tolerance)
         ratio = result.new.predicted_iteration_s / min(fresh.predicted_iteration_s, eager.new.predicted_iteration_s)
-        copy = lambda r: copy_seconds(((t.source[0], t.target[0], t.nbytes) for t in r.transfers), cluster.inter_node_bandwidth)
+
+        def copy(r, cluster=cluster):
+            return copy_seconds(
+                ((t.source[0], t.target[0], t.nbytes) for t in r.transfers), cluster.inter_node_bandwidth
+            )
+
         tally["cases"] += 1
         tally["replanned"] += result.replanned
         tally["slower"] += ratio > 1 + 1e-12
@@ -175,8 +201,8 @@ def _paper_shrink(model: str, stop: int) -> list[tuple[int, float, float]]:
     largest pipeline, seeded order otherwise irrelevant) down to ``stop``; per node count the
     reconfigured plan's predicted iteration time and a fresh instantiation's on the same nodes."""
     from oobleck.config import compose_config
+    from oobleck.planning.inputs import ClusterSpec
     from oobleck.planning.instantiate import instantiate
-    from oobleck.planning.profile import ClusterSpec
     from oobleck.planning.reconfigure import reconfigure
     from oobleck.planning.templates import generate_templates
     from oobleck.profiling.analytic import analytic_profile
@@ -189,7 +215,11 @@ def _paper_shrink(model: str, stop: int) -> list[tuple[int, float, float]]:
     while len(plan.nodes) > stop:
         victim = min(max(plan.pipelines, key=lambda p: (len(p.nodes), -p.index)).nodes)
         result = reconfigure(
-            plan, templates, removed=[victim], standby=standby, replan_horizon_steps=int(cfg.planner.replan_horizon_steps),
+            plan,
+            templates,
+            removed=[victim],
+            standby=standby,
+            replan_horizon_steps=int(cfg.planner.replan_horizon_steps),
             fault_tolerance=f,
         )
         plan, standby = result.new, result.standby
@@ -213,7 +243,9 @@ def main() -> None:
         default=[50_000_000, 200_000_000],
         help="parameter bytes per layer: 50 MB: the model fits on one node; 200 MB: it needs three",
     )
-    parser.add_argument("--quality-cases", type=int, default=1000, help="random reconfigurations to compare with fresh plans")
+    parser.add_argument(
+        "--quality-cases", type=int, default=1000, help="random reconfigurations to compare with fresh plans"
+    )
     parser.add_argument("--skip-quality", action="store_true")
     args = parser.parse_args()
 
@@ -221,7 +253,10 @@ def main() -> None:
     print(f"{'N':>5}  {'G':>3}  time")
     for gpus in sorted({1, args.gpus}):
         for nodes in args.nodes:
-            print(f"{nodes:>5}  {gpus:>3}  {run_templates(args.layers, nodes, gpus, args.faults, args.timeout)}", flush=True)
+            print(
+                f"{nodes:>5}  {gpus:>3}  {run_templates(args.layers, nodes, gpus, args.faults, args.timeout)}",
+                flush=True,
+            )
 
     print("\nbatch distribution (best of 20)")
     print(f"{'pipelines':>9}  {'microbatches':>12}  time")
@@ -229,8 +264,12 @@ def main() -> None:
         pipelines = max(1, nodes // 2)
         print(f"{pipelines:>9}  {8192:>12}  {distribution_case(pipelines, 8192) * 1e3:.2f} ms", flush=True)
 
-    print(f"\ninstantiation and reconfiguration (losing f={args.faults} nodes): {args.layers} layers, G={args.reconfig_gpus}")
-    print(f"{'MB/layer':>8}  {'N':>5}  {'instantiate: first':>18}  {'best wall':>9}  {'CPU':>7}  {'reconfigure: wall':>17}  {'CPU':>8}  result")
+    print(
+        f"\ninstantiation and reconfiguration (losing f={args.faults} nodes): {args.layers} layers, G={args.reconfig_gpus}"
+    )
+    print(
+        f"{'MB/layer':>8}  {'N':>5}  {'instantiate: first':>18}  {'best wall':>9}  {'CPU':>7}  {'reconfigure: wall':>17}  {'CPU':>8}  result"
+    )
     results = {}
     for param_bytes in args.reconfig_param_bytes:
         for nodes in args.nodes:
@@ -248,7 +287,9 @@ def main() -> None:
     ):
         if key in results:
             now = results[key][figure]
-            print(f"  {label}: {now * 1e3:.1f} ms (before {before * 1e3:.1f} ms, target {target * 1e3:.0f} ms: {now / target:.2f} of it)")
+            print(
+                f"  {label}: {now * 1e3:.1f} ms (before {before * 1e3:.1f} ms, target {target * 1e3:.0f} ms: {now / target:.2f} of it)"
+            )
     print("  templates, N=64, G=8: the table above (before 1.0 s, target about 1 s)")
 
     if args.skip_quality:

@@ -51,6 +51,7 @@ sides (time between consecutive step completions). The load average is printed w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -61,11 +62,11 @@ import sys
 import tempfile
 import threading
 import time
-import contextlib
+from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 WARMUP = 5
 RECOVERY_KEYS = ("detect_s", "plan_s", "groups_s", "state_copy_s", "first_step_s", "total_s", "bytes_moved")
@@ -85,7 +86,9 @@ def load() -> str:
 def bench_config(steps: int, *groups: str, **overrides):
     from oobleck.runtime.testing import tiny_config
 
-    cfg = tiny_config(*groups, **{"job.steps": steps, "job.global_batch_size": 32, "job.microbatch_size": 2, **overrides})
+    cfg = tiny_config(
+        *groups, **{"job.steps": steps, "job.global_batch_size": 32, "job.microbatch_size": 2, **overrides}
+    )
     cfg.runtime.save_final_params = False
     return cfg
 
@@ -103,7 +106,10 @@ def print_recoveries(title: str, recoveries: list[dict], extra: tuple[str, ...] 
     print(f"\n{title}")
     print("  gen  removed joined  " + "  ".join(f"{k:>14}" for k in keys))
     for r in recoveries:
-        print(f"  {r['generation']:>3}  {str(r['removed']):>7} {str(r['joined']):>6}  " + "  ".join(f"{r.get(k, '-'):>14}" for k in keys))
+        print(
+            f"  {r['generation']:>3}  {str(r['removed']):>7} {str(r['joined']):>6}  "
+            + "  ".join(f"{r.get(k, '-'):>14}" for k in keys)
+        )
 
 
 def medians(rows: list[dict], keys) -> dict:
@@ -121,10 +127,14 @@ def bench_recovery() -> dict:
         {"action": "remove", "step": 55, "count": 1},
         {"action": "remove", "step": 65, "count": 1},
     ]
-    cfg = bench_config(400, **{"cluster.nodes": 6, "job.fault_tolerance": 2, "failures.kind": "explicit", "failures.events": events})
+    cfg = bench_config(
+        400, **{"cluster.nodes": 6, "job.fault_tolerance": 2, "failures.kind": "explicit", "failures.events": events}
+    )
     outcome = run_job(cfg)
     failures = [r for r in outcome.recoveries if r["removed"]]
-    print_recoveries(f"recoveries (gpt3_tiny, 6 local nodes, f=2, SIGKILL detected by process exit; {load()})", outcome.recoveries)
+    print_recoveries(
+        f"recoveries (gpt3_tiny, 6 local nodes, f=2, SIGKILL detected by process exit; {load()})", outcome.recoveries
+    )
     result = medians(failures, RECOVERY_KEYS)
     print("  median over failures: " + ", ".join(f"{k}={v:.4g}" for k, v in result.items()))
     return result
@@ -140,7 +150,10 @@ def ours(cfg, plan=None) -> float:
             phases[name] = phases.get(name, 0.0) + seconds
     total = sum(phases.values()) or 1.0
     overlap = "overlapped" if cfg.runtime.overlap_grad_reduce else "after backward"
-    print(f"  ours ({overlap}): {statistics.median(rates):.1f} samples/s; step time: " + ", ".join(f"{k} {v / total:.0%}" for k, v in phases.items() if v))
+    print(
+        f"  ours ({overlap}): {statistics.median(rates):.1f} samples/s; step time: "
+        + ", ".join(f"{k} {v / total:.0%}" for k, v in phases.items() if v)
+    )
     return statistics.median(rates)
 
 
@@ -155,14 +168,18 @@ def pure_dp_plan(nodes: int, batch: int, micro: int, layers: int):
 
     per = batch // micro // nodes
     one = template([(0, layers, 0, 0, 1)])
-    return hand_plan([(one, (n,), per) for n in range(nodes)], batch=batch, micro=micro, layers=layers, f=nodes - 1, gpus=1)
+    return hand_plan(
+        [(one, (n,), per) for n in range(nodes)], batch=batch, micro=micro, layers=layers, f=nodes - 1, gpus=1
+    )
 
 
 def pipeline_plan(splits, batch: int, micro: int, layers: int):
     from oobleck.runtime.testing import hand_plan, template
 
     tmpl = template([(a, b, i, 0, 1) for i, (a, b) in enumerate(splits)])
-    return hand_plan([(tmpl, tuple(range(len(splits))), batch // micro)], batch=batch, micro=micro, layers=layers, f=0, gpus=1)
+    return hand_plan(
+        [(tmpl, tuple(range(len(splits))), batch // micro)], batch=batch, micro=micro, layers=layers, f=0, gpus=1
+    )
 
 
 def hetero_plan(batch: int, micro: int):
@@ -174,8 +191,12 @@ def hetero_plan(batch: int, micro: int):
             (template([(0, 3, 0, 0, 1), (3, 6, 1, 0, 1)]), (0, 1), count * 3 // 8),
             (template([(0, 2, 0, 0, 1), (2, 4, 1, 0, 1), (4, 6, 2, 0, 1)]), (2, 3, 4), count - count * 3 // 8),
         ],
-        batch=batch, micro=micro, layers=6, f=1, gpus=1,
-    )  # fmt: skip
+        batch=batch,
+        micro=micro,
+        layers=6,
+        f=1,
+        gpus=1,
+    )
 
 
 # ---------------------------------------------------------------------------- theirs
@@ -199,7 +220,9 @@ def peer_worker(kind: str, rank: int, world: int, port: int, cfg_path: str, spli
     sampler = GlobalBatchSampler(len(dataset), B, int(job.seed))
     times = []
     if kind == "ddp":
-        model = nn.parallel.DistributedDataParallel(build_reference_model(model_cfg, int(job.seed)), bucket_cap_mb=float(cfg.runtime.bucket_mb))
+        model = nn.parallel.DistributedDataParallel(
+            build_reference_model(model_cfg, int(job.seed)), bucket_cap_mb=float(cfg.runtime.bucket_mb)
+        )
         params = list(model.parameters())
         share = B // world
 
@@ -230,7 +253,9 @@ def peer_worker(kind: str, rank: int, world: int, port: int, cfg_path: str, spli
             else:
                 schedule.step()
 
-    optimizer = torch.optim.AdamW(params, lr=float(job.lr), betas=(float(job.beta1), float(job.beta2)), weight_decay=float(job.weight_decay))
+    optimizer = torch.optim.AdamW(
+        params, lr=float(job.lr), betas=(float(job.beta1), float(job.beta2)), weight_decay=float(job.weight_decay)
+    )
     last = time.perf_counter()
     for s in range(int(job.steps)):
         step(s)
@@ -266,7 +291,20 @@ def theirs(kind: str, cfg, world: int, splits=None) -> float:
         cfg_path, out = os.path.join(tmp, "cfg.json"), os.path.join(tmp, "times.json")
         Path(cfg_path).write_text(json.dumps(to_container(cfg)))
         procs = [
-            subprocess.Popen([sys.executable, __file__, "--peer", kind, str(r), str(world), str(port), cfg_path, json.dumps(splits or []), out])
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--peer",
+                    kind,
+                    str(r),
+                    str(world),
+                    str(port),
+                    cfg_path,
+                    json.dumps(splits or []),
+                    out,
+                ]
+            )
             for r in range(world)
         ]
         for p in procs:
@@ -291,7 +329,9 @@ def compare(title: str, sides: dict[str, Callable[[], float]], repeats: int, rat
     for a, b in ratios:
         result[f"{a}/{b}"] = result[a] / result[b]
         pairs = ", ".join(f"{x / y:.3f}" for x, y in zip(samples[a], samples[b]))
-        print(f"  {a} / {b}: {result[a]:.1f} / {result[b]:.1f} samples/s = {result[a] / result[b]:.3f} (per repeat: {pairs})")
+        print(
+            f"  {a} / {b}: {result[a]:.1f} / {result[b]:.1f} samples/s = {result[a] / result[b]:.3f} (per repeat: {pairs})"
+        )
     print(f"  ({load()})")
     return result
 
@@ -324,8 +364,42 @@ def capped_links(mbit: float, nodes: int = TRANSFER_NODES):
         for node in range(nodes):
             classid = f"1:{10 + node}"
             source = str(ipaddress.IPv4Address(LINK_BASE) + node)
-            tc("class", "add", "dev", "lo", "parent", "1:", "classid", classid, "htb", "rate", f"{mbit}mbit", "burst", "256k", "quantum", "65536")
-            tc("filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match", "ip", "src", f"{source}/32", "flowid", classid)
+            tc(
+                "class",
+                "add",
+                "dev",
+                "lo",
+                "parent",
+                "1:",
+                "classid",
+                classid,
+                "htb",
+                "rate",
+                f"{mbit}mbit",
+                "burst",
+                "256k",
+                "quantum",
+                "65536",
+            )
+            tc(
+                "filter",
+                "add",
+                "dev",
+                "lo",
+                "parent",
+                "1:",
+                "protocol",
+                "ip",
+                "prio",
+                "1",
+                "u32",
+                "match",
+                "ip",
+                "src",
+                f"{source}/32",
+                "flowid",
+                classid,
+            )
         yield
     finally:
         tc("qdisc", "del", "dev", "lo", "root")
@@ -337,9 +411,12 @@ def bench_transfer(repeats: int, steps: int = 4, link_mbit: float = 0.0) -> dict
     split over two sources. Without probes (as a real run): prepared and not, end to end. With
     ``link_mbit``: one source against two with every node's sending link capped (``capped_links``)."""
     variants = {
-        "1": (1, True, 256), "1_unprepared": (1, False, 256), "2": (2, True, 256),
-        "1_no_probe": (1, True, 0), "1_unprepared_no_probe": (1, False, 0),
-    }  # fmt: skip
+        "1": (1, True, 256),
+        "1_unprepared": (1, False, 256),
+        "2": (2, True, 256),
+        "1_no_probe": (1, True, 0),
+        "1_unprepared_no_probe": (1, False, 0),
+    }
     if link_mbit:
         # probes of 64 MB: at 100 MB/s a probe of 256 MB would take longer than the copy
         variants = {"1_capped": (1, True, 64), "2_capped": (2, True, 64)}
@@ -350,14 +427,23 @@ def bench_transfer(repeats: int, steps: int = 4, link_mbit: float = 0.0) -> dict
                 steps,
                 "model=gpt2_small",
                 **{
-                    "model.seq_len": 64, "job.global_batch_size": 6, "job.microbatch_size": 1, "job.warmup_steps": 1,
-                    "cluster.nodes": TRANSFER_NODES, "job.fault_tolerance": 2, "profile.source": "analytic",
-                    "cluster.collective_timeout_s": 120.0, "cluster.heartbeat_timeout_s": 30.0,
-                    "planner.transfer_sources": sources, "runtime.prefault_copies": prefault, "runtime.link_probe_mb": probe_mb,
-                    "failures.kind": "explicit", "failures.events": [{"action": "remove", "step": 2, "nodes": [5]}],
+                    "model.seq_len": 64,
+                    "job.global_batch_size": 6,
+                    "job.microbatch_size": 1,
+                    "job.warmup_steps": 1,
+                    "cluster.nodes": TRANSFER_NODES,
+                    "job.fault_tolerance": 2,
+                    "profile.source": "analytic",
+                    "cluster.collective_timeout_s": 120.0,
+                    "cluster.heartbeat_timeout_s": 30.0,
+                    "planner.transfer_sources": sources,
+                    "runtime.prefault_copies": prefault,
+                    "runtime.link_probe_mb": probe_mb,
+                    "failures.kind": "explicit",
+                    "failures.events": [{"action": "remove", "step": 2, "nodes": [5]}],
                     "cluster.node_address_base": LINK_BASE if link_mbit else None,
                 },
-            )  # fmt: skip
+            )
             with capped_links(link_mbit) if link_mbit else nullcontext():
                 outcome = run_job(cfg)
             moved = [r for r in outcome.recoveries if r["bytes_moved"]]
@@ -366,21 +452,34 @@ def bench_transfer(repeats: int, steps: int = 4, link_mbit: float = 0.0) -> dict
             results[name] += moved
             print_recoveries(
                 f"gpt2_small, node 5 killed, planner.transfer_sources={sources}, runtime.prefault_copies={prefault},"
-                f" runtime.link_probe_mb={probe_mb} ({load()})", moved,
-                ("receiver_copy_s", "copy_bytes_per_s", "prefault_s", "prefault_wait_s") + (("link_probe_bytes_per_s", "link_probe_cold_bytes_per_s") if probe_mb else ()),
-            )  # fmt: skip
+                f" runtime.link_probe_mb={probe_mb} ({load()})",
+                moved,
+                ("receiver_copy_s", "copy_bytes_per_s", "prefault_s", "prefault_wait_s")
+                + (("link_probe_bytes_per_s", "link_probe_cold_bytes_per_s") if probe_mb else ()),
+            )
     summary: dict[str, Any] = {}
     for name, rows in results.items():
-        summary[name] = medians(rows, RECOVERY_KEYS + ("receiver_copy_s", "copy_bytes_per_s", "prefault_s", "prefault_wait_s"))
+        summary[name] = medians(
+            rows, RECOVERY_KEYS + ("receiver_copy_s", "copy_bytes_per_s", "prefault_s", "prefault_wait_s")
+        )
         summary[name]["groups_and_copy_s"] = statistics.median(r["groups_s"] + r["receiver_copy_s"] for r in rows)
         rate = summary[name]["copy_bytes_per_s"]
         line = f"  {name}: the receiver's copy {summary[name]['receiver_copy_s']:.3f} s, {rate / 1e6:.0f} MB/s"
         if variants[name][2]:
             link = statistics.median(r["link_probe_bytes_per_s"] for r in rows)
             cold = statistics.median(r["link_probe_cold_bytes_per_s"] for r in rows)
-            summary[name].update({"link_bytes_per_s": link, "link_cold_bytes_per_s": cold, "copy/link": rate / link, "copy/link_cold": rate / cold})
-            line += (f"; raw gloo send/recv per channel {link / 1e6:.0f} MB/s into touched memory (ratio {rate / link:.2f}),"
-                     f" {cold / 1e6:.0f} MB/s into fresh memory (ratio {rate / cold:.2f})")  # fmt: skip
+            summary[name].update(
+                {
+                    "link_bytes_per_s": link,
+                    "link_cold_bytes_per_s": cold,
+                    "copy/link": rate / link,
+                    "copy/link_cold": rate / cold,
+                }
+            )
+            line += (
+                f"; raw gloo send/recv per channel {link / 1e6:.0f} MB/s into touched memory (ratio {rate / link:.2f}),"
+                f" {cold / 1e6:.0f} MB/s into fresh memory (ratio {rate / cold:.2f})"
+            )
         line += f"; buffers prepared in {summary[name]['prefault_s']:.3f} s, of which the copy waited {summary[name]['prefault_wait_s']:.3f} s"
         print(line)
     if link_mbit:
@@ -420,7 +519,13 @@ def thread_cpu() -> dict[str, float]:
         except OSError:
             continue
         seconds = (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
-        kind = "controller_loop" if int(task.name) == main else "store_server" if name.startswith("pt_tcpstore") else "other_threads"
+        kind = (
+            "controller_loop"
+            if int(task.name) == main
+            else "store_server"
+            if name.startswith("pt_tcpstore")
+            else "other_threads"
+        )
         cpu[kind] += seconds
     return cpu
 
@@ -429,13 +534,20 @@ def bench_scale(nodes_list: tuple[int, ...], steps: int) -> dict:
     results = {}
     kill = steps // 2
     print(f"\nscale: gpt3_tiny, global batch 48, f=1, the planner's plan, one node SIGKILLed at step {kill} ({load()})")
-    print("  nodes  pipelines  samples/s  recovery_s  groups_s  first_step_s  loop_cpu_ms/step  store_cpu_ms/step  other_cpu_ms/step")
+    print(
+        "  nodes  pipelines  samples/s  recovery_s  groups_s  first_step_s  loop_cpu_ms/step  store_cpu_ms/step  other_cpu_ms/step"
+    )
     for nodes in nodes_list:
         cfg = bench_config(
             steps,
-            **{"cluster.nodes": nodes, "job.fault_tolerance": 1, "job.global_batch_size": 48, "failures.kind": "explicit",
-               "failures.events": [{"action": "remove", "step": kill, "nodes": [nodes - 1]}]},
-        )  # fmt: skip
+            **{
+                "cluster.nodes": nodes,
+                "job.fault_tolerance": 1,
+                "job.global_batch_size": 48,
+                "failures.kind": "explicit",
+                "failures.events": [{"action": "remove", "step": kill, "nodes": [nodes - 1]}],
+            },
+        )
         # CPU of this process's threads when steps WARMUP and kill - 1 commit: the steady window,
         # without start-up, the recovery or the shutdown (sampled in the loop, twice per run)
         marks: dict[int, dict[str, float]] = {}
@@ -506,7 +618,9 @@ def bench_startup(nodes_list: tuple[int, ...], repeats: int) -> dict:
         forked, execd = statistics.median(samples["forked"]), statistics.median(samples["execd"])
         result[nodes] = {"forked_s": forked, "execd_s": execd, "execd/forked": execd / forked, "samples": samples}
         per = ", ".join(f"{e / f:.2f}" for f, e in zip(samples["forked"], samples["execd"]))
-        print(f"  {nodes:>2} nodes: forked {forked:.2f} s, exec'd {execd:.2f} s: exec'd / forked = {execd / forked:.2f} (per repeat: {per})")
+        print(
+            f"  {nodes:>2} nodes: forked {forked:.2f} s, exec'd {execd:.2f} s: exec'd / forked = {execd / forked:.2f} (per repeat: {per})"
+        )
     print(f"  ({load()})")
     return result
 
@@ -520,9 +634,11 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=0.25, help="gradient bucket cap of both ours and DDP (MiB)")
     parser.add_argument("--transfer-repeats", type=int, default=1)
     parser.add_argument(
-        "--link-mbit", type=float, default=0.0,
+        "--link-mbit",
+        type=float,
+        default=0.0,
         help="transfer: cap every node's sending link at this many Mbit/s (tc on loopback; root) and compare 1 and 2 sources",
-    )  # fmt: skip
+    )
     parser.add_argument("--scale-nodes", type=int, nargs="*", default=[4, 8, 12])
     parser.add_argument("--startup-nodes", type=int, nargs="*", default=[4, 8])
     parser.add_argument("--peer", nargs=7, help=argparse.SUPPRESS)
@@ -537,31 +653,52 @@ def main() -> None:
         results["recovery"] = bench_recovery()
     if "ddp" in chosen:
         n = args.ddp_nodes
-        cfg = bench_config(args.steps, **{"cluster.nodes": n, "job.fault_tolerance": n - 1, "runtime.bucket_mb": args.bucket_mb})
+        cfg = bench_config(
+            args.steps, **{"cluster.nodes": n, "job.fault_tolerance": n - 1, "runtime.bucket_mb": args.bucket_mb}
+        )
         plan = pure_dp_plan(n, 32, 2, 6)
         results["ddp"] = compare(
             f"pure data parallel, {n} processes, buckets of {args.bucket_mb} MiB on both sides",
-            {"overlapped": lambda: ours(with_overlap(cfg, True), plan), "ddp": lambda: theirs("ddp", cfg, n),
-             "after_backward": lambda: ours(with_overlap(cfg, False), plan)},
-            args.repeats, [("overlapped", "ddp"), ("after_backward", "ddp"), ("overlapped", "after_backward")],
-        )  # fmt: skip
+            {
+                "overlapped": lambda: ours(with_overlap(cfg, True), plan),
+                "ddp": lambda: theirs("ddp", cfg, n),
+                "after_backward": lambda: ours(with_overlap(cfg, False), plan),
+            },
+            args.repeats,
+            [("overlapped", "ddp"), ("after_backward", "ddp"), ("overlapped", "after_backward")],
+        )
     if "pipeline" in chosen:
         splits = [(0, 2), (2, 3), (3, 4), (4, 6)]
-        cfg = bench_config(args.steps, **{"cluster.nodes": 4, "job.fault_tolerance": 0, "model.tie_embeddings": False, "runtime.bucket_mb": args.bucket_mb})
+        cfg = bench_config(
+            args.steps,
+            **{
+                "cluster.nodes": 4,
+                "job.fault_tolerance": 0,
+                "model.tie_embeddings": False,
+                "runtime.bucket_mb": args.bucket_mb,
+            },
+        )
         plan = pipeline_plan(splits, 32, 2, 6)
         results["pipeline"] = compare(
             "one 4-stage pipeline",
             {"ours": lambda: ours(cfg, plan), "schedule_1f1b": lambda: theirs("pipeline", cfg, 4, splits)},
-            args.repeats, [("ours", "schedule_1f1b")],
-        )  # fmt: skip
+            args.repeats,
+            [("ours", "schedule_1f1b")],
+        )
     if "hetero" in chosen:
-        cfg = bench_config(args.steps, **{"cluster.nodes": 5, "job.fault_tolerance": 1, "runtime.bucket_mb": args.bucket_mb})
+        cfg = bench_config(
+            args.steps, **{"cluster.nodes": 5, "job.fault_tolerance": 1, "runtime.bucket_mb": args.bucket_mb}
+        )
         plan = hetero_plan(32, 2)
         results["hetero"] = compare(
             "heterogeneous: pipelines of 2 and 3 nodes (5 processes)",
-            {"overlapped": lambda: ours(with_overlap(cfg, True), plan), "after_backward": lambda: ours(with_overlap(cfg, False), plan)},
-            args.repeats, [("overlapped", "after_backward")],
-        )  # fmt: skip
+            {
+                "overlapped": lambda: ours(with_overlap(cfg, True), plan),
+                "after_backward": lambda: ours(with_overlap(cfg, False), plan),
+            },
+            args.repeats,
+            [("overlapped", "after_backward")],
+        )
     if "transfer" in chosen:
         results["transfer"] = bench_transfer(args.transfer_repeats, link_mbit=args.link_mbit)
     if "scale" in chosen:

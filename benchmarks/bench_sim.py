@@ -21,7 +21,6 @@ import os
 import sys
 import time
 
-
 ONE_TARGET_S = 1.0  # issue 13: the 11 h EC2 trace for one model and strategy
 EXPERIMENT_TARGET_S = 60.0  # issue 13: the whole paper experiment with its shifted starts
 
@@ -57,9 +56,13 @@ def main() -> None:
     cfg = _config("paper_spot")
     trace = load_trace(args.trace)
     hours = (trace.end_ms - trace.start_ms) / 3.6e6
-    print(f"trace {trace.name}: {hours:.1f} h, {len(trace.changes())} changes, up to {trace.max_nodes()} nodes; load {os.getloadavg()}")
+    print(
+        f"trace {trace.name}: {hours:.1f} h, {len(trace.changes())} changes, up to {trace.max_nodes()} nodes; load {os.getloadavg()}"
+    )
     print(f"importing scipy.optimize (once per process, not in the rows): {import_cpu_s:.2f} CPU s")
-    print(f"{'model':<12} {'strategy':<8} {'templates_s':>11} {'sim_s':>7} {'sim_cpu_s':>9} {'events':>7} {'samples/s':>10}")
+    print(
+        f"{'model':<12} {'strategy':<8} {'templates_s':>11} {'sim_s':>7} {'sim_cpu_s':>9} {'events':>7} {'samples/s':>10}"
+    )
     worst = 0.0
     for model in args.models:
         profile = model_profile(cfg, model)

@@ -51,16 +51,19 @@ def run(strategy: str, steps: int, run_dir: Path, failures: bool, profiles: Path
     from oobleck.elastic.job import launch
     from oobleck.runtime.testing import tiny_config
 
-    cfg = tiny_config(f"strategy={strategy}", **{
-        "profile.cache_dir": str(profiles),  # the calibration runs' profile (measured by the first)
-        "cluster.nodes": 6,
-        "job.fault_tolerance": 2,
-        "job.steps": steps,
-        "job.global_batch_size": 48,
-        "runtime.save_final_params": False,
-        "failures.kind": "explicit" if failures else "none",
-        "failures.events": schedule(steps) if failures else [],
-    })  # fmt: skip
+    cfg = tiny_config(
+        f"strategy={strategy}",
+        **{
+            "profile.cache_dir": str(profiles),  # the calibration runs' profile (measured by the first)
+            "cluster.nodes": 6,
+            "job.fault_tolerance": 2,
+            "job.steps": steps,
+            "job.global_batch_size": 48,
+            "runtime.save_final_params": False,
+            "failures.kind": "explicit" if failures else "none",
+            "failures.events": schedule(steps) if failures else [],
+        },
+    )
     launch(cfg, run_dir)
     return run_dir
 
@@ -70,12 +73,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=160)
     parser.add_argument("--steady-steps", type=int, default=60)
     parser.add_argument("--out", default=None, help="keep the run dirs here (default: a temporary dir)")
-    parser.add_argument("--profile-repeats", type=int, default=21, help="timed repeats per layer of the shared measured profile (median)")
+    parser.add_argument(
+        "--profile-repeats",
+        type=int,
+        default=21,
+        help="timed repeats per layer of the shared measured profile (median)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("WANDB_MODE", "disabled")
 
     import pandas as pd
-    from bench_validation import CALIBRATION, run as run_calibration
+    from bench_validation import CALIBRATION
+    from bench_validation import run as run_calibration
 
     from analysis.comparison import strategy_table
     from analysis.load import load_run_set
@@ -88,7 +97,9 @@ def main() -> None:
     for name, (_, overrides) in CALIBRATION.items():
         run_calibration(out, name, overrides, args.profile_repeats)
     failed = {name: run(name, args.steps, out / f"{name}-failures", True, out / "profiles") for name in STRATEGIES}
-    steady = {name: run(name, args.steady_steps, out / f"{name}-steady", False, out / "profiles") for name in STRATEGIES}
+    steady = {
+        name: run(name, args.steady_steps, out / f"{name}-steady", False, out / "profiles") for name in STRATEGIES
+    }
     print(f"load average {os.getloadavg()[0]:.2f}")
     runtime = calibrate_runs([out / name for name in CALIBRATION])
 
@@ -106,7 +117,11 @@ def main() -> None:
             print(f"{name}: validation failed: {error}")
             continue
         frame = validation.table[validation.table["model"].isin(["predicted", "planner"])]
-        rows.append(frame.assign(strategy=name)[["strategy", "model", "metric", "measured", "simulated", "ratio", "within_target"]])
+        rows.append(
+            frame.assign(strategy=name)[
+                ["strategy", "model", "metric", "measured", "simulated", "ratio", "within_target"]
+            ]
+        )
     if rows:
         table = pd.concat(rows)
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))

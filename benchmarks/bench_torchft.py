@@ -40,11 +40,21 @@ SCHEDULE = [
 def bench_config(strategy: str, nodes: int, steps: int, overrides: dict[str, Any]):
     from oobleck.runtime.testing import tiny_config
 
-    cfg = tiny_config(f"strategy={strategy}", **{
-        "cluster.nodes": nodes, "job.steps": steps, "job.global_batch_size": 32, "job.microbatch_size": 2,
-        "job.fault_tolerance": 2, "failures.kind": "explicit", "failures.events": SCHEDULE,
-        "cluster.heartbeat_timeout_s": 10.0, "cluster.collective_timeout_s": 60.0, **overrides,
-    })  # fmt: skip
+    cfg = tiny_config(
+        f"strategy={strategy}",
+        **{
+            "cluster.nodes": nodes,
+            "job.steps": steps,
+            "job.global_batch_size": 32,
+            "job.microbatch_size": 2,
+            "job.fault_tolerance": 2,
+            "failures.kind": "explicit",
+            "failures.events": SCHEDULE,
+            "cluster.heartbeat_timeout_s": 10.0,
+            "cluster.collective_timeout_s": 60.0,
+            **overrides,
+        },
+    )
     cfg.runtime.save_final_params = False
     return cfg
 
@@ -66,7 +76,8 @@ def measure(strategy: str, cfg: Any) -> dict[str, Any]:
         "steps": len(metrics),
         "samples_per_s": round(samples / window, 1) if window > 0 else 0.0,
         "median_step_samples_per_s": summary["median_samples_per_s"],
-        "samples_lost": int(metrics.get("skipped_samples", pd.Series([0])).sum()) + int(summary.get("samples_rolled_back", 0)),
+        "samples_lost": int(metrics.get("skipped_samples", pd.Series([0])).sum())
+        + int(summary.get("samples_rolled_back", 0)),
         "attempts_thrown_away": int((metrics["attempts"] - 1).sum()),
         "recovery_s": [round(r["total_s"], 3) for r in failures],
         "recovery_kinds": [r["kind"] for r in failures],
@@ -99,7 +110,11 @@ def too_big(nodes: int) -> dict[str, Any]:
     assert refused.kind is Kind.STOP
     oobleck = measure("oobleck", bench_config("oobleck", nodes, 20, small))
     plan = make_strategy(bench_config("oobleck", nodes, 20, small)).start(list(range(nodes))).layout
-    return {"torchft": refused.reason, "oobleck_layout": plan.description, "oobleck_samples_per_s": oobleck["samples_per_s"]}
+    return {
+        "torchft": refused.reason,
+        "oobleck_layout": plan.description,
+        "oobleck_samples_per_s": oobleck["samples_per_s"],
+    }
 
 
 def table(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
@@ -107,7 +122,9 @@ def table(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
         if isinstance(value, list):
             return ", ".join(str(v) for v in value) or "-"
         if isinstance(value, dict):
-            return ", ".join(f"{k} {v:.0%}" for k, v in sorted(value.items(), key=lambda kv: -kv[1]) if v >= 0.01) or "-"
+            return (
+                ", ".join(f"{k} {v:.0%}" for k, v in sorted(value.items(), key=lambda kv: -kv[1]) if v >= 0.01) or "-"
+            )
         return "-" if value is None else str(value)
 
     rows = [
@@ -148,16 +165,31 @@ def main() -> None:
     args = parser.parse_args()
     skip = {"samples_per_s": 0.0, "recovery_s": []}
     ours = skip if args.only == "torchft" else measure("oobleck", bench_config("oobleck", args.nodes, args.steps, {}))
-    theirs = skip if args.only == "oobleck" else measure("torchft", bench_config("torchft", args.nodes, args.steps, parse_overrides(args.torchft)))
-    print(f"\ngpt3_tiny, {args.nodes} local nodes, {args.steps} steps, global batch 32; kill node 1 (backward, step 20), "
-          "kill node 3 (step 40), one node joins (step 60)")  # fmt: skip
+    theirs = (
+        skip
+        if args.only == "oobleck"
+        else measure("torchft", bench_config("torchft", args.nodes, args.steps, parse_overrides(args.torchft)))
+    )
+    print(
+        f"\ngpt3_tiny, {args.nodes} local nodes, {args.steps} steps, global batch 32; kill node 1 (backward, step 20), "
+        "kill node 3 (step 40), one node joins (step 60)"
+    )
     print(table(ours, theirs))
     if args.only is None:
         ratio = ours["samples_per_s"] / theirs["samples_per_s"] if theirs["samples_per_s"] else float("inf")
-        recovery = statistics.median(theirs["recovery_s"]) / statistics.median(ours["recovery_s"]) if ours["recovery_s"] and theirs["recovery_s"] else None
-        print(f"\nthroughput oobleck / torchft: {ratio:.2f}x" + (f"; median recovery torchft / oobleck: {recovery:.1f}x" if recovery else ""))
+        recovery = (
+            statistics.median(theirs["recovery_s"]) / statistics.median(ours["recovery_s"])
+            if ours["recovery_s"] and theirs["recovery_s"]
+            else None
+        )
+        print(
+            f"\nthroughput oobleck / torchft: {ratio:.2f}x"
+            + (f"; median recovery torchft / oobleck: {recovery:.1f}x" if recovery else "")
+        )
     big = too_big(args.nodes)
-    print(f"\ncluster.device_memory_gb=0.006 (gpt3_tiny needs 2 nodes per replica):\n  torchft: refused before launch: {big['torchft']}")
+    print(
+        f"\ncluster.device_memory_gb=0.006 (gpt3_tiny needs 2 nodes per replica):\n  torchft: refused before launch: {big['torchft']}"
+    )
     print(f"  oobleck: {big['oobleck_layout']}, {big['oobleck_samples_per_s']} samples/s")
     if args.out:
         args.out.write_text(json.dumps({"oobleck": ours, "torchft": theirs, "too_big": big}, indent=1))

@@ -44,31 +44,72 @@ CALIBRATION = {
     # per-worker terms are told apart by layouts of many stage runs, not by C1's 2 + 1 alone.
     "C3": ("oobleck", ["cluster.nodes=7", "job.steps=24", "failures.events=[{action:remove,step:12,count:1}]"]),
     # A restarted worker boots for several seconds here: keep steps after the restart.
-    "VC": ("varuna", ["strategy=varuna", "cluster.nodes=3", "job.steps=60", "checkpoint.every_steps=5",
-                      "failures.events=[{action:remove,step:30,count:1}]"]),
-    "BC": ("bamboo", ["strategy=bamboo", "strategy.pipeline_depth=2", "cluster.nodes=4", "job.steps=30",
-                      "checkpoint.every_steps=10", "failures.events=[{action:remove,step:10,nodes:[1]}]"]),
-}  # fmt: skip
+    "VC": (
+        "varuna",
+        [
+            "strategy=varuna",
+            "cluster.nodes=3",
+            "job.steps=60",
+            "checkpoint.every_steps=5",
+            "failures.events=[{action:remove,step:30,count:1}]",
+        ],
+    ),
+    "BC": (
+        "bamboo",
+        [
+            "strategy=bamboo",
+            "strategy.pipeline_depth=2",
+            "cluster.nodes=4",
+            "job.steps=30",
+            "checkpoint.every_steps=10",
+            "failures.events=[{action:remove,step:10,nodes:[1]}]",
+        ],
+    ),
+}
 PREDICTED = {
     "D": ("oobleck", []),
     # 20 steps after the failure, as D has: the throughput window is then mostly steady steps,
     # not the one recovery (whose error, held to 50%, a short window inherits one for one).
     "E": ("oobleck", ["cluster.nodes=5", "job.steps=30", "failures.events=[{action:remove,step:10,count:1}]"]),
     "F": ("oobleck", ["cluster.nodes=4", "job.steps=28", "failures.events=[{action:remove,step:8,count:1}]"]),
-    "VP": ("varuna", ["strategy=varuna", "cluster.nodes=4", "job.steps=70", "checkpoint.every_steps=4",
-                      "failures.events=[{action:remove,step:38,count:1}]"]),
-    "BP": ("bamboo", ["strategy=bamboo", "strategy.pipeline_depth=3", "cluster.nodes=6", "job.steps=36",
-                      "checkpoint.every_steps=12", "failures.events=[{action:remove,step:14,nodes:[4]}]"]),
-}  # fmt: skip
+    "VP": (
+        "varuna",
+        [
+            "strategy=varuna",
+            "cluster.nodes=4",
+            "job.steps=70",
+            "checkpoint.every_steps=4",
+            "failures.events=[{action:remove,step:38,count:1}]",
+        ],
+    ),
+    "BP": (
+        "bamboo",
+        [
+            "strategy=bamboo",
+            "strategy.pipeline_depth=3",
+            "cluster.nodes=6",
+            "job.steps=36",
+            "checkpoint.every_steps=12",
+            "failures.events=[{action:remove,step:14,nodes:[4]}]",
+        ],
+    ),
+}
 
 
 def run(out: Path, name: str, overrides: list[str], repeats: int) -> None:
     # Every run plans with one profile, measured by the first run into this benchmark's own cache
     # (a profile measured earlier under other load would skew every prediction alike).
     command = [
-        sys.executable, "-m", "oobleck.run", f"hydra.run.dir={out / name}", "logger.progress_bar=false",
-        "logger.wandb.mode=disabled", f"profile.cache_dir={out / 'profiles'}", f"profile.repeats={repeats}", *overrides,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "oobleck.run",
+        f"hydra.run.dir={out / name}",
+        "logger.progress_bar=false",
+        "logger.wandb.mode=disabled",
+        f"profile.cache_dir={out / 'profiles'}",
+        f"profile.repeats={repeats}",
+        *overrides,
+    ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
         print(result.stderr[-3000:], file=sys.stderr)
@@ -81,10 +122,24 @@ def run(out: Path, name: str, overrides: list[str], repeats: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="outputs/bench_validation", help="directory for the run dirs and table.csv")
-    parser.add_argument("--only", nargs="+", default=["oobleck", "varuna", "bamboo"], help="strategies whose runs to predict")
-    parser.add_argument("--reuse", action="store_true", help="do not rerun run dirs that exist already (only re-validate)")
-    parser.add_argument("--profile-repeats", type=int, default=21, help="timed repeats per layer of the shared measured profile (median)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs of the whole protocol, interleaved; rows judged by the median ratio")
+    parser.add_argument(
+        "--only", nargs="+", default=["oobleck", "varuna", "bamboo"], help="strategies whose runs to predict"
+    )
+    parser.add_argument(
+        "--reuse", action="store_true", help="do not rerun run dirs that exist already (only re-validate)"
+    )
+    parser.add_argument(
+        "--profile-repeats",
+        type=int,
+        default=21,
+        help="timed repeats per layer of the shared measured profile (median)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of the whole protocol, interleaved; rows judged by the median ratio",
+    )
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: run the protocol at least once")
@@ -106,7 +161,9 @@ def main() -> int:
     from analysis.validation import across_repeats, validation_table
 
     repeats = range(args.repeats)
-    table = validation_table([run_dir(n, k) for k in repeats for n in calibration], [run_dir(n, k) for k in repeats for n in predicted])
+    table = validation_table(
+        [run_dir(n, k) for k in repeats for n in calibration], [run_dir(n, k) for k in repeats for n in predicted]
+    )
     table["run"] = [Path(run).name for run in table["run"]]
     table["case"] = [run.split("-r")[0] for run in table["run"]]
     table["strategy"] = table["case"].map({name: strategy for name, (strategy, _) in predicted.items()})
@@ -118,7 +175,9 @@ def main() -> int:
         summary = across_repeats(table)
         print(summary.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         summary.to_csv(out / "repeats.csv", index=False)
-        print(f"within target by the median over {args.repeats} repeats: {int(summary['within_target'].sum())} of {len(summary)} rows; written {out / 'repeats.csv'}")
+        print(
+            f"within target by the median over {args.repeats} repeats: {int(summary['within_target'].sum())} of {len(summary)} rows; written {out / 'repeats.csv'}"
+        )
     return 0
 
 

@@ -62,10 +62,11 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -77,10 +78,10 @@ from oobleck.elastic.job import check_device
 from oobleck.elastic.local import run_processes
 from oobleck.errors import RunError
 from oobleck.models import build_layers, layer_name, load_model_config, num_layers, tied_parameters
+from oobleck.models.spec import model_spec
 from oobleck.profiling import analytic_profile, load_gpu_config, measure_profile
 from oobleck.profiling.analytic import block_forward_flops, head_forward_flops
 from oobleck.runtime import keys
-from oobleck.models.spec import model_spec
 from oobleck.runtime.backend import GlooBackend, NcclBackend
 from oobleck.runtime.comm import Aborted, AbortWatch, Communicator, GroupSpec, Reaper, Waiter, run_in_thread
 from oobleck.runtime.executor import StepContext, clip_and_step, global_grad_norm, run_schedule, sync_gradients
@@ -106,6 +107,7 @@ NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
 @dataclass(frozen=True)
 class Settings:
     """Sizes and timeouts of one run (``QUICK`` or ``FULL``)."""
+
     quick: bool
     budget_s: float
     exact_steps: int
@@ -131,21 +133,58 @@ class Settings:
 
 
 QUICK = Settings(
-    quick=True, budget_s=300.0, exact_steps=4, run_timeout_s=150.0,
-    profile_microbatch=1, profile_warmup=1, profile_repeats=3,
-    cycles=25, collective_timeout_s=5.0, spin_s=0.3, abort_after_s=0.05, issue_wait_s=1.0, experiment_wait_s=5.0,
-    throughput_batch=8, throughput_microbatch=2, throughput_warmup=2, throughput_steps=6, throughput_rounds=1,
-    unit_timeout_s=(("exactness", 200.0), ("profile", 120.0), ("lifecycle", 90.0), ("throughput", 120.0), ("experiment", 45.0)),
-)  # fmt: skip
+    quick=True,
+    budget_s=300.0,
+    exact_steps=4,
+    run_timeout_s=150.0,
+    profile_microbatch=1,
+    profile_warmup=1,
+    profile_repeats=3,
+    cycles=25,
+    collective_timeout_s=5.0,
+    spin_s=0.3,
+    abort_after_s=0.05,
+    issue_wait_s=1.0,
+    experiment_wait_s=5.0,
+    throughput_batch=8,
+    throughput_microbatch=2,
+    throughput_warmup=2,
+    throughput_steps=6,
+    throughput_rounds=1,
+    unit_timeout_s=(
+        ("exactness", 200.0),
+        ("profile", 120.0),
+        ("lifecycle", 90.0),
+        ("throughput", 120.0),
+        ("experiment", 45.0),
+    ),
+)
 FULL = replace(  # longer and repeated measurements where a run is not squeezed into a lease
-    QUICK, quick=False, budget_s=900.0, exact_steps=8, run_timeout_s=300.0, profile_warmup=2, profile_repeats=5,
-    spin_s=0.5, issue_wait_s=2.0, experiment_wait_s=10.0, throughput_warmup=3, throughput_steps=15, throughput_rounds=2,
-    unit_timeout_s=(("exactness", 400.0), ("profile", 300.0), ("lifecycle", 200.0), ("throughput", 300.0), ("experiment", 90.0)),
-)  # fmt: skip
+    QUICK,
+    quick=False,
+    budget_s=900.0,
+    exact_steps=8,
+    run_timeout_s=300.0,
+    profile_warmup=2,
+    profile_repeats=5,
+    spin_s=0.5,
+    issue_wait_s=2.0,
+    experiment_wait_s=10.0,
+    throughput_warmup=3,
+    throughput_steps=15,
+    throughput_rounds=2,
+    unit_timeout_s=(
+        ("exactness", 400.0),
+        ("profile", 300.0),
+        ("lifecycle", 200.0),
+        ("throughput", 300.0),
+        ("experiment", 90.0),
+    ),
+)
 
 
 # ---------------------------------------------------------------------------- shared helpers
-def cuda_reason() -> Optional[str]:
+def cuda_reason() -> str | None:
     """Why the CUDA parts cannot run here, or None when they can."""
     if torch.cuda.is_available():
         return None
@@ -158,7 +197,7 @@ def tf32_off() -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
-def spread(values: list[float]) -> dict[str, Optional[float]]:
+def spread(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"median": None, "min": None, "max": None}
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
@@ -182,7 +221,14 @@ class SoloRun:
         if int(cfg.cluster.torch_threads) > 0:
             torch.set_num_threads(int(cfg.cluster.torch_threads))  # as the workers do
         layers, batch, micro = num_layers(model), int(job.global_batch_size), int(job.microbatch_size)
-        plan = hand_plan([(template([(0, layers, 0, 0, 1)]), (0,), batch // micro)], batch=batch, micro=micro, layers=layers, f=0, gpus=1)
+        plan = hand_plan(
+            [(template([(0, layers, 0, 0, 1)]), (0,), batch // micro)],
+            batch=batch,
+            micro=micro,
+            layers=layers,
+            f=0,
+            gpus=1,
+        )
         tied = tied_parameters(model)
         topology = build_topology(plan, (0, 0), tied[0].layers if tied else ())
         assert topology is not None
@@ -193,9 +239,14 @@ class SoloRun:
         backend = NcclBackend(device=device) if device.startswith("cuda") else GlooBackend()
         waiter = Waiter(self.watch, timeout_s, float(cfg.cluster.heartbeat_timeout_s), backend)
         self.comm = Communicator(
-            0, topology.rank, group_specs(topology), host="127.0.0.1", port=store.port,
-            timeout_s=timeout_s, waiter=waiter,
-        )  # fmt: skip
+            0,
+            topology.rank,
+            group_specs(topology),
+            host="127.0.0.1",
+            port=store.port,
+            timeout_s=timeout_s,
+            waiter=waiter,
+        )
         self.comm.build()
         dataset = build_dataset(job, model)
         self.job = job
@@ -222,7 +273,10 @@ class SoloRun:
         return loss / self.ctx.global_batch_size
 
     def state(self) -> dict[int, dict[str, Any]]:
-        return {i: {k: v.detach().to("cpu", copy=True) for k, v in layer.module.state_dict().items()} for i, layer in self.ctx.layers.items()}
+        return {
+            i: {k: v.detach().to("cpu", copy=True) for k, v in layer.module.state_dict().items()}
+            for i, layer in self.ctx.layers.items()
+        }
 
     def close(self) -> None:
         self.ctx.close()
@@ -256,7 +310,9 @@ def initial_state(cfg: Any) -> dict[int, dict[str, Any]]:
     return {i: {k: v.detach() for k, v in layer.state_dict().items()} for i, layer in enumerate(layers)}
 
 
-def differences(losses: list[float], state: dict[int, dict[str, Any]], reference: Any, initial: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def differences(
+    losses: list[float], state: dict[int, dict[str, Any]], reference: Any, initial: dict[int, dict[str, Any]]
+) -> dict[str, Any]:
     """How far a run is from the reference: per-step loss, parameters, and each layer's update."""
     loss_rel = max(abs(a - b) / abs(b) for a, b in zip(losses, reference.losses, strict=True))
     param_abs, update_rel, worst_layer = 0.0, 0.0, None
@@ -315,11 +371,21 @@ def oobleck_run_check(s: Settings, device: str) -> dict[str, Any]:
         run_dir = Path(tmp) / "run"
         run_id = uuid.uuid4().hex[:12]
         overrides = [
-            "model=gpt3_tiny", "cluster.nodes=1", f"cluster.device={device}", "job.fault_tolerance=0", "failures=none",
-            f"job.steps={s.exact_steps}", "job.global_batch_size=16", "job.microbatch_size=2", "job.warmup_steps=2",
-            "logger.wandb.mode=disabled", "logger.progress_bar=false", "runtime.save_final_params=true",
-            f"profile.cache_dir={tmp}/profiles", f"hydra.run.dir={run_dir}",
-        ]  # fmt: skip
+            "model=gpt3_tiny",
+            "cluster.nodes=1",
+            f"cluster.device={device}",
+            "job.fault_tolerance=0",
+            "failures=none",
+            f"job.steps={s.exact_steps}",
+            "job.global_batch_size=16",
+            "job.microbatch_size=2",
+            "job.warmup_steps=2",
+            "logger.wandb.mode=disabled",
+            "logger.progress_bar=false",
+            "runtime.save_final_params=true",
+            f"profile.cache_dir={tmp}/profiles",
+            f"hydra.run.dir={run_dir}",
+        ]
         # The workers are the run's grandchildren: TF32 goes off for them through the environment.
         env = dict(os.environ, OOBLECK_RUN_ID=run_id, WANDB_SILENT="true", NVIDIA_TF32_OVERRIDE="0")
         command = [sys.executable, "-m", "oobleck.run", *overrides]
@@ -328,12 +394,21 @@ def oobleck_run_check(s: Settings, device: str) -> dict[str, Any]:
             done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=s.run_timeout_s)
         except subprocess.TimeoutExpired as expired:
             kill_strays(run_processes(run_id))
-            return {"status": "timeout", "reason": f"python -m oobleck.run did not finish within {s.run_timeout_s} s", "log_tail": tail(expired.stderr)}
+            return {
+                "status": "timeout",
+                "reason": f"python -m oobleck.run did not finish within {s.run_timeout_s} s",
+                "log_tail": tail(expired.stderr),
+            }
         wall_s = time.perf_counter() - started
         strays = run_processes(run_id)
         kill_strays(strays)
         if done.returncode != 0:
-            return {"status": "failed", "reason": f"python -m oobleck.run exited with {done.returncode}", "log_tail": tail(done.stderr), "command": command}
+            return {
+                "status": "failed",
+                "reason": f"python -m oobleck.run exited with {done.returncode}",
+                "log_tail": tail(done.stderr),
+                "command": command,
+            }
         cfg = from_container(OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), resolve=True))
         with open(run_dir / "metrics.csv", newline="") as handle:
             rows = sorted(csv.DictReader(handle), key=lambda row: int(row["step"]))
@@ -378,7 +453,7 @@ PROFILED_MODELS = ("gpt2_small", "gpt3_medium")
 TFLOP = 1e12
 
 
-def layer_forward_flops(model_cfg: Any, microbatch: int, index: int) -> Optional[float]:
+def layer_forward_flops(model_cfg: Any, microbatch: int, index: int) -> float | None:
     """The analytic model's forward FLOPs of a layer; None for the (memory-bound) embedding."""
     name = layer_name(model_cfg, index)
     if name == "embedding":
@@ -409,7 +484,9 @@ def compare_profiles(model_cfg: Any, gpu_cfg: Any, measured: Any, analytic: Any)
             "ratio": measured_s / analytic_s,
             "ratio_fwd": m.forward_s / a.forward_s,
             "ratio_bwd": m.backward_s / a.backward_s,
-            "analytic_bound": "compute" if compute_bound else ("memory" if flops is not None else "not fitted (embedding)"),
+            "analytic_bound": "compute"
+            if compute_bound
+            else ("memory" if flops is not None else "not fitted (embedding)"),
             "implied_flop_fraction": 3 * flops / (peak * measured_s) if compute_bound and flops else None,
         }
         if compute_bound and flops:
@@ -419,7 +496,8 @@ def compare_profiles(model_cfg: Any, gpu_cfg: Any, measured: Any, analytic: Any)
     block_fractions = [r["implied_flop_fraction"] for r in blocks if r["implied_flop_fraction"] is not None]
     return {
         "layers": rows,
-        "total_ratio": sum(m.forward_s + m.backward_s for m in measured.layers) / sum(a.forward_s + a.backward_s for a in analytic.layers),
+        "total_ratio": sum(m.forward_s + m.backward_s for m in measured.layers)
+        / sum(a.forward_s + a.backward_s for a in analytic.layers),
         "block_ratio_median": statistics.median(r["ratio"] for r in blocks) if blocks else None,
         "implied_flop_fraction_blocks_median": statistics.median(block_fractions) if block_fractions else None,
         "implied_flop_fraction": work / (peak * seconds) if seconds else None,
@@ -458,12 +536,19 @@ def unit_profile(s: Settings) -> dict[str, Any]:
         entry = {}
         for kind in PRECISIONS:
             with precision(kind):
-                measured = measure_profile(model_cfg, b, "cuda", warmup=s.profile_warmup, repeats=s.profile_repeats, seed=0)
-            entry[kind] = {"profiling_s": measured.metadata["profiling_seconds"], **compare_profiles(model_cfg, gpu_cfg, measured, analytic)}
+                measured = measure_profile(
+                    model_cfg, b, "cuda", warmup=s.profile_warmup, repeats=s.profile_repeats, seed=0
+                )
+            entry[kind] = {
+                "profiling_s": measured.metadata["profiling_seconds"],
+                **compare_profiles(model_cfg, gpu_cfg, measured, analytic),
+            }
             free_device_memory(True)
         result["models"][name] = entry
     result["implied_flop_fraction"] = {
-        f"{name}/{kind}": result["models"][name][kind]["implied_flop_fraction"] for name in PROFILED_MODELS for kind in PRECISIONS
+        f"{name}/{kind}": result["models"][name][kind]["implied_flop_fraction"]
+        for name in PROFILED_MODELS
+        for kind in PRECISIONS
     }
     return {"status": "ok", **result}
 
@@ -490,6 +575,7 @@ def spin_cycles(seconds: float) -> int:
 
 class Lifecycle:
     """Generations of the runtime's Communicator in one process, each aborted with an op pending."""
+
     def __init__(self, s: Settings, store: Any, cuda: bool) -> None:
         self.s, self.store, self.cuda = s, store, cuda
         self.device = "cuda" if cuda else "cpu"
@@ -506,9 +592,14 @@ class Lifecycle:
 
     def communicator(self, generation: int, rank: int) -> Any:
         return Communicator(
-            generation, rank, self.specs, host="127.0.0.1", port=self.store.port,
-            timeout_s=self.s.collective_timeout_s, waiter=self.waiter,
-        )  # fmt: skip
+            generation,
+            rank,
+            self.specs,
+            host="127.0.0.1",
+            port=self.store.port,
+            timeout_s=self.s.collective_timeout_s,
+            waiter=self.waiter,
+        )
 
     def cycle(self, generation: int) -> dict[str, Any]:
         started = time.perf_counter()
@@ -583,7 +674,12 @@ class Lifecycle:
 
 def growth(before: dict[str, Any], after: dict[str, Any], samples: list[dict[str, Any]], key: str) -> dict[str, Any]:
     values = [sample[key] for sample in samples if key in sample]
-    return {"baseline": before.get(key), "final": after.get(key), "growth": after.get(key, 0) - before.get(key, 0), **spread(values)}
+    return {
+        "baseline": before.get(key),
+        "final": after.get(key),
+        "growth": after.get(key, 0) - before.get(key, 0),
+        **spread(values),
+    }
 
 
 def unit_lifecycle_loop(s: Settings) -> dict[str, Any]:
@@ -602,7 +698,9 @@ def unit_lifecycle_loop(s: Settings) -> dict[str, Any]:
     result: dict[str, Any] = {
         "backend": "nccl" if cuda else "gloo",
         "cycles": s.cycles,
-        "pending_op": f"all-reduce queued behind a {s.spin_s} s GPU spin" if cuda else "receive from an in-process peer that never sends",
+        "pending_op": f"all-reduce queued behind a {s.spin_s} s GPU spin"
+        if cuda
+        else "receive from an in-process peer that never sends",
         "outcomes": outcomes,
         "cycle_s": spread([x["cycle_s"] for x in samples]),
         "build_s": spread([x["build_s"] for x in samples]),
@@ -625,7 +723,9 @@ def unit_lifecycle_loop(s: Settings) -> dict[str, Any]:
             result[key] = growth(before, after, samples, key)
             span = result[key]["max"] - result[key]["min"]
             result[key]["span"] = span
-            checks[f"{key.removesuffix('_mib')}_flat_within_{MEMORY_FLAT_MIB}_mib"] = span <= MEMORY_FLAT_MIB and result[key]["growth"] <= MEMORY_FLAT_MIB
+            checks[f"{key.removesuffix('_mib')}_flat_within_{MEMORY_FLAT_MIB}_mib"] = (
+                span <= MEMORY_FLAT_MIB and result[key]["growth"] <= MEMORY_FLAT_MIB
+            )
     result["checks"] = checks
     result["passed"] = all(checks.values())
     result["samples"] = samples
@@ -707,12 +807,34 @@ def unit_absent_peer(s: Settings, init: str) -> dict[str, Any]:
 def unit_second_process(s: Settings) -> dict[str, Any]:
     """Two processes, ranks 0 and 1 of one NCCL group, both on cuda:0: does NCCL allow it?"""
     with local_store() as store:
-        command = [sys.executable, __file__, "--nccl-rank", "{rank}", "--store-port", str(store.port), "--timeout-s", str(s.collective_timeout_s)]
+        command = [
+            sys.executable,
+            __file__,
+            "--nccl-rank",
+            "{rank}",
+            "--store-port",
+            str(store.port),
+            "--timeout-s",
+            str(s.collective_timeout_s),
+        ]
         # Both ranks see one device; NCCL_DEBUG=WARN prints NCCL's own reason if it refuses.
-        env = {**NCCL_ENV, "NCCL_DEBUG": "WARN", **os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]}
+        env = {
+            **NCCL_ENV,
+            "NCCL_DEBUG": "WARN",
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0],
+        }
         started = time.perf_counter()
         procs = [
-            subprocess.Popen([c.format(rank=r) for c in command], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            subprocess.Popen(
+                [c.format(rank=r) for c in command],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
             for r in (0, 1)
         ]
         ranks, outputs = [], []
@@ -726,15 +848,25 @@ def unit_second_process(s: Settings) -> dict[str, Any]:
                     os.killpg(proc.pid, signal.SIGKILL)
                 output, _ = proc.communicate()
             outputs.append(output or "")
-            ranks.append({"rank": rank, "exit_code": proc.returncode, "timed_out": timed_out, "log_tail": tail(output, 12)})
+            ranks.append(
+                {"rank": rank, "exit_code": proc.returncode, "timed_out": timed_out, "log_tail": tail(output, 12)}
+            )
     duplicate = any("Duplicate GPU" in output for output in outputs)
     ran = all(r["exit_code"] == 0 and "RESULT ok" in output for r, output in zip(ranks, outputs))
-    return {"status": "ok", "nccl_allowed_two_ranks_on_one_gpu": ran, "duplicate_gpu_refused": duplicate, "wall_s": time.perf_counter() - started, "ranks": ranks}
+    return {
+        "status": "ok",
+        "nccl_allowed_two_ranks_on_one_gpu": ran,
+        "duplicate_gpu_refused": duplicate,
+        "wall_s": time.perf_counter() - started,
+        "ranks": ranks,
+    }
 
 
 def nccl_rank_main(rank: int, port: int, timeout_s: float) -> int:
     """One rank of ``unit_second_process``."""
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+    store = dist.TCPStore(
+        "127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
+    )
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = timedelta(seconds=timeout_s)
     group = dist.ProcessGroupNCCL(dist.PrefixStore("same-gpu", store), rank, 2, options)
@@ -753,10 +885,15 @@ def unit_throughput(s: Settings) -> dict[str, Any]:
     cuda = cuda_reason() is None
     device, model = ("cuda", "gpt3_medium") if cuda else ("cpu", "gpt3_tiny")
     steps = s.throughput_warmup + s.throughput_steps
-    cfg = tiny_config(**{
-        "job.steps": steps, "job.global_batch_size": s.throughput_batch, "job.microbatch_size": s.throughput_microbatch,
-        "job.dataset": "synthetic", "runtime.save_final_params": False,
-    })  # fmt: skip
+    cfg = tiny_config(
+        **{
+            "job.steps": steps,
+            "job.global_batch_size": s.throughput_batch,
+            "job.microbatch_size": s.throughput_microbatch,
+            "job.dataset": "synthetic",
+            "runtime.save_final_params": False,
+        }
+    )
     cfg.model = load_model_config(model)
     if cuda:
         tf32_off()
@@ -812,9 +949,21 @@ UNITS = (  # in order of importance: a spent budget skips the last ones
     Unit("profile", unit_profile, needs_cuda=True, timeout="profile"),
     Unit("lifecycle.loop", unit_lifecycle_loop, needs_cuda=False, timeout="lifecycle"),
     Unit("throughput", unit_throughput, needs_cuda=False, timeout="throughput"),
-    Unit("lifecycle.absent_peer_lazy_init", lambda s: unit_absent_peer(s, "lazy"), needs_cuda=True, timeout="experiment"),
-    Unit("lifecycle.absent_peer_eager_init", lambda s: unit_absent_peer(s, "eager"), needs_cuda=True, timeout="experiment"),
-    Unit("lifecycle.absent_peer_nonblocking_init", lambda s: unit_absent_peer(s, "nonblocking"), needs_cuda=True, timeout="experiment"),
+    Unit(
+        "lifecycle.absent_peer_lazy_init", lambda s: unit_absent_peer(s, "lazy"), needs_cuda=True, timeout="experiment"
+    ),
+    Unit(
+        "lifecycle.absent_peer_eager_init",
+        lambda s: unit_absent_peer(s, "eager"),
+        needs_cuda=True,
+        timeout="experiment",
+    ),
+    Unit(
+        "lifecycle.absent_peer_nonblocking_init",
+        lambda s: unit_absent_peer(s, "nonblocking"),
+        needs_cuda=True,
+        timeout="experiment",
+    ),
     Unit("lifecycle.second_process_same_gpu", unit_second_process, needs_cuda=True, timeout="experiment"),
 )
 UNIT_NAMES = tuple(u.name for u in UNITS)
@@ -824,20 +973,40 @@ def run_unit(unit: Unit, quick: bool, timeout_s: float) -> dict[str, Any]:
     """Run ``unit`` in a fresh process (its own CUDA context, threads and fds), bounded by ``timeout_s``."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "unit.json"
-        command = [sys.executable, __file__, "--unit", unit.name, "--unit-out", str(out)] + (["--quick"] if quick else [])
+        command = [sys.executable, __file__, "--unit", unit.name, "--unit-out", str(out)] + (
+            ["--quick"] if quick else []
+        )
         env = {**NCCL_ENV, **os.environ}  # as a worker sets it for NCCL (harmless for gloo)
         started = time.perf_counter()
-        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         try:
             output, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
-            return {"status": "timeout", "reason": f"did not finish within its {timeout_s:.0f} s", "wall_s": time.perf_counter() - started, "log_tail": tail(output)}
+            return {
+                "status": "timeout",
+                "reason": f"did not finish within its {timeout_s:.0f} s",
+                "wall_s": time.perf_counter() - started,
+                "log_tail": tail(output),
+            }
         wall_s = time.perf_counter() - started
         if not out.exists():
-            return {"status": "failed", "reason": f"exited with {proc.returncode} without a result", "wall_s": wall_s, "log_tail": tail(output)}
+            return {
+                "status": "failed",
+                "reason": f"exited with {proc.returncode} without a result",
+                "wall_s": wall_s,
+                "log_tail": tail(output),
+            }
         result = json.loads(out.read_text())
         result["wall_s"] = wall_s
         if result.get("status") == "failed":
@@ -851,7 +1020,11 @@ def unit_main(name: str, out: Path, settings: Settings) -> None:
     try:
         result = unit.run(settings)
     except Exception as error:
-        result = {"status": "failed", "reason": f"{type(error).__name__}: {error}"[:4000], "traceback": traceback.format_exc()[-6000:]}
+        result = {
+            "status": "failed",
+            "reason": f"{type(error).__name__}: {error}"[:4000],
+            "traceback": traceback.format_exc()[-6000:],
+        }
     out.write_text(json.dumps(_scrub(result), indent=1, default=str))
 
 
@@ -878,7 +1051,9 @@ def meta(settings: Settings) -> dict[str, Any]:
         "env": {k: v for k, v in os.environ.items() if k.startswith(("TORCH_NCCL", "NCCL_", "CUDA_VISIBLE"))},
     }
     with contextlib.suppress(Exception):
-        info["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+        info["commit"] = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update(
@@ -910,15 +1085,26 @@ def summary_line(name: str, result: dict[str, Any]) -> str:
     status = result.get("status")
     if status != "ok":
         return f"{name}: {status} ({result.get('reason', '')})"
-    keys = ("passed", "ratio", "implied_flop_fraction", "genuinely_pending_and_abortable", "duplicate_gpu_refused", "outcomes")
+    keys = (
+        "passed",
+        "ratio",
+        "implied_flop_fraction",
+        "genuinely_pending_and_abortable",
+        "duplicate_gpu_refused",
+        "outcomes",
+    )
     shown = {k: result[k] for k in keys if k in result}
     return f"{name}: ok {json.dumps(_scrub(shown), default=str)} in {result.get('wall_s', 0):.1f} s"
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("--out", type=Path, default=Path("gpu_check_report.json"), help="the JSON report to write")
-    parser.add_argument("--quick", action="store_true", help="sizes for a 15-minute device lease (about five minutes on an H200)")
+    parser.add_argument(
+        "--quick", action="store_true", help="sizes for a 15-minute device lease (about five minutes on an H200)"
+    )
     parser.add_argument("--only", nargs="+", choices=UNIT_NAMES, help="run only these units")
     parser.add_argument("--budget-s", type=float, help="wall-clock budget of all units (default: 300 quick, 900 full)")
     parser.add_argument("--unit", choices=UNIT_NAMES, help=argparse.SUPPRESS)
@@ -946,7 +1132,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         if unit.needs_cuda and reason:
             result: dict[str, Any] = {"status": "skipped", "reason": reason}
         elif left < 1.0:
-            result = {"status": "skipped", "reason": f"the --budget-s={budget:.0f} s of this run was spent before this unit"}
+            result = {
+                "status": "skipped",
+                "reason": f"the --budget-s={budget:.0f} s of this run was spent before this unit",
+            }
         else:
             result = run_unit(unit, settings.quick, min(settings.timeout(unit.timeout), left))
         put(report, unit.name, result)

@@ -23,13 +23,13 @@ import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from oobleck.errors import ConfigError, unknown_key_message
+from oobleck.planning.inputs import ClusterSpec
 from oobleck.planning.instantiate import MAX_MICROBATCHES, microbatch_limit_message
-from oobleck.planning.profile import ClusterSpec
 
 
 def find_conf_dir() -> Path:
@@ -39,7 +39,9 @@ def find_conf_dir() -> Path:
     for candidate in (package / "conf", package.parent / "conf"):
         if (candidate / "config.yaml").is_file():
             return candidate
-    raise ConfigError(f"no config tree: neither {package / 'conf'} nor {package.parent / 'conf'} holds config.yaml; reinstall the package")
+    raise ConfigError(
+        f"no config tree: neither {package / 'conf'} nor {package.parent / 'conf'} holds config.yaml; reinstall the package"
+    )
 
 
 # Every entry point, test and tool finds the config tree here (``@hydra.main(config_path=...)``,
@@ -113,7 +115,7 @@ class ClusterConfig:
     startup_timeout_s: float = MISSING
     torch_threads: int = MISSING  # torch threads per worker; 0 lets torch choose
     fork_workers: bool = MISSING  # local only: fork workers from a process that imported torch once
-    node_address_base: Optional[str] = MISSING  # local only: node n's workers bind gloo to this address + n
+    node_address_base: str | None = MISSING  # local only: node n's workers bind gloo to this address + n
 
 
 @dataclass
@@ -121,7 +123,7 @@ class ProfileConfig:
     """Where the planner's per-layer profile comes from."""
 
     source: str = MISSING  # auto | measured | analytic | file
-    path: Optional[str] = MISSING  # profile JSON for source=file
+    path: str | None = MISSING  # profile JSON for source=file
     cache_dir: str = MISSING
     warmup: int = MISSING
     repeats: int = MISSING
@@ -149,7 +151,7 @@ class JobConfig:
     beta1: float = MISSING
     beta2: float = MISSING
     grad_clip: float = MISSING  # 0 disables
-    resume: Optional[str] = MISSING  # null | auto | <checkpoint path>
+    resume: str | None = MISSING  # null | auto | <checkpoint path>
 
 
 @dataclass
@@ -157,7 +159,7 @@ class PlannerConfig:
     """Template generation and instantiation settings."""
 
     reference_microbatches_per_stage: int = MISSING
-    max_gpus_per_stage: Optional[int] = MISSING
+    max_gpus_per_stage: int | None = MISSING
     transfer_sources: int = MISSING
     replan_horizon_steps: int = MISSING
 
@@ -168,10 +170,10 @@ class FailureEventConfig:
     on nodes. Its defaults mean "not given"; ``action`` must be given."""
 
     action: str = MISSING  # remove | freeze | raise | join (oobleck.faults.kinds.FaultKind)
-    step: Optional[int] = None
-    time_s: Optional[float] = None
-    nodes: Optional[list[int]] = None  # explicit node ids
-    count: Optional[int] = None  # or how many (chosen deterministically from the seed)
+    step: int | None = None
+    time_s: float | None = None
+    nodes: list[int] | None = None  # explicit node ids
+    count: int | None = None  # or how many (chosen deterministically from the seed)
     phase: str = "any"  # any | forward | backward | allreduce | optimizer | reconfigure (Phase)
     freeze: bool = False  # deprecated: action=freeze says it
 
@@ -183,9 +185,9 @@ class FailuresConfig:
     kind: str = MISSING
     events: list[FailureEventConfig] = MISSING
     mtbf_s: float = MISSING
-    max_events: Optional[int] = MISSING
+    max_events: int | None = MISSING
     seed: int = MISSING
-    trace: Optional[str] = MISSING
+    trace: str | None = MISSING
     seconds_per_trace_hour: float = MISSING
 
 
@@ -206,9 +208,9 @@ class CheckpointConfig:
     """Periodic by-layer checkpoints (``oobleck/checkpoint``); ``conf/checkpoint/<name>.yaml``."""
 
     # null: the strategy's own default (checkpoint_every_steps in conf/strategy/<name>.yaml).
-    every_steps: Optional[int] = MISSING
-    every_s: Optional[float] = MISSING
-    dir: Optional[str] = MISSING  # null: <run dir>/checkpoints; on Slurm a path every node shares
+    every_steps: int | None = MISSING
+    every_s: float | None = MISSING
+    dir: str | None = MISSING  # null: <run dir>/checkpoints; on Slurm a path every node shares
     keep: int = MISSING
     async_write: bool = MISSING
     io_threads: int = MISSING
@@ -223,17 +225,17 @@ class SimConfig:
     models: list[str] = MISSING
     traces: list[str] = MISSING
     strategies: list[str] = MISSING
-    duration_h: Optional[float] = MISSING
+    duration_h: float | None = MISSING
     figures: bool = MISSING
     # sim.params.<strategy>.<key>: typed by that strategy's config (oobleck.strategy).
     params: dict[str, Any] = MISSING
     profile_source: str = MISSING  # analytic | auto | measured | file
-    nodes: Optional[int] = MISSING
+    nodes: int | None = MISSING
     timeline_bin_s: float = MISSING
     costs: dict[str, Any] = MISSING
     node_creation_s: float = MISSING
     trace_starts: int = MISSING
-    trace_start_spacing_s: Optional[float] = MISSING
+    trace_start_spacing_s: float | None = MISSING
     global_batch_size_by_model: dict[str, int] = MISSING
 
 
@@ -241,8 +243,8 @@ class SimConfig:
 class WandbConfig:
     mode: str = MISSING  # offline | online | disabled
     project: str = MISSING
-    entity: Optional[str] = MISSING
-    group: Optional[str] = MISSING
+    entity: str | None = MISSING
+    group: str | None = MISSING
     tags: list[str] = MISSING
 
 
@@ -295,6 +297,7 @@ def compose_config(*overrides: str, return_hydra_config: bool = False) -> DictCo
         return compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
+
 
 # Config groups whose files fill one section outside Hydra too (tools, tests, the simulator).
 _GROUP_SECTIONS = {"model": ("model", ModelConfig), "gpu": ("cluster.gpu", GPUConfig)}
@@ -393,11 +396,15 @@ def node_address(cluster: Any, node: int) -> str:
     if base is None:
         return str(cluster.master_addr)
     if cluster.kind != "local":
-        raise ConfigError(f"cluster.node_address_base={base} needs cluster.kind=local (got {cluster.kind}); set cluster.node_address_base=null")
+        raise ConfigError(
+            f"cluster.node_address_base={base} needs cluster.kind=local (got {cluster.kind}); set cluster.node_address_base=null"
+        )
     try:
         return str(ipaddress.IPv4Address(str(base)) + node)
     except (ValueError, ipaddress.AddressValueError) as error:
-        raise ConfigError(f"cluster.node_address_base={base} does not give node {node} an IPv4 address ({error}); use e.g. 127.0.1.0") from None
+        raise ConfigError(
+            f"cluster.node_address_base={base} does not give node {node} an IPv4 address ({error}); use e.g. 127.0.1.0"
+        ) from None
 
 
 def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
@@ -536,14 +543,20 @@ def _validate_checkpoint(cfg: Config | DictConfig) -> None:
     if checkpoint.every_s is not None:
         _positive("checkpoint.every_s", checkpoint.every_s)
     if checkpoint.keep < 1:
-        raise ConfigError(f"checkpoint.keep={checkpoint.keep} must be >= 1 (the newest complete checkpoint is always kept)")
+        raise ConfigError(
+            f"checkpoint.keep={checkpoint.keep} must be >= 1 (the newest complete checkpoint is always kept)"
+        )
     _positive("checkpoint.io_threads", checkpoint.io_threads)
     _positive("checkpoint.max_pending", checkpoint.max_pending)
     _positive("checkpoint.write_timeout_s", checkpoint.write_timeout_s)
     if checkpoint.dir is not None and not str(checkpoint.dir).strip():
-        raise ConfigError("checkpoint.dir='' is empty; set checkpoint.dir=<path> or checkpoint.dir=null for <run dir>/checkpoints")
+        raise ConfigError(
+            "checkpoint.dir='' is empty; set checkpoint.dir=<path> or checkpoint.dir=null for <run dir>/checkpoints"
+        )
     if cfg.job.resume is not None and not str(cfg.job.resume).strip():
-        raise ConfigError("job.resume='' is empty; set job.resume=null (fresh start), job.resume=auto or job.resume=<checkpoint path>")
+        raise ConfigError(
+            "job.resume='' is empty; set job.resume=null (fresh start), job.resume=auto or job.resume=<checkpoint path>"
+        )
 
 
 def strategy_names() -> tuple[str, ...]:
@@ -562,10 +575,16 @@ def _validate_strategy(cfg: Config | DictConfig) -> None:
     for name, overrides in (cfg.sim.params or {}).items() if "sim" in cfg else ():
         key = f"sim.params.{name}"
         if name not in strategy_names():
-            raise ConfigError(unknown_key_message(key, strategy_names(), "(sim.params.<strategy>: one of conf/strategy/)"))
+            raise ConfigError(
+                unknown_key_message(key, strategy_names(), "(sim.params.<strategy>: one of conf/strategy/)")
+            )
         if not isinstance(overrides, DictConfig):
-            raise ConfigError(f"{key}={overrides!r} must be a mapping of that strategy's settings, e.g. {key}.checkpoint_every_steps=100")
-        section = cfg.strategy if cfg.strategy.get("name") == name else OmegaConf.load(CONF_DIR / "strategy" / f"{name}.yaml")
+            raise ConfigError(
+                f"{key}={overrides!r} must be a mapping of that strategy's settings, e.g. {key}.checkpoint_every_steps=100"
+            )
+        section = (
+            cfg.strategy if cfg.strategy.get("name") == name else OmegaConf.load(CONF_DIR / "strategy" / f"{name}.yaml")
+        )
         strategy_config(section, OmegaConf.to_container(overrides, resolve=True), where=key)  # type: ignore[arg-type]
     if strategy_class(cfg.strategy).requires_checkpoints and checkpoint_every_steps(cfg, config) <= 0:
         raise ConfigError(

@@ -21,9 +21,9 @@ from omegaconf import DictConfig
 from oobleck.cli import entry
 from oobleck.config import CONF_DIR, register_configs, to_container, validate
 from oobleck.errors import run_app
+from oobleck.planning.inputs import ClusterSpec, ModelProfile
 from oobleck.planning.instantiate import instantiate
-from oobleck.planning.plan import ExecutionPlan
-from oobleck.planning.profile import ClusterSpec, ModelProfile
+from oobleck.planning.outputs import ExecutionPlan
 from oobleck.planning.reconfigure import check_fault_tolerance
 from oobleck.planning.templates import TemplateSet, generate_templates
 
@@ -35,7 +35,9 @@ def _layers(stages: Any) -> str:
 
 
 def templates_table(templates: TemplateSet) -> str:
-    rows = [f"{'nodes':>5}  {'stages':>6}  {'iter s (m=' + 'r*S)':>14}  {'GB/GPU':>7}  layers per stage | GPUs per stage"]
+    rows = [
+        f"{'nodes':>5}  {'stages':>6}  {'iter s (m=' + 'r*S)':>14}  {'GB/GPU':>7}  layers per stage | GPUs per stage"
+    ]
     for n, t in sorted(templates.templates.items()):
         gpus = " ".join(str(s.gpus) for s in t.stages)
         rows.append(
@@ -49,7 +51,9 @@ def plan_table(plan: ExecutionPlan) -> str:
     rows = [f"{'pipeline':>8}  {'nodes':<24}  {'stages':>6}  {'microbatches':>12}  {'iter s':>9}"]
     for p in plan.pipelines:
         nodes = ",".join(str(n) for n in p.nodes)
-        rows.append(f"{p.index:>8}  {nodes:<24}  {p.template.num_stages:>6}  {p.microbatches:>12}  {p.predicted_iteration_s:>9.4f}")
+        rows.append(
+            f"{p.index:>8}  {nodes:<24}  {p.template.num_stages:>6}  {p.microbatches:>12}  {p.predicted_iteration_s:>9.4f}"
+        )
     rows.append(
         f"predicted iteration {plan.predicted_iteration_s:.4f} s (with gradient sync), "
         f"{plan.predicted_samples_per_s:.2f} samples/s, {len(plan.pipelines)} pipelines, "
@@ -58,7 +62,9 @@ def plan_table(plan: ExecutionPlan) -> str:
     return "\n".join(rows)
 
 
-def make_plan(cfg: DictConfig, profile: ModelProfile, *, say: Callable[[str], None] | None = None) -> tuple[TemplateSet, ExecutionPlan, float]:
+def make_plan(
+    cfg: DictConfig, profile: ModelProfile, *, say: Callable[[str], None] | None = None
+) -> tuple[TemplateSet, ExecutionPlan, float]:
     """Templates and the initial plan for ``cfg`` (no I/O), and the planning time in seconds.
     ``say`` gets one line as each phase starts and ends (what it does, how long it took)."""
     say = say or (lambda line: None)
@@ -78,13 +84,19 @@ def make_plan(cfg: DictConfig, profile: ModelProfile, *, say: Callable[[str], No
     )
     check_fault_tolerance(templates, cluster.nodes, f)
     generated = time.perf_counter()
-    say(f"planning: {len(templates.templates)} templates ({templates.min_nodes}..{templates.max_nodes} nodes) in {generated - started:.2f} s; instantiating ...")
+    say(
+        f"planning: {len(templates.templates)} templates ({templates.min_nodes}..{templates.max_nodes} nodes) in {generated - started:.2f} s; instantiating ..."
+    )
     plan = instantiate(templates, range(cluster.nodes), int(cfg.job.global_batch_size), int(cfg.job.microbatch_size), f)
-    say(f"planning: {len(plan.pipelines)} pipelines over {cluster.nodes} nodes in {time.perf_counter() - generated:.2f} s")
+    say(
+        f"planning: {len(plan.pipelines)} pipelines over {cluster.nodes} nodes in {time.perf_counter() - generated:.2f} s"
+    )
     return templates, plan, time.perf_counter() - started
 
 
-def plan_document(cfg: DictConfig, profile: ModelProfile, templates: TemplateSet, plan: ExecutionPlan) -> dict[str, Any]:
+def plan_document(
+    cfg: DictConfig, profile: ModelProfile, templates: TemplateSet, plan: ExecutionPlan
+) -> dict[str, Any]:
     """What plan.json holds: the config, the profile's identity, the templates and the plan."""
     return {
         "config": to_container(cfg),

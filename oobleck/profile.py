@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from oobleck.cli import entry
 from oobleck.config import CONF_DIR, register_configs, validate
 from oobleck.errors import run_app
-from oobleck.planning.profile import ModelProfile
+from oobleck.planning.inputs import ModelProfile
 
 PROGRAM = "oobleck.profile"
 MB = 1 << 20

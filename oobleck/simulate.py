@@ -44,7 +44,9 @@ def summary_table(summary) -> str:
         return "(no runs)"
     note = "\n(ratios: median [min-max] over the shifted starts; * kept no durable progress in some start)"
     starts = summary["start"].nunique() if "start" in summary else 1
-    return format_throughput_table(summary) + (note if starts > 1 or ("no_durable_progress" in summary and summary["no_durable_progress"].any()) else "")
+    return format_throughput_table(summary) + (
+        note if starts > 1 or ("no_durable_progress" in summary and summary["no_durable_progress"].any()) else ""
+    )
 
 
 def toy_setting_notice(cfg: DictConfig) -> str | None:
@@ -128,11 +130,19 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         print(f"{PROGRAM}: writing figures to {run_dir} ...", file=sys.stderr, flush=True)
         started = time.perf_counter()
         figures = write_figures(result.metrics, result.summary, run_dir, bin_s=float(cfg.sim.timeline_bin_s))
-        print(f"{PROGRAM}: wrote {len(figures)} figure files in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+        print(
+            f"{PROGRAM}: wrote {len(figures)} figure files in {time.perf_counter() - started:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     if cfg.logger.wandb.mode != "disabled":
         from oobleck.metrics.simulation import log_simulation
 
-        print(f"{PROGRAM}: logging {len(result.summary)} simulations to wandb ({cfg.logger.wandb.mode}) ...", file=sys.stderr, flush=True)
+        print(
+            f"{PROGRAM}: logging {len(result.summary)} simulations to wandb ({cfg.logger.wandb.mode}) ...",
+            file=sys.stderr,
+            flush=True,
+        )
         log_simulation(cfg, result.first_start(), figures, run_dir, config)
     print(summary_table(result.summary), flush=True)
     print(f"{PROGRAM}: {total} simulations in {result.seconds:.1f} s; outputs in {run_dir}", flush=True)

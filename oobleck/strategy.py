@@ -26,7 +26,7 @@ The real runtime (``oobleck.elastic``) dispatches on the kind and has no strateg
 the simulator (``oobleck.sim``) charges each kind by its cost model. A strategy is chosen by
 ``_target_`` in ``conf/strategy/<name>.yaml``: the target is the strategy's class, whose ``Config``
 dataclass types the rest of that file (``strategy_config`` checks it). Oobleck's own policy is
-``oobleck.policy.Oobleck``; the baselines live in ``baselines/``. Nothing here imports them.
+``oobleck.strategies.oobleck.Oobleck``; the baselines live in ``baselines/``. Nothing here imports them.
 
 A strategy whose workers need a server for the whole run (torchft's lighthouse) provides it from
 ``services(run)``: the controller enters that context before it starts any node, publishes what it
@@ -46,9 +46,9 @@ from typing import Any, ClassVar
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from oobleck.errors import ConfigError, unknown_key_message
-from oobleck.planning.plan import ExecutionPlan, LayerTransfer
-from oobleck.planning.profile import ClusterSpec, ModelProfile
-from oobleck.sim.costs import CostConstants
+from oobleck.planning.inputs import ClusterSpec, ModelProfile
+from oobleck.planning.outputs import ExecutionPlan, LayerTransfer
+from oobleck.recovery_costs import CostConstants
 
 
 class Kind(str, enum.Enum):
@@ -146,11 +146,11 @@ class RunInfo:
 class StrategyConfig:
     """Every strategy's settings; a strategy's own ``Config`` subclasses this."""
 
-    _target_: str = MISSING  # the strategy class, e.g. oobleck.policy.Oobleck
+    _target_: str = MISSING  # the strategy class, e.g. oobleck.strategies.oobleck.Oobleck
     name: str = MISSING
     # Steps between checkpoints when ``checkpoint.every_steps`` is not set (0: none).
     checkpoint_every_steps: int = 0
-    # What the simulator charges for each kind of decision (oobleck.sim.costs).
+    # What the simulator charges for each kind of decision (oobleck.recovery_costs).
     costs: CostConstants = field(default_factory=CostConstants)
 
 
@@ -269,7 +269,9 @@ class Strategy(ABC):
         the initial state when there is none): the shared fall-back of every strategy."""
         fresh = self.start(state.alive)
         if fresh.kind is Kind.STOP:
-            return Decision(Kind.STOP, reason=f"{reason}; restarting failed: {fresh.reason}", out_of_memory=fresh.out_of_memory)
+            return Decision(
+                Kind.STOP, reason=f"{reason}; restarting failed: {fresh.reason}", out_of_memory=fresh.out_of_memory
+            )
         rollback = state.checkpoint_step if state.checkpoint_step is not None else 0
         return Decision(Kind.RESTART, fresh.layout, rollback_to_step=rollback, reason=reason)
 
@@ -289,7 +291,7 @@ def strategy_class(section: Mapping[str, Any] | DictConfig) -> type[Strategy]:
     if not target:
         raise ConfigError(
             f"strategy={name} has no _target_; conf/strategy/<name>.yaml must name the strategy class, "
-            "e.g. _target_: oobleck.policy.Oobleck"
+            "e.g. _target_: oobleck.strategies.oobleck.Oobleck"
         )
     module, _, attribute = str(target).rpartition(".")
     try:
@@ -329,14 +331,22 @@ def strategy_config(
         parent, _, leaf = key.rpartition(".")
         known = setting_keys(cls, parent)
         if isinstance(error, (ConfigKeyError, ConfigAttributeError)) and leaf and leaf not in known:
-            raise ConfigError(unknown_key_message(f"{where}.{key}", known, f"(settings of strategy={name}: conf/strategy/{name}.yaml)")) from None
+            raise ConfigError(
+                unknown_key_message(
+                    f"{where}.{key}", known, f"(settings of strategy={name}: conf/strategy/{name}.yaml)"
+                )
+            ) from None
         message = str(error).splitlines()[0]
-        raise ConfigError(f"strategy={name}: {key + ': ' if key else ''}{message}; see conf/strategy/{name}.yaml for the keys") from None
+        raise ConfigError(
+            f"strategy={name}: {key + ': ' if key else ''}{message}; see conf/strategy/{name}.yaml for the keys"
+        ) from None
     assert isinstance(config, StrategyConfig)
     return config
 
 
-def build_strategy(section: Mapping[str, Any] | DictConfig, context: StrategyContext, overrides: Mapping[str, Any] | None = None) -> Strategy:
+def build_strategy(
+    section: Mapping[str, Any] | DictConfig, context: StrategyContext, overrides: Mapping[str, Any] | None = None
+) -> Strategy:
     """The strategy a config section (``cfg.strategy``) names, on ``context``."""
     config = strategy_config(section, overrides)
     return strategy_class(_as_dict(section))(config, context)

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from oobleck.config import compose_config
 
 REPO = Path(__file__).resolve().parents[1]

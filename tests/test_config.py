@@ -17,7 +17,9 @@ def test_every_model_composes_and_validates(make_config, model):
     assert cfg.model.name == model
 
 
-@pytest.mark.parametrize("group", ["failures=none", "failures=explicit", "failures=poisson", "failures=trace", "cluster=slurm"])
+@pytest.mark.parametrize(
+    "group", ["failures=none", "failures=explicit", "failures=poisson", "failures=trace", "cluster=slurm"]
+)
 def test_groups_compose(make_config, group):
     validate(make_config(group))
 
@@ -39,7 +41,10 @@ def test_unknown_key_and_wrong_type_are_rejected(make_config):
     ("overrides", "needle"),
     [
         (["job.global_batch_size=30", "job.microbatch_size=4"], "not divisible by job.microbatch_size=4"),
-        (["job.global_batch_size=4", "job.microbatch_size=2", "job.fault_tolerance=2"], "fewer than the f+1=3 pipelines"),
+        (
+            ["job.global_batch_size=4", "job.microbatch_size=2", "job.fault_tolerance=2"],
+            "fewer than the f+1=3 pipelines",
+        ),
         (["cluster.device=tpu"], "cluster.device='tpu' is not one of cpu, cuda"),
         (["cluster.nodes=0"], "cluster.nodes=0 must be > 0"),
         (["model.n_head=5"], "not divisible by model.n_head=5"),
@@ -49,7 +54,10 @@ def test_unknown_key_and_wrong_type_are_rejected(make_config):
         (["failures=explicit", "failures.events=[{action:explode,step:1,count:1}]"], "action='explode'"),
         (["logger.wandb.mode=sometimes"], "logger.wandb.mode"),
         (["cluster=slurm", "cluster.fork_workers=true"], "cluster.fork_workers=true needs cluster.kind=local"),
-        (["cluster=slurm", "cluster.node_address_base=127.0.1.0"], "cluster.node_address_base=127.0.1.0 needs cluster.kind=local"),
+        (
+            ["cluster=slurm", "cluster.node_address_base=127.0.1.0"],
+            "cluster.node_address_base=127.0.1.0 needs cluster.kind=local",
+        ),
         (["cluster.node_address_base=node-0"], "does not give node 0 an IPv4 address"),
         (["cluster.node_address_base=127.0.1.300"], "does not give node 0 an IPv4 address"),
     ],
@@ -70,7 +78,9 @@ def _schema_defaults(schema, prefix=""):
     for f in dataclasses.fields(schema):
         if f.default_factory is not dataclasses.MISSING:
             nested = f.default_factory
-            assert dataclasses.is_dataclass(nested), f"{prefix}{f.name}: a default_factory must only type a nested section"
+            assert dataclasses.is_dataclass(nested), (
+                f"{prefix}{f.name}: a default_factory must only type a nested section"
+            )
             yield from _schema_defaults(nested, f"{prefix}{f.name}.")
         else:
             yield f"{prefix}{f.name}", f.default
@@ -87,8 +97,17 @@ def test_the_schema_holds_types_not_values():
 
 @pytest.mark.parametrize(
     "choices",
-    [(), ("cluster=slurm",), ("failures=none",), ("failures=poisson",), ("failures=trace",), ("checkpoint=none",),
-     ("experiment=paper_spot",), ("experiment=paper_failure_frequency",), ("gpu=h200", "strategy=bamboo")],
+    [
+        (),
+        ("cluster=slurm",),
+        ("failures=none",),
+        ("failures=poisson",),
+        ("failures=trace",),
+        ("checkpoint=none",),
+        ("experiment=paper_spot",),
+        ("experiment=paper_failure_frequency",),
+        ("gpu=h200", "strategy=bamboo"),
+    ],
 )
 def test_the_yaml_gives_every_value(make_config, choices):
     from omegaconf import OmegaConf
@@ -108,14 +127,18 @@ def test_outside_hydra_a_group_is_what_hydra_composes(make_config):
         assert load_gpu_config(name) == make_config(f"gpu={name}").cluster.gpu
 
 
-@pytest.mark.parametrize(("gpu", "memory_gb"), [("a100_40gb", 40.0), ("a100_80gb", 80.0), ("h100_80gb", 80.0), ("h200", 141.0)])
+@pytest.mark.parametrize(
+    ("gpu", "memory_gb"), [("a100_40gb", 40.0), ("a100_80gb", 80.0), ("h100_80gb", 80.0), ("h200", 141.0)]
+)
 def test_gpu_sets_the_device_memory_the_planner_uses(make_config, gpu, memory_gb):
-    from oobleck.planning.profile import ClusterSpec
+    from oobleck.planning.inputs import ClusterSpec
 
     for cluster in ("cluster=local", "cluster=slurm"):
         cfg = make_config(cluster, f"gpu={gpu}")
         assert ClusterSpec.from_config(cfg.cluster).device_memory_bytes == memory_gb * 1e9
-    assert make_config(f"gpu={gpu}", "cluster.device_memory_gb=3").cluster.device_memory_gb == 3.0  # a budget of one's own
+    assert (
+        make_config(f"gpu={gpu}", "cluster.device_memory_gb=3").cluster.device_memory_gb == 3.0
+    )  # a budget of one's own
 
 
 def test_slurm_reads_gpus_per_node_from_the_allocation(make_config, monkeypatch):
@@ -133,9 +156,13 @@ def test_caches_and_outputs_live_under_paths(make_config, monkeypatch, tmp_path)
     assert make_config().profile.cache_dir == f"{tmp_path / 'cache'}/profiles"
     monkeypatch.delenv("OOBLECK_CACHE_DIR")
     assert make_config().profile.cache_dir == "~/.cache/oobleck/profiles"
-    hydra = compose_config(f"paths.output_dir={tmp_path}/out", f"paths.multirun_dir={tmp_path}/multi", return_hydra_config=True).hydra
+    hydra = compose_config(
+        f"paths.output_dir={tmp_path}/out", f"paths.multirun_dir={tmp_path}/multi", return_hydra_config=True
+    ).hydra
     hydra = OmegaConf.to_container(hydra, resolve=False)  # ${now:...} resolves only in a running app
-    assert hydra["run"]["dir"].startswith("${paths.output_dir}/") and hydra["sweep"]["dir"].startswith("${paths.multirun_dir}/")
+    assert hydra["run"]["dir"].startswith("${paths.output_dir}/") and hydra["sweep"]["dir"].startswith(
+        "${paths.multirun_dir}/"
+    )
 
 
 @pytest.mark.parametrize(
@@ -143,10 +170,22 @@ def test_caches_and_outputs_live_under_paths(make_config, monkeypatch, tmp_path)
     [
         (["+job.stpes=3"], "job.stpes is not a config key; did you mean job.steps?"),
         (["+job.foo=1"], "job.foo is not a config key; job has: fault_tolerance, global_batch_size"),
-        (["+failures.events.0.phse=forward"], "failures.events[0].phse is not a config key; did you mean failures.events[0].phase?"),
-        (["+strategy.checkpoint_every_step=3"], "strategy.checkpoint_every_step is not a config key; did you mean strategy.checkpoint_every_steps?"),
-        (["+sim.params.varuna.morph_on_joins=false"], "sim.params.varuna.morph_on_joins is not a config key; did you mean sim.params.varuna.morph_on_join?"),
-        (["+sim.params.bambo.failover_slowdown=1.5"], "sim.params.bambo is not a config key; did you mean sim.params.bamboo?"),
+        (
+            ["+failures.events.0.phse=forward"],
+            "failures.events[0].phse is not a config key; did you mean failures.events[0].phase?",
+        ),
+        (
+            ["+strategy.checkpoint_every_step=3"],
+            "strategy.checkpoint_every_step is not a config key; did you mean strategy.checkpoint_every_steps?",
+        ),
+        (
+            ["+sim.params.varuna.morph_on_joins=false"],
+            "sim.params.varuna.morph_on_joins is not a config key; did you mean sim.params.varuna.morph_on_join?",
+        ),
+        (
+            ["+sim.params.bambo.failover_slowdown=1.5"],
+            "sim.params.bambo is not a config key; did you mean sim.params.bamboo?",
+        ),
     ],
 )
 def test_keys_the_schema_does_not_know_are_refused(make_config, overrides, message):

@@ -24,12 +24,22 @@ TIMEOUT_S = 240  # hang guards for the subprocesses; no test relies on them
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "OOBLECK_CACHE_DIR": str(tmp_path / "cache")}
+    return {
+        **os.environ,
+        "WANDB_MODE": "disabled",
+        "OMP_NUM_THREADS": "1",
+        "OOBLECK_CACHE_DIR": str(tmp_path / "cache"),
+    }
 
 
 def _entry(tmp_path: Path, program: str, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", program, *overrides], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S
+        [sys.executable, "-m", program, *overrides],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
     )
 
 
@@ -48,14 +58,21 @@ def test_a_run_dir_under_paths_output_dir_keeps_plan_log(tmp_path):
     assert done.returncode == 0, done.stderr
     (log,) = (tmp_path / "runs" / "plan").glob("*/plan.log")
     text = log.read_text()
-    assert "planning: templates of 6 layers" in text and "\nTemplates\n" in text and f"wrote {log.parent / 'plan.json'}" in text
+    assert (
+        "planning: templates of 6 layers" in text
+        and "\nTemplates\n" in text
+        and f"wrote {log.parent / 'plan.json'}" in text
+    )
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
     [
         ("+job.stpes=3", "job.stpes is not a config key; did you mean job.steps?"),
-        ("failures.events=[{action:remove,step:2,count:10}]", "failures.events[0].count=10 strikes more nodes than the 4 alive then"),
+        (
+            "failures.events=[{action:remove,step:2,count:10}]",
+            "failures.events[0].count=10 strikes more nodes than the 4 alive then",
+        ),
         ("failures.max_events=-1", "failures.max_events=-1 must be >= 1"),
     ],
 )
@@ -70,8 +87,17 @@ def test_run_refuses_bad_keys_and_schedules_before_anything_starts(tmp_path, ove
 
 def test_ctrl_c_while_profiling_is_one_line_even_pressed_twice(tmp_path):
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "oobleck.profile", "model=gpt2_small", "profile.max_measure_s=1e9", f"hydra.run.dir={run_dir}"]
-    process = subprocess.Popen(command, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "oobleck.profile",
+        "model=gpt2_small",
+        "profile.max_measure_s=1e9",
+        f"hydra.run.dir={run_dir}",
+    ]
+    process = subprocess.Popen(
+        command, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     log = run_dir / "profile.log"
     deadline = time.monotonic() + TIMEOUT_S
     while not (log.is_file() and "profiling model=gpt2_small" in log.read_text()) and process.poll() is None:
@@ -88,7 +114,10 @@ def test_ctrl_c_while_profiling_is_one_line_even_pressed_twice(tmp_path):
     _, stderr = process.communicate(timeout=TIMEOUT_S)
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert process.returncode == 130, stderr
-    assert lines[-1] == f"oobleck.profile: interrupted (Ctrl-C); what was printed is in {log}" and "Traceback" not in stderr
+    assert (
+        lines[-1] == f"oobleck.profile: interrupted (Ctrl-C); what was printed is in {log}"
+        and "Traceback" not in stderr
+    )
     assert log.read_text().rstrip().endswith(lines[-1])
 
 
@@ -106,9 +135,13 @@ def test_ctrl_c_in_a_simulation_keeps_the_models_it_finished(tmp_path, monkeypat
 
     monkeypatch.setattr(experiment, "run_experiment", interrupted_second)
     cfg = compose_config(
-        "experiment=paper_spot", "sim.models=[gpt2_small,gpt3_medium]", "sim.traces=[synthetic/6h]", "sim.strategies=[oobleck]",
-        "logger.progress_bar=false", "logger.wandb.mode=disabled",
-    )  # fmt: skip
+        "experiment=paper_spot",
+        "sim.models=[gpt2_small,gpt3_medium]",
+        "sim.traces=[synthetic/6h]",
+        "sim.strategies=[oobleck]",
+        "logger.progress_bar=false",
+        "logger.wandb.mode=disabled",
+    )
     with pytest.raises(Interrupted, match="wrote the 1 of 2 models simulated so far \\(gpt2_small\\)"):
         run(cfg, tmp_path)
     assert calls == [["gpt2_small"], ["gpt3_medium"]]
@@ -127,16 +160,26 @@ def test_the_toy_simulation_says_what_it_is():
 
 @pytest.mark.parametrize(
     ("command", "line", "expected"),
-    [("oobleck-simulate", "oobleck-simulate experiment=pap", {"experiment=paper_spot", "experiment=paper_failure_frequency"}),
-     ("oobleck-run", "oobleck-run model=gpt3_t", {"model=gpt3_tiny"}),
-     ("oobleck-plan", "oobleck-plan gpu=h", {"gpu=h100_80gb", "gpu=h200"}),
-     ("oobleck-profile", "oobleck-profile job.microbatch_s", {"job.microbatch_size="})],
+    [
+        (
+            "oobleck-simulate",
+            "oobleck-simulate experiment=pap",
+            {"experiment=paper_spot", "experiment=paper_failure_frequency"},
+        ),
+        ("oobleck-run", "oobleck-run model=gpt3_t", {"model=gpt3_tiny"}),
+        ("oobleck-plan", "oobleck-plan gpu=h", {"gpu=h100_80gb", "gpu=h200"}),
+        ("oobleck-profile", "oobleck-profile job.microbatch_s", {"job.microbatch_size="}),
+    ],
 )
 def test_tab_completion_of_the_console_scripts(tmp_path, command, line, expected):
     if shutil.which(command, path=str(BIN)) is None:
-        pytest.fail(f"{command} is not installed next to {sys.executable}: pip install -e . installs the console scripts")
+        pytest.fail(
+            f"{command} is not installed next to {sys.executable}: pip install -e . installs the console scripts"
+        )
     script = f'eval "$({command} -sc install=bash)"; COMP_LINE="{line}"; COMP_POINT=${{#COMP_LINE}}; COMP_CWORD=1; hydra_bash_completion; echo "${{COMPREPLY[@]}}"'
     env = {**_env(tmp_path), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    done = subprocess.run(
+        ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
     assert done.returncode == 0, done.stderr
     assert set(done.stdout.split()) == expected

@@ -29,7 +29,18 @@ def wheel(tmp_path_factory) -> Path:
     if given:
         return Path(given)
     out = tmp_path_factory.mktemp("dist")
-    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "-q",
+        "-w",
+        str(out),
+        str(REPO),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     (built,) = out.glob("*.whl")
@@ -58,18 +69,31 @@ def test_an_installed_copy_plans_from_another_directory(wheel, tmp_path):
     site = tmp_path / "site"
     done = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-        capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1", "OOBLECK_CACHE_DIR": str(tmp_path / "cache")}
-    where = subprocess.run([sys.executable, "-c", "from oobleck.config import CONF_DIR; print(CONF_DIR)"], cwd=work, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    where = subprocess.run(
+        [sys.executable, "-c", "from oobleck.config import CONF_DIR; print(CONF_DIR)"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert where.stdout.strip() == str(site / "oobleck" / "conf"), where.stderr
     done = subprocess.run(
         [sys.executable, "-m", "oobleck.plan", "profile.source=analytic", "model=gpt2_small", "gpu=h200"],
-        cwd=work, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (plan,) = (work / "outputs" / "plan").glob("*/plan.json")
     assert json.loads(plan.read_text())["config"]["cluster"]["device_memory_gb"] == 141.0

@@ -88,8 +88,15 @@ shares = breakdown(summary).assign(
     strategy=lambda f: f["strategy"].map(strategy_label),
 )
 table = shares.pivot_table(index=["model", "trace", "strategy"], columns="category", values="fraction", sort=False)
-oom = summary.assign(model=summary["model"].map(model_label), trace=summary["trace"].map(trace_label),
-                     strategy=summary["strategy"].map(strategy_label)).set_index(["model", "trace", "strategy"])["oom"].astype(bool)
+oom = (
+    summary.assign(
+        model=summary["model"].map(model_label),
+        trace=summary["trace"].map(trace_label),
+        strategy=summary["strategy"].map(strategy_label),
+    )
+    .set_index(["model", "trace", "strategy"])["oom"]
+    .astype(bool)
+)
 table = table.round(3).astype(object)
 table.loc[oom[oom].index] = "OOM"
 table.to_csv(out / "effective_time.csv")

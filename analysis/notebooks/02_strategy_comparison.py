@@ -67,7 +67,9 @@ phases.to_csv(out / "recovery_breakdown.csv", index=False)
 for path in recovery_breakdown_plot(runs, out / "recovery_breakdown.png"):
     if path.suffix == ".png":
         display(Image(filename=str(path)))
-phases.pivot_table(index=["label", "kind", "recovery"], columns="phase", values="seconds", sort=False) if not phases.empty else phases
+phases.pivot_table(
+    index=["label", "kind", "recovery"], columns="phase", values="seconds", sort=False
+) if not phases.empty else phases
 
 # %% [markdown]
 # ## Time lost
@@ -80,4 +82,6 @@ lost.to_csv(out / "time_lost.csv", index=False)
 for path in time_lost_plot(lost, out / "time_lost.png"):
     if path.suffix == ".png":
         display(Image(filename=str(path)))
-lost.set_index("label")[["span_s", "useful_s", "recovery_s", "checkpoint_s", "other_lost_s", "redone_steps", "goodput"]].round(3)
+lost.set_index("label")[
+    ["span_s", "useful_s", "recovery_s", "checkpoint_s", "other_lost_s", "redone_steps", "goodput"]
+].round(3)

@@ -60,7 +60,9 @@ def build(name: str, parameters: Mapping[str, Any] | None = None) -> Any:
     declared = _assigned(cells[tagged[0]].source)
     unknown = sorted(set(parameters or {}) - declared)
     if unknown:
-        raise ConfigError(f"notebook {name} has no parameter {', '.join(unknown)}; its parameters: {', '.join(sorted(declared))}")
+        raise ConfigError(
+            f"notebook {name} has no parameter {', '.join(unknown)}; its parameters: {', '.join(sorted(declared))}"
+        )
     if parameters:
         source = "# Parameters\n" + "\n".join(f"{key} = {value!r}" for key, value in parameters.items())
         cell = nbformat.v4.new_code_cell(source, metadata={"tags": [INJECTED_TAG]})
@@ -70,8 +72,13 @@ def build(name: str, parameters: Mapping[str, Any] | None = None) -> Any:
 
 
 def _assigned(source: str) -> set[str]:
-    return {target.id for node in ast.parse(source).body if isinstance(node, (ast.Assign, ast.AnnAssign))
-            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(target, ast.Name)}
+    return {
+        target.id
+        for node in ast.parse(source).body
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Name)
+    }
 
 
 def _kernel_environment() -> dict[str, str]:
@@ -82,8 +89,14 @@ def _kernel_environment() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": root if not path else os.pathsep.join([root, path])}
 
 
-def execute(name: str, parameters: Mapping[str, Any] | None = None, *, out: str | Path | None = None,
-            cwd: str | Path | None = None, timeout_s: float = 600.0) -> Any:
+def execute(
+    name: str,
+    parameters: Mapping[str, Any] | None = None,
+    *,
+    out: str | Path | None = None,
+    cwd: str | Path | None = None,
+    timeout_s: float = 600.0,
+) -> Any:
     """Run the notebook headless in ``cwd``; write the executed notebook to ``out`` if given.
     A failing cell raises ``RunError`` with the cell's error (the partial notebook is still written)."""
     import nbformat
@@ -91,8 +104,12 @@ def execute(name: str, parameters: Mapping[str, Any] | None = None, *, out: str 
     from nbclient.exceptions import CellExecutionError
 
     notebook = build(name, parameters)
-    client = NotebookClient(notebook, kernel_name="python3", timeout=timeout_s,
-                            resources={"metadata": {"path": str(Path(cwd or ".").resolve())}})
+    client = NotebookClient(
+        notebook,
+        kernel_name="python3",
+        timeout=timeout_s,
+        resources={"metadata": {"path": str(Path(cwd or ".").resolve())}},
+    )
     try:
         client.execute(env=_kernel_environment())
     except CellExecutionError as error:

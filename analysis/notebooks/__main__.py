@@ -10,13 +10,21 @@ from oobleck.errors import ConfigError, report_errors
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.notebooks", description="Run the analysis notebooks headless.")
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.notebooks", description="Run the analysis notebooks headless."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the notebooks")
     run = sub.add_parser("run", help="execute a notebook with parameters")
     run.add_argument("name")
-    run.add_argument("-p", "--parameter", action="append", default=[], metavar="KEY=VALUE",
-                     help="a parameter (Python literal, else text); repeatable")
+    run.add_argument(
+        "-p",
+        "--parameter",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a parameter (Python literal, else text); repeatable",
+    )
     run.add_argument("--out", default=None, help="write the executed notebook here (default: NAME.ipynb)")
     run.add_argument("--cwd", default=".", help="working directory of the kernel (relative paths resolve here)")
     run.add_argument("--timeout-s", type=float, default=600.0, help="per-cell time limit")

@@ -36,12 +36,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Optional
 
 from oobleck.errors import PlanningError
-from oobleck.planning.cost import ProfileArrays
 from oobleck.planning.layouts import even_split, explicit_plan
-from oobleck.planning.plan import ExecutionPlan, PipelineTemplate, ShadowCopy, StageSpec
+from oobleck.planning.outputs import ExecutionPlan, PipelineTemplate, ShadowCopy, StageSpec
+from oobleck.planning.pipeline_cost import ProfileArrays
 from oobleck.planning.reconfigure import plan_transfers
 from oobleck.planning.templates import make_template
 from oobleck.strategy import Decision, Kind, Layout, RunState, Strategy, StrategyConfig
@@ -56,13 +55,13 @@ class BambooConfig(StrategyConfig):
     # Assumption: Bamboo falls back to checkpoints only for adjacent failures, so it checkpoints
     # rarely (neither paper states an interval).
     checkpoint_every_steps: int = 100
-    pipeline_depth: Optional[int] = None  # None: the fastest depth whose doubled state fits
+    pipeline_depth: int | None = None  # None: the fastest depth whose doubled state fits
     # Redundancy needs each stage's successor on another node: depth 1 would be plain data parallelism.
     min_pipeline_depth: int = 2
     # None: a failed-over pipeline is timed by the cost model (its merged stage runs both stages);
     # a number multiplies the iteration time instead while any pipeline is failed over (the
     # Oobleck artifact's Bamboo simulator used 1.5).
-    failover_slowdown: Optional[float] = None
+    failover_slowdown: float | None = None
     # Share of the redundant forward on a stage's critical path (1: none hidden in the bubbles).
     redundant_forward_exposed: float = 1.0
     # The redundant forward's activations stay in device memory until the step's backward.
@@ -139,7 +138,9 @@ class Bamboo(Strategy):
         if key not in self._templates:
             gpus = self.context.cluster.gpus_per_node
             stages = [StageSpec(a, b, node=i, gpu_offset=0, gpus=gpus) for i, (a, b) in enumerate(ranges)]
-            self._templates[key] = make_template(self.context.profile, self.context.cluster, stages, self.context.reference_microbatches_per_stage)
+            self._templates[key] = make_template(
+                self.context.profile, self.context.cluster, stages, self.context.reference_microbatches_per_stage
+            )
         return self._templates[key]
 
     def stage_memory(self, partition: Sequence[tuple[int, int]]) -> list[float]:
@@ -171,7 +172,10 @@ class Bamboo(Strategy):
         return self._partitions[depth]
 
     def _forward_s(self, start: int, end: int) -> float:
-        return sum(layer.forward_s for layer in self.context.profile.layers[start:end]) / self.context.cluster.gpus_per_node
+        return (
+            sum(layer.forward_s for layer in self.context.profile.layers[start:end])
+            / self.context.cluster.gpus_per_node
+        )
 
     def _effective(self, state: BambooState, slots: Sequence[int]) -> list[tuple[int, int, int]]:
         """(node, start, end) of the stages a pipeline runs: a failed slot merges into its
@@ -191,7 +195,9 @@ class Bamboo(Strategy):
             result.append((slots[keeper], start, end))
         return result
 
-    def _pipeline(self, state: BambooState, slots: Sequence[int], microbatches: int, redundancy: bool) -> PipelineTemplate:
+    def _pipeline(
+        self, state: BambooState, slots: Sequence[int], microbatches: int, redundancy: bool
+    ) -> PipelineTemplate:
         stages = self._effective(state, slots)
         template = self._template([(a, b) for _, a, b in stages])
         size = len(stages)
@@ -225,12 +231,18 @@ class Bamboo(Strategy):
                     _, a, b = stages[(j + 1) % len(stages)]
                     shadows.append(ShadowCopy(pipeline=p, stage=j, layers=tuple(range(a, b))))
         return explicit_plan(
-            templates, groups, split,
-            global_batch_size=ctx.global_batch_size, microbatch_size=ctx.microbatch_size, fault_tolerance=0,
-            gpus_per_node=ctx.cluster.gpus_per_node, layer_param_bytes=ctx.layer_param_bytes,
-            intra_node_bandwidth=ctx.cluster.intra_node_bandwidth, inter_node_bandwidth=ctx.cluster.inter_node_bandwidth,
+            templates,
+            groups,
+            split,
+            global_batch_size=ctx.global_batch_size,
+            microbatch_size=ctx.microbatch_size,
+            fault_tolerance=0,
+            gpus_per_node=ctx.cluster.gpus_per_node,
+            layer_param_bytes=ctx.layer_param_bytes,
+            intra_node_bandwidth=ctx.cluster.intra_node_bandwidth,
+            inter_node_bandwidth=ctx.cluster.inter_node_bandwidth,
             shadows=shadows,
-        )  # fmt: skip
+        )
 
     def _layout(self, state: BambooState) -> Layout:
         plan = self._plan(state)
@@ -321,7 +333,9 @@ class Bamboo(Strategy):
             self.depth = depth
         state = self._fresh_state(self.depth, nodes)
         if state is None:
-            return Decision(Kind.STOP, reason=f"{len(nodes)} nodes cannot form one pipeline of the fixed depth {self.depth}")
+            return Decision(
+                Kind.STOP, reason=f"{len(nodes)} nodes cannot form one pipeline of the fixed depth {self.depth}"
+            )
         return Decision(Kind.START, self._layout(state))
 
     def on_change(self, run: RunState) -> Decision:
@@ -337,7 +351,9 @@ class Bamboo(Strategy):
                 continue  # a standby left
             p, s = where
             if FAILED in (pipelines[p][(s - 1) % depth], pipelines[p][(s + 1) % depth]):
-                return self.restart(run, f"ring-adjacent stages of pipeline {p} lost (a stage and its only copy): global restart")
+                return self.restart(
+                    run, f"ring-adjacent stages of pipeline {p} lost (a stage and its only copy): global restart"
+                )
             pipelines[p][s] = FAILED
             failovers += 1
         spares.extend(sorted(n for n in run.joined if n in alive and n not in spares))
@@ -372,9 +388,19 @@ class Bamboo(Strategy):
         if not moved and not failovers:
             return Decision(Kind.CONTINUE, layout)
         transfers = plan_transfers(
-            run.layout.plan, layout.plan, run.removed, self.context.layer_param_bytes, max_sources=self.context.transfer_sources
+            run.layout.plan,
+            layout.plan,
+            run.removed,
+            self.context.layer_param_bytes,
+            max_sources=self.context.transfer_sources,
         )
         if moved:
-            return Decision(Kind.RECONFIGURE, layout, transfers=transfers, reason=f"{failovers} failed over; standbys or a pipeline rebalanced")
-        return Decision(Kind.FAILOVER, layout, transfers=transfers, reason=f"{failovers} stage(s) taken over by their predecessor")
-
+            return Decision(
+                Kind.RECONFIGURE,
+                layout,
+                transfers=transfers,
+                reason=f"{failovers} failed over; standbys or a pipeline rebalanced",
+            )
+        return Decision(
+            Kind.FAILOVER, layout, transfers=transfers, reason=f"{failovers} stage(s) taken over by their predecessor"
+        )

@@ -27,13 +27,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from oobleck.errors import ConfigError, PlanningError
+from oobleck.planning.inputs import GB
 from oobleck.planning.instantiate import build_plan
-from oobleck.planning.cost import stage_memory_bytes
-from oobleck.planning.profile import GB
+from oobleck.planning.pipeline_cost import stage_memory_bytes
 from oobleck.strategy import Decision, Kind, Layout, RunInfo, RunState, Strategy, StrategyConfig, StrategyContext
 
 TORCHFT_VERSION = "0.2.0"
-MB = 1e6  # as oobleck.planning.profile.GB = 1e9
+MB = 1e6  # as oobleck.planning.inputs.GB = 1e9
 
 
 def require_torchft(log_level: str = "warn") -> Any:
@@ -86,27 +86,50 @@ class Torchft(Strategy):
         if self.config.log_level not in ("error", "warn", "info", "debug"):
             raise ConfigError(f"strategy.log_level={self.config.log_level} must be one of error, warn, info, debug")
         require_torchft(self.config.log_level)
-        positive = ("min_replicas", "quorum_tick_ms", "heartbeat_timeout_ms", "heartbeat_interval_ms", "timeout_s", "quorum_timeout_s", "connect_timeout_s", "pg_timeout_s")
+        positive = (
+            "min_replicas",
+            "quorum_tick_ms",
+            "heartbeat_timeout_ms",
+            "heartbeat_interval_ms",
+            "timeout_s",
+            "quorum_timeout_s",
+            "connect_timeout_s",
+            "pg_timeout_s",
+        )
         for key in (*positive, "join_timeout_ms"):
             value = getattr(config, key)
             if value < 0 or (value == 0 and key in positive):
-                raise ConfigError(f"strategy.{key}={value} must be {'> 0' if key in positive else '>= 0'}; see conf/strategy/torchft.yaml")
+                raise ConfigError(
+                    f"strategy.{key}={value} must be {'> 0' if key in positive else '>= 0'}; see conf/strategy/torchft.yaml"
+                )
 
     def replicas_layout(self, nodes: Sequence[int]) -> Layout:
         """One single-node, single-stage pipeline per node: each node is one torchft replica group."""
         ctx = self.context
         ordered = sorted(nodes)
-        plan = build_plan(ctx.templates(0), [1] * len(ordered), [(n,) for n in ordered], ctx.global_batch_size, ctx.microbatch_size, 0)
+        plan = build_plan(
+            ctx.templates(0), [1] * len(ordered), [(n,) for n in ordered], ctx.global_batch_size, ctx.microbatch_size, 0
+        )
         # state: the nodes lost so far (they stay in the plan; torchft needs no new one)
-        return Layout(plan=plan, iteration_s=plan.predicted_iteration_s, description=f"torchft: {len(ordered)} replica groups of 1 node", state=())
+        return Layout(
+            plan=plan,
+            iteration_s=plan.predicted_iteration_s,
+            description=f"torchft: {len(ordered)} replica groups of 1 node",
+            state=(),
+        )
 
     def start(self, nodes: Sequence[int]) -> Decision:
         ctx = self.context
         gpus = ctx.cluster.gpus_per_node
         if gpus != 1:
-            return Decision(Kind.STOP, reason=f"strategy=torchft runs one replica group of one worker per node; cluster.gpus_per_node={gpus} must be 1")
+            return Decision(
+                Kind.STOP,
+                reason=f"strategy=torchft runs one replica group of one worker per node; cluster.gpus_per_node={gpus} must be 1",
+            )
         if len(nodes) < self.config.min_replicas:
-            return Decision(Kind.STOP, reason=f"{len(nodes)} nodes are fewer than strategy.min_replicas={self.config.min_replicas}")
+            return Decision(
+                Kind.STOP, reason=f"{len(nodes)} nodes are fewer than strategy.min_replicas={self.config.min_replicas}"
+            )
         if len(nodes) > ctx.num_microbatches:
             return Decision(
                 Kind.STOP,

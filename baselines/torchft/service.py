@@ -33,7 +33,11 @@ def final_record(index: int) -> str:
 def refuse_checkpoints(run_config: Mapping[str, Any]) -> None:
     """torchft heals from live peers: the harness's checkpoints (writing or resuming) do not apply."""
     checkpoint, job = run_config.get("checkpoint") or {}, run_config.get("job") or {}
-    settings = {"checkpoint.every_steps": checkpoint.get("every_steps"), "checkpoint.every_s": checkpoint.get("every_s"), "job.resume": job.get("resume")}
+    settings = {
+        "checkpoint.every_steps": checkpoint.get("every_steps"),
+        "checkpoint.every_s": checkpoint.get("every_s"),
+        "job.resume": job.get("resume"),
+    }
     for key, value in settings.items():
         if value:
             raise ConfigError(

@@ -39,7 +39,7 @@ import socket
 import time
 import warnings
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -68,9 +68,13 @@ def host_group_store(addr: str) -> tuple[dist.TCPStore, socket.socket]:
     listener.bind((addr, 0))
     listener.listen(64)
     store = dist.TCPStore(
-        addr, listener.getsockname()[1], is_master=True, wait_for_workers=False,
-        master_listen_fd=listener.fileno(), use_libuv=True,
-    )  # fmt: skip
+        addr,
+        listener.getsockname()[1],
+        is_master=True,
+        wait_for_workers=False,
+        master_listen_fd=listener.fileno(),
+        use_libuv=True,
+    )
     return store, listener
 
 
@@ -87,8 +91,11 @@ class TorchftWorker:
         warnings.filterwarnings("ignore", category=UserWarning, module=r"torchft\.")
         from torchft import Manager, ProcessGroupGloo
         from torchft.checkpointing.pg_transport import PGTransport
+
         if cluster.device != "cpu":
-            raise RunError(f"strategy=torchft runs torchft's ProcessGroupGloo on CPUs; cluster.device={cluster.device} is not wired up (use cpu)")
+            raise RunError(
+                f"strategy=torchft runs torchft's ProcessGroupGloo on CPUs; cluster.device={cluster.device} is not wired up (use cpu)"
+            )
         if int(cluster.torch_threads) > 0:
             torch.set_num_threads(int(cluster.torch_threads))
         if cluster.kind == "local":
@@ -102,16 +109,19 @@ class TorchftWorker:
         self.model = build_reference_model(self.cfg.model, int(job.seed))
         self.params = list(self.model.parameters())  # a tied weight is one parameter, counted once
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=float(job.lr), betas=(float(job.beta1), float(job.beta2)), weight_decay=float(job.weight_decay)
+            self.params,
+            lr=float(job.lr),
+            betas=(float(job.beta1), float(job.beta2)),
+            weight_decay=float(job.weight_decay),
         )
         # The data position travels with the state when a replica heals.
         self.batches_drawn = 0  # attempts so far: the batch index of the next attempt
         self.last_committed_batch = -1
-        self.healed_at: Optional[float] = None
+        self.healed_at: float | None = None
         self.registered_at = 0.0
         self.attempts = self.commits = self.failed_votes = self.failed_since_commit = 0
         self.heals: list[dict[str, float]] = []
-        self.strike: Optional[dict[str, Any]] = None
+        self.strike: dict[str, Any] | None = None
         self.secret = os.environ.get(keys.SECRET_ENV, "")  # handed down by the agent: strikes and stop are signed
         self.phase_seconds: dict[str, float] = {}
 
@@ -138,7 +148,9 @@ class TorchftWorker:
             hostname=advertised,
             heartbeat_interval=timedelta(milliseconds=int(c.heartbeat_interval_ms)),
             # A healing replica receives the state over the same gloo group (as torchft's train_ddp.py).
-            checkpoint_transport=PGTransport(self.pg, timeout=timedelta(seconds=float(c.timeout_s)), device=torch.device("cpu")),
+            checkpoint_transport=PGTransport(
+                self.pg, timeout=timedelta(seconds=float(c.timeout_s)), device=torch.device("cpu")
+            ),
             init_sync=False,  # every replica builds the same seeded initial state
         )
 
@@ -164,7 +176,9 @@ class TorchftWorker:
             self.strike = parse_strike(self.secret, self.store.get(key))  # None: a foreign write
             self.store.delete_key(key)
             if self.strike is not None and self.strike["phase"] == "reconfigure":
-                raise RunError("strategy=torchft has no reconfiguration phase to strike in (torchft heals in place); use phase any|forward|backward|allreduce|optimizer")
+                raise RunError(
+                    "strategy=torchft has no reconfiguration phase to strike in (torchft heals in place); use phase any|forward|backward|allreduce|optimizer"
+                )
 
     def _phase(self, phase: str, step: int) -> None:
         strike = self.strike
@@ -204,7 +218,11 @@ class TorchftWorker:
         participants, rank = manager.num_participants(), manager.participating_rank()
         batch = step if self.config.redo_uncommitted_batches else self.batches_drawn
         microbatches = self.batch // self.micro
-        lo, hi = (rank * microbatches // participants, (rank + 1) * microbatches // participants) if rank is not None else (0, 0)
+        lo, hi = (
+            (rank * microbatches // participants, (rank + 1) * microbatches // participants)
+            if rank is not None
+            else (0, 0)
+        )
 
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
@@ -224,17 +242,19 @@ class TorchftWorker:
         slots = torch.zeros(SLOT * participants)
         if rank is not None:
             healed = self.healed_at is not None
-            slots[SLOT * rank : SLOT * (rank + 1)] = torch.tensor([
-                self.node + 1.0,
-                1.0 if healed else 0.0,
-                self.healed_at - attempt_wall if healed else 0.0,
-                self.healed_at - self.registered_at if healed and self.commits == 0 else 0.0,
-            ])  # fmt: skip
+            slots[SLOT * rank : SLOT * (rank + 1)] = torch.tensor(
+                [
+                    self.node + 1.0,
+                    1.0 if healed else 0.0,
+                    self.healed_at - attempt_wall if healed else 0.0,
+                    self.healed_at - self.registered_at if healed and self.commits == 0 else 0.0,
+                ]
+            )
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat = torch.cat([g.reshape(-1) for g in grads] + [torch.tensor([loss_sum]), slots])
         manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
         offset = 0
-        for p, g in zip(self.params, grads):
+        for p in self.params:
             n = p.numel()
             p.grad = flat[offset : offset + n].view_as(p).clone()
             offset += n
@@ -285,8 +305,13 @@ class TorchftWorker:
         # step time) comes last, so the ledger finds the report when it reads the decision.
         self.store.compare_set(keys.step_report(self.generation, step), "", json.dumps(report))
         self.store.compare_set(keys.decision(self.generation, step), "", keys.commit_decision(False, done - started))
-        for name, seconds in (("quorum", quorum_done - started), ("forward_backward", computed - quorum_done),
-                              ("allreduce", reduced - computed), ("commit_vote", voted - reduced), ("optimizer", done - voted)):  # fmt: skip
+        for name, seconds in (
+            ("quorum", quorum_done - started),
+            ("forward_backward", computed - quorum_done),
+            ("allreduce", reduced - computed),
+            ("commit_vote", voted - reduced),
+            ("optimizer", done - voted),
+        ):
             self._time(name, seconds)
 
     # ------------------------------------------------------------------ the end
@@ -297,7 +322,9 @@ class TorchftWorker:
             pieces = []
             for p in layer.parameters():
                 state = self.optimizer.state.get(p, {})
-                pieces += [p.detach().reshape(-1)] + [state[k].reshape(-1) for k in ("exp_avg", "exp_avg_sq") if k in state]
+                pieces += [p.detach().reshape(-1)] + [
+                    state[k].reshape(-1) for k in ("exp_avg", "exp_avg_sq") if k in state
+                ]
             result[str(index)] = tensor_hash(torch.cat(pieces))
         return result
 
@@ -313,15 +340,22 @@ class TorchftWorker:
                     torch.save({k: v.detach().cpu() for k, v in layer.state_dict().items()}, buffer)
                     self.store.set(key, buffer.getvalue())
         record = {
-            "node": self.node, "incarnation": self.incarnation, "pid": os.getpid(), "finished": True,
-            "steps": self.manager.current_step(), "checksums": self.checksums(), "attempts": self.attempts,
-            "commits": self.commits, "failed_votes": self.failed_votes, "heals": self.heals,
-        }  # fmt: skip
+            "node": self.node,
+            "incarnation": self.incarnation,
+            "pid": os.getpid(),
+            "finished": True,
+            "steps": self.manager.current_step(),
+            "checksums": self.checksums(),
+            "attempts": self.attempts,
+            "commits": self.commits,
+            "failed_votes": self.failed_votes,
+            "heals": self.heals,
+        }
         self.store.set(final_record(self.store.add(FINAL_COUNT, 1)), json.dumps(record))
         self.store.set(keys.phase_times(self.node, self.local_rank), json.dumps(self.phase_seconds))
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     def build(args: WorkerArgs) -> TorchftWorker:
         return TorchftWorker(args.host, args.port, args.node, args.local_rank, args.incarnation)
 

@@ -54,7 +54,9 @@ class Varuna(Strategy):
         ctx = self.context
         pipelines = min(len(ordered) // size, ctx.num_microbatches)
         groups = [tuple(ordered[i * size : (i + 1) * size]) for i in range(pipelines)]
-        return pipelines, build_plan(ctx.templates(0), [size] * pipelines, groups, ctx.global_batch_size, ctx.microbatch_size, 0)
+        return pipelines, build_plan(
+            ctx.templates(0), [size] * pipelines, groups, ctx.global_batch_size, ctx.microbatch_size, 0
+        )
 
     def _best_size(self, count: int) -> int | None:
         ctx = self.context
@@ -109,7 +111,10 @@ class Varuna(Strategy):
             candidate = self.best_layout(state.alive)
             if candidate is not None and candidate.iteration_s < layout.iteration_s:
                 return Decision(
-                    Kind.RESTART, candidate, rollback_to_step=state.step, checkpoint_first=True,
+                    Kind.RESTART,
+                    candidate,
+                    rollback_to_step=state.step,
+                    checkpoint_first=True,
                     reason=f"morph onto the joined nodes: {candidate.description}",
-                )  # fmt: skip
+                )
         return Decision(Kind.CONTINUE, standing)

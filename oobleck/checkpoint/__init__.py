@@ -4,7 +4,7 @@ A checkpoint is a directory ``<checkpoint dir>/step-NNNNNNNN/`` with one shard p
 manifest written last (``layout``). How the runtime uses it (``oobleck.elastic.checkpoints`` on
 the controller, ``oobleck.runtime.checkpointing`` on the workers):
 
-1. the controller picks the writer of each layer (``oobleck.planning.checkpoint_writers``) and
+1. the controller picks the writer of each layer (``oobleck.checkpoint.assignment``) and
    publishes it with every generation; the rank that commits a step decides whether a checkpoint
    follows it (``checkpoint.every_steps``, or a request of the controller's);
 2. each writer takes a ``snapshot`` of its layers at that step boundary and hands it to its
@@ -17,8 +17,12 @@ the controller, ``oobleck.runtime.checkpointing`` on the workers):
 
 Modules: ``durable`` (atomic writes, fsync), ``layout`` (names), ``manifest``, ``shard`` (the shard
 file format), ``writer`` (snapshot + background writes), ``catalog`` (list, verify, latest,
-prune), ``fingerprint``, ``resume``. Only ``shard`` and ``writer`` need torch.
+prune), ``fingerprint``, ``resume``, ``assignment`` (which holder writes each layer). Only
+``shard`` and ``writer`` need torch: they load on first use (``from oobleck.checkpoint import
+AsyncCheckpointWriter``), so the simulator and the planner use the torch-free parts without it.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from oobleck.checkpoint.catalog import (
     Checkpoint,
@@ -36,8 +40,25 @@ from oobleck.checkpoint.fingerprint import check_fingerprint, fingerprint
 from oobleck.checkpoint.layout import checkpoint_root, shard_name, step_dir, step_of
 from oobleck.checkpoint.manifest import Manifest, ShardRecord, read_manifest, write_manifest
 from oobleck.checkpoint.resume import resolve_resume, resume_checkpoint
-from oobleck.checkpoint.shard import Shard, ShardMeta, read_shard, restore_layer, shard_meta, write_shard
-from oobleck.checkpoint.writer import AsyncCheckpointWriter, Snapshot, WriteHandle, save_checkpoint, snapshot
+
+if TYPE_CHECKING:
+    from oobleck.checkpoint.shard import Shard, ShardMeta, read_shard, restore_layer, shard_meta, write_shard
+    from oobleck.checkpoint.writer import AsyncCheckpointWriter, Snapshot, WriteHandle, save_checkpoint, snapshot
+
+_NEEDS_TORCH = {
+    "oobleck.checkpoint.shard": ("Shard", "ShardMeta", "read_shard", "restore_layer", "shard_meta", "write_shard"),
+    "oobleck.checkpoint.writer": ("AsyncCheckpointWriter", "Snapshot", "WriteHandle", "save_checkpoint", "snapshot"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    for module, names in _NEEDS_TORCH.items():
+        if name in names:
+            return getattr(importlib.import_module(module), name)
+    raise AttributeError(f"module 'oobleck.checkpoint' has no attribute {name!r}")
+
 
 __all__ = [
     "AsyncCheckpointWriter",

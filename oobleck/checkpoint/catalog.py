@@ -13,7 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from oobleck.checkpoint.durable import file_crc32, make_dirs, remove_file_durably, remove_temporaries, remove_tree_durably
+from oobleck.checkpoint.durable import (
+    file_crc32,
+    make_dirs,
+    remove_file_durably,
+    remove_temporaries,
+    remove_tree_durably,
+)
 from oobleck.checkpoint.layout import MANIFEST_NAME, step_dir, step_of
 from oobleck.checkpoint.manifest import Manifest, ShardRecord, read_manifest
 from oobleck.errors import CheckpointError
@@ -70,7 +76,9 @@ def list_checkpoints(checkpoint_dir: Path | str) -> list[StepDir]:
     root = Path(checkpoint_dir)
     if not root.is_dir():
         return []
-    found = [StepDir(step, entry) for entry in root.iterdir() if entry.is_dir() and (step := step_of(entry)) is not None]
+    found = [
+        StepDir(step, entry) for entry in root.iterdir() if entry.is_dir() and (step := step_of(entry)) is not None
+    ]
     return sorted(found, key=lambda entry: entry.step)
 
 
@@ -165,7 +173,8 @@ def prune(checkpoint_dir: Path | str, keep: int) -> list[Path]:
     doomed = [
         entry.path
         for entry in entries
-        if (entry.step in complete_steps and entry.step not in kept) or (entry.step not in complete_steps and entry.step < newest)
+        if (entry.step in complete_steps and entry.step not in kept)
+        or (entry.step not in complete_steps and entry.step < newest)
     ]
     for path in doomed:
         remove_tree_durably(path)

@@ -14,14 +14,26 @@ from __future__ import annotations
 import functools
 import hashlib
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from oobleck.config import to_container
 from oobleck.errors import ConfigError
 
 # Path of the shipped corpus (the same file oobleck.data.dataset reads), found without torch.
 CORPUS_PATH = Path(__file__).resolve().parents[1] / "data" / "corpus" / "python_reference.txt"
-JOB_KEYS = ("dataset", "global_batch_size", "seed", "lr", "min_lr", "warmup_steps", "steps", "weight_decay", "beta1", "beta2", "grad_clip")
+JOB_KEYS = (
+    "dataset",
+    "global_batch_size",
+    "seed",
+    "lr",
+    "min_lr",
+    "warmup_steps",
+    "steps",
+    "weight_decay",
+    "beta1",
+    "beta2",
+    "grad_clip",
+)
 
 
 @functools.lru_cache(maxsize=4)
@@ -44,16 +56,22 @@ def fingerprint(cfg: Any, corpus_path: Path = CORPUS_PATH) -> dict[str, Any]:
     return result
 
 
-def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], source: Optional[Path | str] = None) -> None:
+def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], source: Path | str | None = None) -> None:
     """Raise one ``ConfigError`` naming every key whose value differs (both values) and the fix."""
     absent = "<absent>"
     differing = sorted(key for key in set(saved) | set(current) if saved.get(key, absent) != current.get(key, absent))
     if not differing:
         return
-    changes = "; ".join(f"{key}={saved.get(key, absent)!r} in the checkpoint, {current.get(key, absent)!r} now" for key in differing)
+    changes = "; ".join(
+        f"{key}={saved.get(key, absent)!r} in the checkpoint, {current.get(key, absent)!r} now" for key in differing
+    )
     overrides = " ".join(f"{key}={saved[key]}" for key in differing if key in saved and not key.startswith("data."))
     same = f"the checkpoint's settings ({overrides})" if overrides else "the checkpoint's settings"
-    data_note = " (data.* identify the shipped corpus file, which changed)" if any(k.startswith("data.") for k in differing) else ""
+    data_note = (
+        " (data.* identify the shipped corpus file, which changed)"
+        if any(k.startswith("data.") for k in differing)
+        else ""
+    )
     raise ConfigError(
         f"cannot resume from {source or 'the checkpoint'}: it was written by a different training setup: "
         f"{changes}{data_note}. Resume with {same}, or start fresh (a new run dir or checkpoint.dir, or job.resume=null)"

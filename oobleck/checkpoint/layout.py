@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Optional
 
 MANIFEST_NAME = "manifest.json"
 STEP_PREFIX = "step-"
@@ -35,7 +34,7 @@ def step_dir(checkpoint_dir: Path | str, step: int) -> Path:
     return Path(checkpoint_dir) / step_dir_name(step)
 
 
-def step_of(path: Path | str) -> Optional[int]:
+def step_of(path: Path | str) -> int | None:
     """The step a ``step-NNNNNNNN`` directory holds, or None for any other name."""
     match = _STEP_DIR.match(Path(path).name)
     return int(match.group(1)) if match else None
@@ -45,6 +44,6 @@ def shard_name(layer: int) -> str:
     return f"{SHARD_PREFIX}{layer:0{LAYER_DIGITS}d}{SHARD_SUFFIX}"
 
 
-def checkpoint_root(configured: Optional[Path | str], run_dir: Path | str) -> Path:
+def checkpoint_root(configured: Path | str | None, run_dir: Path | str) -> Path:
     """The checkpoint dir: ``configured`` (``checkpoint.dir``), or ``<run dir>/checkpoints`` when unset."""
     return Path(configured) if configured else Path(run_dir) / DEFAULT_SUBDIR

@@ -103,14 +103,25 @@ class Manifest:
             raise CheckpointError(f"the manifest is a {type(data).__name__}, not a JSON object")
         if data.get("format") != FORMAT_VERSION:
             raise CheckpointError(f"manifest format {data.get('format')!r} is not the supported {FORMAT_VERSION}")
-        expected = {"step": int, "num_layers": int, "created": (int, float), "fingerprint": dict, "shards": list, "extra": dict}
+        expected = {
+            "step": int,
+            "num_layers": int,
+            "created": (int, float),
+            "fingerprint": dict,
+            "shards": list,
+            "extra": dict,
+        }
         for key, kind in expected.items():
             if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
-                raise CheckpointError(f"manifest key {key!r} is {data.get(key)!r}, not a {getattr(kind, '__name__', 'number')}")
+                raise CheckpointError(
+                    f"manifest key {key!r} is {data.get(key)!r}, not a {getattr(kind, '__name__', 'number')}"
+                )
         shards = []
         for index, entry in enumerate(data["shards"]):
             try:
-                record = ShardRecord(layer=entry["layer"], file=entry["file"], bytes=entry["bytes"], crc32=entry["crc32"])
+                record = ShardRecord(
+                    layer=entry["layer"], file=entry["file"], bytes=entry["bytes"], crc32=entry["crc32"]
+                )
             except (TypeError, KeyError) as error:
                 raise CheckpointError(f"manifest shards[{index}] = {entry!r} lacks {error}") from None
             if not (isinstance(record.layer, int) and isinstance(record.bytes, int) and isinstance(record.crc32, int)):
@@ -149,7 +160,9 @@ def write_manifest(step_dir: Path | str, manifest: Manifest, *, check_files: boo
     try:
         payload = json.dumps(manifest.to_dict(), indent=1, sort_keys=True, allow_nan=False).encode()
     except (TypeError, ValueError) as error:
-        raise CheckpointError(f"manifest of step {manifest.step} is not JSON-serialisable ({error}); keep extra={{...}} to JSON values") from None
+        raise CheckpointError(
+            f"manifest of step {manifest.step} is not JSON-serialisable ({error}); keep extra={{...}} to JSON values"
+        ) from None
     path = step_dir / MANIFEST_NAME
     durable_write(path, [payload])
     return path
@@ -161,7 +174,9 @@ def read_manifest(step_dir: Path | str) -> Manifest:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing: the checkpoint is incomplete (its write was interrupted or is in progress)") from None
+        raise CheckpointError(
+            f"{path} is missing: the checkpoint is incomplete (its write was interrupted or is in progress)"
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from oobleck.checkpoint.catalog import Checkpoint, find_latest, verify
 from oobleck.checkpoint.fingerprint import check_fingerprint, fingerprint
@@ -31,7 +31,9 @@ def _explicit(resume: str, threads: int) -> Checkpoint:
     path = Path(resume).expanduser()
     key = f"job.resume={resume!r}"
     if not path.exists():
-        raise ConfigError(f"{key}: {path} does not exist; give a checkpoint step dir (.../step-NNNNNNNN) or checkpoint dir, {AUTO}, or null")
+        raise ConfigError(
+            f"{key}: {path} does not exist; give a checkpoint step dir (.../step-NNNNNNNN) or checkpoint dir, {AUTO}, or null"
+        )
     if step_of(path) is not None or (path / MANIFEST_NAME).exists():
         problems = verify(path, threads=threads)
         if problems:
@@ -48,13 +50,13 @@ def _explicit(resume: str, threads: int) -> Checkpoint:
 
 
 def resolve_resume(
-    resume: Optional[str],
+    resume: str | None,
     run_dir: Path | str,
-    checkpoint_dir: Optional[Path | str] = None,
+    checkpoint_dir: Path | str | None = None,
     *,
-    expected_fingerprint: Optional[dict[str, Any]] = None,
+    expected_fingerprint: dict[str, Any] | None = None,
     threads: int = 1,
-) -> Optional[Checkpoint]:
+) -> Checkpoint | None:
     """The checkpoint to resume from (None: start fresh); see the module docstring. ``threads``
     check the shards' checksums in parallel."""
     if resume is None:
@@ -72,8 +74,12 @@ def resolve_resume(
     return found
 
 
-def resume_checkpoint(cfg: Any, run_dir: Path | str) -> Optional[Checkpoint]:
+def resume_checkpoint(cfg: Any, run_dir: Path | str) -> Checkpoint | None:
     """``resolve_resume`` for a whole config: ``job.resume``, ``checkpoint.dir`` and the fingerprint."""
     return resolve_resume(
-        cfg.job.resume, run_dir, cfg.checkpoint.dir, expected_fingerprint=fingerprint(cfg), threads=int(cfg.checkpoint.io_threads)
+        cfg.job.resume,
+        run_dir,
+        cfg.checkpoint.dir,
+        expected_fingerprint=fingerprint(cfg),
+        threads=int(cfg.checkpoint.io_threads),
     )

@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -69,7 +69,9 @@ class ShardMeta:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ShardMeta:
         if data.get("byteorder") != sys.byteorder:
-            raise CheckpointError(f"shard written on a {data.get('byteorder')}-endian machine; this one is {sys.byteorder}-endian")
+            raise CheckpointError(
+                f"shard written on a {data.get('byteorder')}-endian machine; this one is {sys.byteorder}-endian"
+            )
         return cls(
             layer=int(data["layer"]),
             numel=int(data["numel"]),
@@ -78,7 +80,7 @@ class ShardMeta:
             params=tuple((str(name), tuple(int(d) for d in shape)) for name, shape in data["params"]),
         )
 
-    def mismatch(self, other: ShardMeta) -> Optional[str]:
+    def mismatch(self, other: ShardMeta) -> str | None:
         """Why a shard with this metadata cannot go into a layer described by ``other`` (None: it can)."""
         for key in ("layer", "rows", "dtype"):
             if getattr(self, key) != getattr(other, key):
@@ -106,7 +108,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 def shard_meta(layer: LayerState, dtype: torch.dtype = torch.float32) -> ShardMeta:
     """The metadata of ``layer``'s shard (``flat_state`` is float32)."""
     params = tuple((name, tuple(p.shape)) for name, p in layer.module.named_parameters())
-    return ShardMeta(layer=layer.index, numel=sum(math.prod(shape) for _, shape in params), dtype=dtype_name(dtype), params=params)
+    return ShardMeta(
+        layer=layer.index, numel=sum(math.prod(shape) for _, shape in params), dtype=dtype_name(dtype), params=params
+    )
 
 
 @dataclass(frozen=True)
@@ -119,9 +123,13 @@ class Shard:
     def __post_init__(self) -> None:
         t, meta = self.tensor, self.meta
         if t.device.type != "cpu" or not t.is_contiguous():
-            raise CheckpointError(f"layer {meta.layer}: a shard's tensor must be contiguous on the CPU (got {t.device}, contiguous={t.is_contiguous()})")
+            raise CheckpointError(
+                f"layer {meta.layer}: a shard's tensor must be contiguous on the CPU (got {t.device}, contiguous={t.is_contiguous()})"
+            )
         if tuple(t.shape) != meta.shape or dtype_name(t.dtype) != meta.dtype:
-            raise CheckpointError(f"layer {meta.layer}: tensor {tuple(t.shape)} {dtype_name(t.dtype)} does not match its metadata {meta.shape} {meta.dtype}")
+            raise CheckpointError(
+                f"layer {meta.layer}: tensor {tuple(t.shape)} {dtype_name(t.dtype)} does not match its metadata {meta.shape} {meta.dtype}"
+            )
 
     @property
     def nbytes(self) -> int:
@@ -163,7 +171,9 @@ def _read_exact(f: Any, view: memoryview, crc: int) -> int:
     return crc
 
 
-def read_shard(step_dir: Path | str, record: ShardRecord, *, expect: Optional[ShardMeta] = None, verify: bool = True) -> torch.Tensor:
+def read_shard(
+    step_dir: Path | str, record: ShardRecord, *, expect: ShardMeta | None = None, verify: bool = True
+) -> torch.Tensor:
     """The ``[rows, numel]`` CPU tensor of ``record``'s shard.
 
     ``CheckpointError`` names the file when it is missing, truncated, fails its CRC32 (with
@@ -179,7 +189,9 @@ def read_shard(step_dir: Path | str, record: ShardRecord, *, expect: Optional[Sh
         size = f.seek(0, 2)
         f.seek(0)
         if verify and size != record.bytes:
-            raise CheckpointError(f"{where} is {size} bytes, the manifest says {record.bytes}: the shard is truncated or was replaced")
+            raise CheckpointError(
+                f"{where} is {size} bytes, the manifest says {record.bytes}: the shard is truncated or was replaced"
+            )
         prefix = f.read(len(MAGIC) + _LENGTH.size)
         if len(prefix) != len(MAGIC) + _LENGTH.size or prefix[: len(MAGIC)] != MAGIC:
             raise CheckpointError(f"{where} is not a shard file (bad magic bytes)")
@@ -206,11 +218,15 @@ def read_shard(step_dir: Path | str, record: ShardRecord, *, expect: Optional[Sh
         if f.read(1):
             raise CheckpointError(f"{where} has bytes after its data: the shard is corrupt")
     if verify and crc != record.crc32:
-        raise CheckpointError(f"{where} fails its checksum: crc32 {crc:#010x}, the manifest says {record.crc32:#010x}; the shard is corrupt")
+        raise CheckpointError(
+            f"{where} fails its checksum: crc32 {crc:#010x}, the manifest says {record.crc32:#010x}; the shard is corrupt"
+        )
     return tensor
 
 
-def restore_layer(step_dir: Path | str, record: ShardRecord, layer: LayerState, committed_steps: int, *, verify: bool = True) -> None:
+def restore_layer(
+    step_dir: Path | str, record: ShardRecord, layer: LayerState, committed_steps: int, *, verify: bool = True
+) -> None:
     """Read ``record``'s shard, check it against ``layer``'s module, and install it (AdamW step = ``committed_steps``)."""
     flat = read_shard(step_dir, record, expect=shard_meta(layer), verify=verify)
     device = next(iter(layer.params)).device

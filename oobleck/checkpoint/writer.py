@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -73,7 +73,7 @@ class Snapshot:
 
     shards: Mapping[int, Shard]
     seconds: float
-    pool: Optional[HostBufferPool] = None
+    pool: HostBufferPool | None = None
 
     @property
     def nbytes(self) -> int:
@@ -84,7 +84,7 @@ class Snapshot:
             self.pool.give_back(shard.tensor for shard in self.shards.values())
 
 
-def snapshot(layers: Iterable[LayerState], pool: Optional[HostBufferPool] = None) -> Snapshot:
+def snapshot(layers: Iterable[LayerState], pool: HostBufferPool | None = None) -> Snapshot:
     """Copy ``layers``' flat states to host memory; call it at a step boundary (after the commit).
 
     One copy per tensor into a host buffer (from ``pool`` when given). For CUDA layers the buffer
@@ -98,7 +98,9 @@ def snapshot(layers: Iterable[LayerState], pool: Optional[HostBufferPool] = None
         meta = shard_meta(layer, layer.params[0].dtype)
         pinned = device.type == "cuda"
         shape, dtype = meta.shape, layer.params[0].dtype
-        host = pool.take(shape, dtype, pinned) if pool is not None else torch.empty(shape, dtype=dtype, pin_memory=pinned)
+        host = (
+            pool.take(shape, dtype, pinned) if pool is not None else torch.empty(shape, dtype=dtype, pin_memory=pinned)
+        )
         flat_state_into(layer, host, non_blocking=pinned)
         if pinned:
             devices.add(device)
@@ -116,14 +118,14 @@ class WriteHandle:
         self.layers = tuple(sorted(snapshot.shards))
         self.snapshot_s = snapshot.seconds
         self.bytes = snapshot.nbytes
-        self.write_s: Optional[float] = None  # first shard started -> last shard finished
+        self.write_s: float | None = None  # first shard started -> last shard finished
         self._lock = threading.Lock()
         self._finished = threading.Event()
         self._records: dict[int, ShardRecord] = {}
-        self._error: Optional[BaseException] = None
-        self._failed_layer: Optional[int] = None
+        self._error: BaseException | None = None
+        self._failed_layer: int | None = None
         self._outstanding = len(self.layers)
-        self._started: Optional[float] = None
+        self._started: float | None = None
         self._on_finish: list[Callable[[], None]] = []
 
     def done(self) -> bool:
@@ -140,7 +142,7 @@ class WriteHandle:
             return dict(self._records)
 
     @property
-    def error(self) -> Optional[BaseException]:
+    def error(self) -> BaseException | None:
         return self._error
 
     def result(self, timeout: float) -> dict[int, ShardRecord]:
@@ -152,7 +154,9 @@ class WriteHandle:
                 "raise checkpoint.write_timeout_s or check the file system"
             )
         if self._error is not None:
-            raise CheckpointError(f"writing layer {self._failed_layer} to {self.step_dir} failed: {self._error!r}") from self._error
+            raise CheckpointError(
+                f"writing layer {self._failed_layer} to {self.step_dir} failed: {self._error!r}"
+            ) from self._error
         return self.records
 
     # -- called by the writer ------------------------------------------------------------------
@@ -161,7 +165,7 @@ class WriteHandle:
             if self._started is None:
                 self._started = time.perf_counter()
 
-    def _end_shard(self, layer: int, record: Optional[ShardRecord], error: Optional[BaseException]) -> None:
+    def _end_shard(self, layer: int, record: ShardRecord | None, error: BaseException | None) -> None:
         with self._lock:
             if record is not None:
                 self._records[layer] = record
@@ -232,7 +236,7 @@ class AsyncCheckpointWriter:
         """``snapshot(layers)`` into this writer's reused host buffers (the usual way to take one)."""
         return snapshot(layers, self.pool)
 
-    def submit(self, step_dir: Path | str, snapshot: Snapshot, *, timeout: Optional[float] = None) -> WriteHandle:
+    def submit(self, step_dir: Path | str, snapshot: Snapshot, *, timeout: float | None = None) -> WriteHandle:
         """Write ``snapshot``'s shards into ``step_dir``; returns at once unless ``max_pending`` writes
         are in flight (then waits up to ``timeout``, default ``timeout_s``, for one to finish)."""
         if self._closed:
@@ -320,7 +324,7 @@ def save_checkpoint(
     num_layers: int,
     *,
     writer: AsyncCheckpointWriter,
-    extra: Optional[Mapping[str, Any]] = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> WriteHandle:
     """A whole checkpoint from one process that holds every layer: snapshot, shards, manifest.
 

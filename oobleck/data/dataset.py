@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,8 +48,8 @@ class TokenDataset:
         seq_len: int,
         vocab_size: int,
         *,
-        stream: Optional[torch.Tensor] = None,
-        num_samples: Optional[int] = None,
+        stream: torch.Tensor | None = None,
+        num_samples: int | None = None,
         seed: int = 0,
     ) -> None:
         if seq_len <= 0:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 from oobleck.elastic.forkserver import ForkedWorker
 from oobleck.elastic.protocol import SECRET_ENV, Channel, ProtocolError
@@ -62,9 +62,17 @@ class Agent:
         self.workers = []
         for local_rank in range(self.gpus):
             arguments = [
-                "--store", self.store, "--node-id", str(self.node), "--local-rank", str(local_rank),
-                "--incarnation", str(incarnation), "--run-id", self.run_id,
-            ]  # fmt: skip
+                "--store",
+                self.store,
+                "--node-id",
+                str(self.node),
+                "--local-rank",
+                str(local_rank),
+                "--incarnation",
+                str(incarnation),
+                "--run-id",
+                self.run_id,
+            ]
             if self.fork_server:
                 process: Any = ForkedWorker(self.fork_server, ["-m", self.module, *arguments], FORK_TIMEOUT_S)
             else:
@@ -79,12 +87,18 @@ class Agent:
             self.start_workers(incarnation)
             return True
         except OSError as error:  # the executable, or the fork server, is not there
-            print(f"oobleck.elastic.agent: error: node {self.node} cannot start its workers: {error}", file=sys.stderr, flush=True)
+            print(
+                f"oobleck.elastic.agent: error: node {self.node} cannot start its workers: {error}",
+                file=sys.stderr,
+                flush=True,
+            )
             return False
 
     def _watch(self, local_rank: int, process: Any, incarnation: int) -> None:
         code = process.wait()
-        self.channel.send({"type": "exit", "node": self.node, "local_rank": local_rank, "code": code, "incarnation": incarnation})
+        self.channel.send(
+            {"type": "exit", "node": self.node, "local_rank": local_rank, "code": code, "incarnation": incarnation}
+        )
 
     def heartbeat(self, interval_s: float) -> None:
         while not self.stopping.wait(interval_s):
@@ -118,25 +132,31 @@ class Agent:
                     pass
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="oobleck.elastic.agent", description=__doc__.splitlines()[0])
     parser.add_argument("--controller", required=True, help="HOST:PORT of the controller's agent port")
     parser.add_argument("--node-id", type=int, required=True)
     parser.add_argument("--run-id", default="", help="a tag of the run (lets tools find its processes)")
     args = parser.parse_args(argv)
     if os.getpgrp() != os.getpid():
-        os.setpgid(0, 0)  # under srun (or locally on Python 3.10): lead the node's process group, so a node kill is one killpg
+        os.setpgid(
+            0, 0
+        )  # under srun (or locally on Python 3.10): lead the node's process group, so a node kill is one killpg
     host, _, port = args.controller.rpartition(":")
     try:
         sock = connect(host, int(port), CONNECT_TIMEOUT_S)
     except OSError as error:
-        print(f"oobleck.elastic.agent: error: cannot reach the controller at {args.controller}: {error}", file=sys.stderr)
+        print(
+            f"oobleck.elastic.agent: error: cannot reach the controller at {args.controller}: {error}", file=sys.stderr
+        )
         return 2
     sock.settimeout(None)
     channel = Channel(sock)
     agent = Agent(channel, args.node_id)
     secret = os.environ.get(SECRET_ENV, "")
-    channel.send({"type": "hello", "node": args.node_id, "pid": os.getpid(), "host": socket.gethostname(), "secret": secret})
+    channel.send(
+        {"type": "hello", "node": args.node_id, "pid": os.getpid(), "host": socket.gethostname(), "secret": secret}
+    )
     code = 0
     while True:
         try:
@@ -149,7 +169,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             code = 1
             break
         if message["type"] == "start":
-            agent.store, agent.gpus, agent.run_id = message["store"], int(message["gpus"]), message["run_id"] or args.run_id
+            agent.store, agent.gpus, agent.run_id = (
+                message["store"],
+                int(message["gpus"]),
+                message["run_id"] or args.run_id,
+            )
             agent.module = message["worker_module"]
             agent.fork_server = message["fork_server"]
             if not agent.try_start_workers(int(message["incarnation"])):

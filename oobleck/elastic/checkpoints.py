@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from oobleck.checkpoint import Manifest, ShardRecord, checkpoint_root, fingerprint, prune, step_dir, write_manifest
-from oobleck.planning.checkpoint_writers import assign_checkpoint_writers
-from oobleck.planning.plan import ExecutionPlan, Worker
+from oobleck.checkpoint.assignment import assign_checkpoint_writers
+from oobleck.planning.outputs import ExecutionPlan, Worker
 from oobleck.runtime import keys
 
 
@@ -34,7 +35,16 @@ class Pending:
 
 
 class CheckpointCoordinator:
-    def __init__(self, cfg: Any, run_dir: Path, store: Any, every_steps: int, *, event: Callable[..., None], extra: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        cfg: Any,
+        run_dir: Path,
+        store: Any,
+        every_steps: int,
+        *,
+        event: Callable[..., None],
+        extra: dict[str, Any],
+    ) -> None:
         self.cfg = cfg
         self.store = store
         self.every_steps = every_steps
@@ -48,14 +58,14 @@ class CheckpointCoordinator:
         self.pending: dict[int, Pending] = {}
         self.completed: dict[int, Path] = {}  # boundary -> step dir of a complete checkpoint
         self.last_completed_at = time.time()
-        self.requested: Optional[int] = None
+        self.requested: int | None = None
         self.completed_rows: list[dict[str, Any]] = []  # one per completed checkpoint (events.csv's)
 
     def adopt(self, step: int, path: Path) -> None:
         """A checkpoint that exists already (the one a run resumes from)."""
         self.completed[step] = path
 
-    def latest_step(self) -> Optional[int]:
+    def latest_step(self) -> int | None:
         return max(self.completed) if self.completed else None
 
     def path(self, step: int) -> Path:
@@ -99,10 +109,16 @@ class CheckpointCoordinator:
     def writer_lost(self, node: int) -> None:
         """A node died: a checkpoint still waiting for one of its shards will never complete."""
         for boundary, pending in list(self.pending.items()):
-            waiting = {layer for layer, worker in pending.writers.items() if worker[0] == node and layer not in pending.records}
+            waiting = {
+                layer for layer, worker in pending.writers.items() if worker[0] == node and layer not in pending.records
+            }
             if waiting and not self._collect(pending):
                 del self.pending[boundary]
-                self.event("checkpoint_abandoned", checkpoint_step=boundary, reason=f"node {node} died before writing layers {sorted(waiting)}")
+                self.event(
+                    "checkpoint_abandoned",
+                    checkpoint_step=boundary,
+                    reason=f"node {node} died before writing layers {sorted(waiting)}",
+                )
 
     def poll(self) -> list[int]:
         """Complete every checkpoint whose shards have all been reported; returns their boundaries."""
@@ -128,7 +144,9 @@ class CheckpointCoordinator:
     def _complete(self, pending: Pending) -> None:
         started = time.time()
         path = step_dir(self.root, pending.boundary)
-        manifest = Manifest.build(pending.boundary, self.fingerprint, pending.records.values(), len(pending.writers), extra=self.extra)
+        manifest = Manifest.build(
+            pending.boundary, self.fingerprint, pending.records.values(), len(pending.writers), extra=self.extra
+        )
         write_manifest(path, manifest)
         timings = []
         ranks = {tuple(w) for w in pending.writers.values()}
@@ -168,7 +186,9 @@ class CheckpointCoordinator:
             drain()
         for boundary in list(self.pending):
             del self.pending[boundary]
-            self.event("checkpoint_abandoned", checkpoint_step=boundary, reason="the run ended before every shard was reported")
+            self.event(
+                "checkpoint_abandoned", checkpoint_step=boundary, reason="the run ended before every shard was reported"
+            )
 
     def discard_after(self, step: int) -> None:
         """A restart rolls back to ``step``: checkpoints in progress of later steps will not complete."""

@@ -37,10 +37,11 @@ import json
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch.distributed as dist
 
@@ -52,7 +53,7 @@ from oobleck.elastic.protocol import new_run_id, new_secret
 from oobleck.errors import EXIT_REQUEUE, OobleckError, RunError, Stopped
 from oobleck.faults.injector import Injector
 from oobleck.faults.schedule import FaultEvent
-from oobleck.planning.plan import ExecutionPlan, ReconfigurationPlan, tolerated_failures
+from oobleck.planning.outputs import ExecutionPlan, ReconfigurationPlan, tolerated_failures
 from oobleck.runtime import keys
 from oobleck.strategy import Decision, Kind, Layout, RunInfo, RunState, Strategy, checkpoint_every_steps
 
@@ -88,7 +89,7 @@ class Recovery:
     bytes_moved: int
     rolled_back_steps: int = 0
     restart_nodes: tuple[int, ...] = ()
-    spawned_at: Optional[float] = None  # restart: every fresh worker registered
+    spawned_at: float | None = None  # restart: every fresh worker registered
 
 
 class Controller:
@@ -105,8 +106,8 @@ class Controller:
         recorder: Any = None,
         schedule: tuple[FaultEvent, ...] = (),
         resume: Any = None,
-        run_id: Optional[str] = None,
-        on_event: Optional[Callable[[str, dict[str, Any]], None]] = None,
+        run_id: str | None = None,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
         fork_server: Any = None,
     ) -> None:
         self.cfg = cfg
@@ -123,27 +124,27 @@ class Controller:
         self.on_event = on_event
         # Called with each committed step's row, in the controller's loop (tools and benchmarks
         # watch the run with it; keep it cheap).
-        self.on_step: Optional[Callable[[dict[str, Any]], None]] = None
+        self.on_step: Callable[[dict[str, Any]], None] | None = None
         self.steps = int(cfg.job.steps)
         self.layer_bytes = strategy.context.layer_param_bytes
         self.store: Any = None
-        self.membership: Optional[Membership] = None
-        self.ledger: Optional[StepLedger] = None
-        self.decisions: Optional[DecisionWatch] = None
+        self.membership: Membership | None = None
+        self.ledger: StepLedger | None = None
+        self.decisions: DecisionWatch | None = None
         self._next_commit_poll = 0.0
-        self.checkpoints: Optional[CheckpointCoordinator] = None
-        self.firing: Optional[FaultFiring] = None
-        self.train_started: Optional[float] = None
-        self.recovery: Optional[Recovery] = None
+        self.checkpoints: CheckpointCoordinator | None = None
+        self.firing: FaultFiring | None = None
+        self.train_started: float | None = None
+        self.recovery: Recovery | None = None
         self.causes: list[float] = []  # cause times of the changes the next recovery absorbs
         self.detects: list[float] = []
-        self.restart_pending: Optional[int] = None  # rollback step of a restart not yet established
-        self.planned: Optional[tuple[Decision, int]] = None  # a restart waiting for its checkpoint
-        self.tolerance: Optional[int] = None
+        self.restart_pending: int | None = None  # rollback step of a restart not yet established
+        self.planned: tuple[Decision, int] | None = None  # a restart waiting for its checkpoint
+        self.tolerance: int | None = None
         self.finished = False
-        self.stop_requested: Optional[tuple[str, int]] = None  # (why, exit code)
-        self.checkpoint_stop: Optional[str] = None  # why: checkpoint the next boundary, then stop
-        self.checkpoint_stop_at: Optional[int] = None
+        self.stop_requested: tuple[str, int] | None = None  # (why, exit code)
+        self.checkpoint_stop: str | None = None  # why: checkpoint the next boundary, then stop
+        self.checkpoint_stop_at: int | None = None
         self._outcome = Outcome()
         self._services = contextlib.ExitStack()  # the strategy's run-long services
 
@@ -198,7 +199,9 @@ class Controller:
     def _store_client(self) -> dist.TCPStore:
         """A connection of the controller's own to its store, for a thread that blocks on it."""
         timeout = timedelta(seconds=float(self.cfg.cluster.startup_timeout_s))
-        return dist.TCPStore(self.cfg.cluster.master_addr, self.store.port, is_master=False, wait_for_workers=False, timeout=timeout)
+        return dist.TCPStore(
+            self.cfg.cluster.master_addr, self.store.port, is_master=False, wait_for_workers=False, timeout=timeout
+        )
 
     @property
     def store_address(self) -> str:
@@ -209,21 +212,37 @@ class Controller:
             self._start_store()
             self.ledger = StepLedger(self.store, self.steps, int(self.cfg.job.global_batch_size), on_step=self._on_step)
             self.membership = Membership(
-                self.cfg, self.store, self.store_address, secret=self.secret, run_id=self.run_id,
-                worker_module=self.strategy.worker_module, event=self._event, run_finished=self._run_finished,
-            )  # fmt: skip
+                self.cfg,
+                self.store,
+                self.store_address,
+                secret=self.secret,
+                run_id=self.run_id,
+                worker_module=self.strategy.worker_module,
+                event=self._event,
+                run_finished=self._run_finished,
+            )
             self.membership.listen()
             self.decisions = DecisionWatch(self._store_client(), self.membership.wake, dist.DistStoreError)
             self.checkpoints = CheckpointCoordinator(
-                self.cfg, self.run_dir, self.store, checkpoint_every_steps(self.cfg, self.strategy.config),
-                event=self._event, extra={"strategy": self.strategy.name, "run_id": self.run_id, "rng": _RNG_NOTE},
-            )  # fmt: skip
+                self.cfg,
+                self.run_dir,
+                self.store,
+                checkpoint_every_steps(self.cfg, self.strategy.config),
+                event=self._event,
+                extra={"strategy": self.strategy.name, "run_id": self.run_id, "rng": _RNG_NOTE},
+            )
             self.checkpoints.completed_rows = self.ledger.outcome.checkpoints
             self.firing = FaultFiring(
-                Injector(list(self.schedule), seed=int(self.cfg.failures.seed)), self.store, self.membership, self._event, secret=self.secret
+                Injector(list(self.schedule), seed=int(self.cfg.failures.seed)),
+                self.store,
+                self.membership,
+                self._event,
+                secret=self.secret,
             )
             self.firing.next_node_id = int(self.cfg.cluster.nodes)
-            run = RunInfo(str(self.cfg.cluster.master_addr), self.store_address, self.run_id, self.run_dir, self.config_dict)
+            run = RunInfo(
+                str(self.cfg.cluster.master_addr), self.store_address, self.run_id, self.run_dir, self.config_dict
+            )
             self.store.set(keys.SERVICES, json.dumps(self._services.enter_context(self.strategy.services(run))))
             self.membership.launcher = self._launcher()
             for node in range(int(self.cfg.cluster.nodes)):
@@ -283,12 +302,14 @@ class Controller:
         assert layout is not None
         if self.recorder is not None:
             templates = self.strategy.context.generated_templates()
-            self.recorder.write_plan({
-                "templates": templates.to_dict() if templates is not None else None,
-                "plan": layout.plan.to_dict(),
-                "layout": layout.description,
-                "strategy": self.strategy.name,
-            })  # fmt: skip
+            self.recorder.write_plan(
+                {
+                    "templates": templates.to_dict() if templates is not None else None,
+                    "plan": layout.plan.to_dict(),
+                    "layout": layout.description,
+                    "strategy": self.strategy.name,
+                }
+            )
         resume_step, checkpoint = 0, None
         if self.resume is not None:
             resume_step, checkpoint = self.resume.step, str(self.resume.step_dir)
@@ -311,8 +332,8 @@ class Controller:
         layout: Layout,
         resume: int,
         *,
-        reconfiguration: Optional[ReconfigurationPlan] = None,
-        checkpoint: Optional[str] = None,
+        reconfiguration: ReconfigurationPlan | None = None,
+        checkpoint: str | None = None,
     ) -> None:
         assert self.ledger is not None and self.checkpoints is not None and self.membership is not None
         document = {
@@ -335,8 +356,13 @@ class Controller:
         tolerated, wanted = tolerated_failures(plan), int(self.cfg.job.fault_tolerance)
         if tolerated < wanted and tolerated != self.tolerance:
             self._event("fault_tolerance_reduced", tolerated=tolerated, wanted=wanted, pipelines=len(plan.pipelines))
-            self.outcome.fault_tolerance.append({"step": self.ledger.next_step if self.ledger else 0, "tolerated": tolerated, "wanted": wanted})
-            print(f"oobleck: warning: the plan now survives only {tolerated} simultaneous node failure(s), not job.fault_tolerance={wanted}", flush=True)
+            self.outcome.fault_tolerance.append(
+                {"step": self.ledger.next_step if self.ledger else 0, "tolerated": tolerated, "wanted": wanted}
+            )
+            print(
+                f"oobleck: warning: the plan now survives only {tolerated} simultaneous node failure(s), not job.fault_tolerance={wanted}",
+                flush=True,
+            )
         self.tolerance = tolerated
 
     # ------------------------------------------------------------------ the loop
@@ -401,7 +427,11 @@ class Controller:
         checkpoints.poll()
         checkpoints.maybe_request_by_time(ledger.next_step)
         recovery = self.recovery
-        if recovery is not None and ledger.generation == recovery.generation and ledger.next_step > recovery.resume_step:
+        if (
+            recovery is not None
+            and ledger.generation == recovery.generation
+            and ledger.next_step > recovery.resume_step
+        ):
             self._finish_recovery()
 
     def _check_workers(self) -> None:
@@ -444,18 +474,20 @@ class Controller:
         if waiting:
             self.outcome.joins_not_absorbed = waiting
             self._event(
-                "join_not_absorbed", nodes=waiting,
+                "join_not_absorbed",
+                nodes=waiting,
                 reason="the run ended before these nodes were up (a worker takes seconds to start); join earlier or run more steps",
-            )  # fmt: skip
+            )
         if layout.standby:
             self._event("standby_at_end", nodes=list(layout.standby))
         unfired = self.firing.unfired()
         if self.firing.remaining or unfired:
             self.outcome.events_not_applied = self.firing.remaining + len(unfired)
             self._event(
-                "schedule_not_finished", remaining_events=self.firing.remaining,
+                "schedule_not_finished",
+                remaining_events=self.firing.remaining,
                 armed_not_fired="; ".join(f"{e.origin} (phase {e.phase})" for e in unfired),
-            )  # fmt: skip
+            )
 
     def _fire_faults(self) -> None:
         membership, firing, ledger = self.membership, self.firing, self.ledger
@@ -464,7 +496,13 @@ class Controller:
             return
         # Events apply in order, each after the previous change is absorbed (joining nodes up and
         # in the plan, the recovery's first step committed).
-        busy = membership.booting() or membership.striking() or membership.pending() or self.recovery is not None or self.planned is not None
+        busy = (
+            membership.booting()
+            or membership.striking()
+            or membership.pending()
+            or self.recovery is not None
+            or self.planned is not None
+        )
         if busy:
             return
         elapsed = time.time() - self.train_started if self.train_started else 0.0
@@ -492,7 +530,12 @@ class Controller:
             fresh = self.strategy.start(state.alive)
             if fresh.kind is Kind.STOP:
                 return fresh
-            return Decision(Kind.RESTART, fresh.layout, rollback_to_step=self.restart_pending, reason="a change during a restart: restart again")
+            return Decision(
+                Kind.RESTART,
+                fresh.layout,
+                rollback_to_step=self.restart_pending,
+                reason="a change during a restart: restart again",
+            )
         return self.strategy.on_change(state)
 
     def _on_change(self) -> None:
@@ -529,7 +572,12 @@ class Controller:
             self._republish(state, step)
             return
         if decision.kind is Kind.RESTART:
-            self._restart(decision, decision.rollback_to_step if decision.rollback_to_step is not None else step, state=state, plan_s=plan_s)
+            self._restart(
+                decision,
+                decision.rollback_to_step if decision.rollback_to_step is not None else step,
+                state=state,
+                plan_s=plan_s,
+            )
             return
         self._reconfigure(decision, state, step, plan_s)
 
@@ -547,26 +595,48 @@ class Controller:
             # A node doing work was lost and the strategy's own workers carry on (they heal in
             # place, e.g. torchft): the recovery lasts until the next committed step.
             self.recovery = Recovery(
-                kind="continue", generation=self.ledger.generation, reason="failure", decision=decision.reason,
-                removed=lost, joined=(), failure_time=min(self.causes, default=started), detect_s=max(self.detects, default=0.0),
-                plan_s=time.time() - started, started=started, resume_step=self.ledger.next_step, bytes_moved=0,
-            )  # fmt: skip
+                kind="continue",
+                generation=self.ledger.generation,
+                reason="failure",
+                decision=decision.reason,
+                removed=lost,
+                joined=(),
+                failure_time=min(self.causes, default=started),
+                detect_s=max(self.detects, default=0.0),
+                plan_s=time.time() - started,
+                started=started,
+                resume_step=self.ledger.next_step,
+                bytes_moved=0,
+            )
         elif decision.reason:
-            self._event("standby", nodes=list(decision.layout.standby) if decision.layout else [], reason=decision.reason)
+            self._event(
+                "standby", nodes=list(decision.layout.standby) if decision.layout else [], reason=decision.reason
+            )
         self.causes.clear()
         self.detects.clear()
 
     def _republish(self, state: RunState, step: int) -> None:
         assert self.ledger is not None
         layout = state.layout
-        self._publish(self.ledger.generation + 1, layout, step, reconfiguration=ReconfigurationPlan(layout.plan, layout.plan, (), (), ()))
+        self._publish(
+            self.ledger.generation + 1,
+            layout,
+            step,
+            reconfiguration=ReconfigurationPlan(layout.plan, layout.plan, (), (), ()),
+        )
 
-    def _recovery(self, kind: str, decision: Decision, state: RunState, resume: int, plan_s: float, started: float) -> Recovery:
+    def _recovery(
+        self, kind: str, decision: Decision, state: RunState, resume: int, plan_s: float, started: float
+    ) -> Recovery:
         assert self.ledger is not None
         carried = 0
         removed, joined = set(state.removed), set(state.joined)
         if self.recovery is not None:
-            self._event(f"{self.recovery.kind}_superseded", superseded_generation=self.recovery.generation, by=self.ledger.generation + 1)
+            self._event(
+                f"{self.recovery.kind}_superseded",
+                superseded_generation=self.recovery.generation,
+                by=self.ledger.generation + 1,
+            )
             self.causes.append(self.recovery.failure_time)
             carried = self.recovery.rolled_back_steps  # steps the superseded restart already rolled back
             # This recovery absorbs the superseded one's changes too (its generation may have been
@@ -601,9 +671,13 @@ class Controller:
             # worker builds itself. Copying it would need its holders in the first plan to have
             # built it, and a worker slow to start may never have seen that plan.
             transfers = ()
-        reconfiguration = ReconfigurationPlan(state.layout.plan, decision.layout.plan, state.removed, state.joined, tuple(transfers))
+        reconfiguration = ReconfigurationPlan(
+            state.layout.plan, decision.layout.plan, state.removed, state.joined, tuple(transfers)
+        )
         kind = "failover" if decision.kind is Kind.FAILOVER else "reconfiguration"
-        recovery = self._recovery(kind, dataclasses.replace(decision, transfers=tuple(transfers)), state, step, plan_s, started)
+        recovery = self._recovery(
+            kind, dataclasses.replace(decision, transfers=tuple(transfers)), state, step, plan_s, started
+        )
         self._publish(self.ledger.generation + 1, decision.layout, step, reconfiguration=reconfiguration)
         self.recovery = recovery
 
@@ -615,7 +689,9 @@ class Controller:
         self.planned = (decision, boundary)
         self._event("restart_planned", checkpoint_step=boundary, reason=decision.reason)
 
-    def _restart(self, decision: Decision, rollback: int, *, state: Optional[RunState] = None, plan_s: float = 0.0) -> None:
+    def _restart(
+        self, decision: Decision, rollback: int, *, state: RunState | None = None, plan_s: float = 0.0
+    ) -> None:
         ledger, membership, checkpoints = self.ledger, self.membership, self.checkpoints
         assert ledger is not None and membership is not None and checkpoints is not None and decision.layout is not None
         started = time.time() - plan_s
@@ -809,7 +885,9 @@ def summarize(outcome: Outcome, cfg: Any) -> dict[str, Any]:
     if outcome.checkpoints:
         summary["checkpoints"] = len(outcome.checkpoints)
         summary["checkpoint_bytes"] = outcome.checkpoints[-1]["bytes"]
-        summary["checkpoint_median_snapshot_s"] = round(statistics.median(c["snapshot_s"] for c in outcome.checkpoints), 4)
+        summary["checkpoint_median_snapshot_s"] = round(
+            statistics.median(c["snapshot_s"] for c in outcome.checkpoints), 4
+        )
         summary["checkpoint_median_write_s"] = round(statistics.median(c["write_s"] for c in outcome.checkpoints), 4)
     if outcome.fault_tolerance:
         summary["fault_tolerance_min"] = min(f["tolerated"] for f in outcome.fault_tolerance)

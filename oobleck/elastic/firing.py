@@ -12,7 +12,8 @@ takes.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from oobleck.errors import RunError
 from oobleck.faults.injector import Action, Injector
@@ -21,7 +22,9 @@ from oobleck.runtime import keys
 
 
 class FaultFiring:
-    def __init__(self, injector: Injector, store: Any, membership: Any, event: Callable[..., None], *, secret: str) -> None:
+    def __init__(
+        self, injector: Injector, store: Any, membership: Any, event: Callable[..., None], *, secret: str
+    ) -> None:
         self.injector = injector
         self.secret = secret  # strikes are signed: a foreign strike/<node> must not kill the node
         self.store = store
@@ -61,7 +64,13 @@ class FaultFiring:
                     strike["generation"] = generation + 1
                 self.store.set(keys.strike(node), keys.sign(self.secret, json.dumps(strike)))
             self.armed.append((event, tuple(action.nodes)))
-            self.event("fault_armed", nodes=list(action.nodes), phase=event.phase.value, action=event.kind.value, armed_for_step=event.step)
+            self.event(
+                "fault_armed",
+                nodes=list(action.nodes),
+                phase=event.phase.value,
+                action=event.kind.value,
+                armed_for_step=event.step,
+            )
             return
         assert action.kind.signal is not None, f"{action.kind} is struck by workers, never by the controller"
         for node in action.nodes:

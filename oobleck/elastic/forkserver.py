@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 import traceback
-from typing import Any, Optional
+from typing import Any
 
 # What a worker imports that costs: torch above all, and torch._dynamo, which the optimizer's
 # constructor imports on first use (~1 s of CPU more). The worker module itself is not preloaded:
@@ -73,7 +73,7 @@ def forks_workers(cfg: Any) -> bool:
     return cfg.cluster.kind == "local" and bool(cfg.cluster.fork_workers) and cfg.cluster.device == "cpu"
 
 
-def fork_server_for(cfg: Any, run_id: str) -> Optional["ForkServer"]:
+def fork_server_for(cfg: Any, run_id: str) -> ForkServer | None:
     """The run's fork server if it forks its workers (``forks_workers``), else None."""
     return ForkServer(run_id) if forks_workers(cfg) else None
 
@@ -91,12 +91,21 @@ class ForkServer:
         listener.listen(128)  # agents may connect before the server has imported torch
         alive_read, self._alive = os.pipe()
         command = [
-            sys.executable, "-m", "oobleck.elastic.forkserver",
-            "--listen-fd", str(listener.fileno()), "--alive-fd", str(alive_read), "--run-id", run_id,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "oobleck.elastic.forkserver",
+            "--listen-fd",
+            str(listener.fileno()),
+            "--alive-fd",
+            str(alive_read),
+            "--run-id",
+            run_id,
+        ]
         # A process group of its own: a terminal's Ctrl-C is the controller's to handle, not the
         # server's (its workers join their agents' groups, which needs only the same session).
-        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, pass_fds=(listener.fileno(), alive_read), **own_process_group())
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, pass_fds=(listener.fileno(), alive_read), **own_process_group()
+        )
         listener.close()
         os.close(alive_read)
 
@@ -111,7 +120,7 @@ class ForkServer:
         self.process.wait(timeout=CLOSE_TIMEOUT_S)
         shutil.rmtree(self.directory, ignore_errors=True)
 
-    def __enter__(self) -> "ForkServer":
+    def __enter__(self) -> ForkServer:
         return self
 
     def __exit__(self, *_: Any) -> None:
@@ -121,7 +130,7 @@ class ForkServer:
 class ForkedWorker:
     """The agent's handle on a forked worker: the part of ``subprocess.Popen`` the agent uses."""
 
-    def __init__(self, address: str, argv: list[str], timeout_s: float, env: Optional[dict[str, str]] = None) -> None:
+    def __init__(self, address: str, argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> None:
         """Fork ``python <argv>`` (``argv``: ``["-m", module, args...]``, also its command line)
         with ``env`` (default: this process's), this process's working directory, standard streams
         and process group. Raises ``OSError`` if the server does not answer within ``timeout_s``."""
@@ -140,7 +149,7 @@ class ForkedWorker:
         if "error" in started:
             raise OSError(f"the fork server could not start the worker: {started['error']}")
         self.pid = int(started["pid"])
-        self.returncode: Optional[int] = None
+        self.returncode: int | None = None
         self._exited = threading.Event()
         self._sock.settimeout(None)
         threading.Thread(target=self._await_exit, args=(reply,), daemon=True, name=f"forked-worker-{self.pid}").start()
@@ -159,10 +168,10 @@ class ForkedWorker:
         self._sock.close()
         self._exited.set()
 
-    def poll(self) -> Optional[int]:
+    def poll(self) -> int | None:
         return self.returncode
 
-    def wait(self, timeout: Optional[float] = None) -> int:
+    def wait(self, timeout: float | None = None) -> int:
         if not self._exited.wait(timeout):
             raise subprocess.TimeoutExpired(f"forked worker {self.pid}", timeout or 0.0)
         assert self.returncode is not None
@@ -337,10 +346,12 @@ def _reply(conn: socket.socket, message: dict[str, Any]) -> None:
         pass  # the agent is gone (its node was killed): nobody is waiting for this
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="oobleck.elastic.forkserver", description=__doc__.splitlines()[0])
     parser.add_argument("--listen-fd", type=int, required=True, help="a listening Unix socket (from the launcher)")
-    parser.add_argument("--alive-fd", type=int, required=True, help="a pipe the launcher holds open while the run lasts")
+    parser.add_argument(
+        "--alive-fd", type=int, required=True, help="a pipe the launcher holds open while the run lasts"
+    )
     parser.add_argument("--run-id", default="", help="the run's tag (lets tools find its processes)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)

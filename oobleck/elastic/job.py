@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from oobleck.config import to_container, validate
 from oobleck.elastic.controller import Controller, Outcome, summarize
@@ -28,7 +28,7 @@ from oobleck.elastic.forkserver import ForkServer, fork_server_for
 from oobleck.elastic.protocol import new_run_id
 from oobleck.errors import OobleckError, RunError, unwritable_message
 from oobleck.faults.schedule import build_schedule
-from oobleck.planning.plan import ExecutionPlan
+from oobleck.planning.outputs import ExecutionPlan
 from oobleck.strategy import Decision, Kind, Strategy, StrategyContext, build_strategy
 
 
@@ -39,7 +39,11 @@ def check_device(cfg: Any) -> None:
 
     if not torch.cuda.is_available():
         where = "this allocation's first node" if cfg.cluster.kind == "slurm" else "this machine"
-        ask = "request GPUs with sbatch --gpus-per-node=<g> (slurm/run.sbatch), or " if cfg.cluster.kind == "slurm" else ""
+        ask = (
+            "request GPUs with sbatch --gpus-per-node=<g> (slurm/run.sbatch), or "
+            if cfg.cluster.kind == "slurm"
+            else ""
+        )
         raise RunError(f"cluster.device=cuda but CUDA is not available on {where}; {ask}use cluster.device=cpu")
     if cfg.cluster.kind == "local" and torch.cuda.device_count() < int(cfg.cluster.gpus_per_node):
         raise RunError(
@@ -63,10 +67,10 @@ def make_strategy(cfg: Any) -> Strategy:
     return build_strategy(cfg.strategy, StrategyContext.from_config(cfg, get_profile(cfg)))
 
 
-def initial_decision(strategy: Strategy, nodes: int, initial_plan: Optional[ExecutionPlan]) -> Decision:
+def initial_decision(strategy: Strategy, nodes: int, initial_plan: ExecutionPlan | None) -> Decision:
     """The layout to start on: the strategy's, or ``initial_plan`` (a hand-built Oobleck plan, for tests)."""
     if initial_plan is not None:
-        from oobleck.policy import plan_layout
+        from oobleck.strategies.oobleck import plan_layout
 
         return Decision(Kind.START, plan_layout(initial_plan))
     decision = strategy.start(list(range(nodes)))
@@ -100,12 +104,12 @@ def launch(
     cfg: Any,
     run_dir: str | Path,
     *,
-    initial_plan: Optional[ExecutionPlan] = None,
+    initial_plan: ExecutionPlan | None = None,
     recorder: bool = True,
     handle_signals: bool = False,
-    on_start: Optional[Callable[[Controller], None]] = None,
-    run_id: Optional[str] = None,
-    fork_server: Optional[ForkServer] = None,
+    on_start: Callable[[Controller], None] | None = None,
+    run_id: str | None = None,
+    fork_server: ForkServer | None = None,
 ) -> tuple[Outcome, dict[str, Any]]:
     """Run the job; returns what happened and the summary. Raises ``RunError`` if it had to stop
     (after writing the summary of what it did). ``handle_signals``: see ``stop_on_signals``;
@@ -126,12 +130,12 @@ def launch(
 def _launch(
     cfg: Any,
     run_dir: Path,
-    initial_plan: Optional[ExecutionPlan],
+    initial_plan: ExecutionPlan | None,
     recorder: bool,
     handle_signals: bool,
-    on_start: Optional[Callable[[Controller], None]],
+    on_start: Callable[[Controller], None] | None,
     run_id: str,
-    fork_server: Optional[ForkServer],
+    fork_server: ForkServer | None,
 ) -> tuple[Outcome, dict[str, Any]]:
     from oobleck.checkpoint import resume_checkpoint
 
@@ -166,9 +170,17 @@ def _launch(
             resume=resume is not None,  # a resumed run continues the run dir's files and wandb run
         )
     controller = Controller(
-        cfg, config_dict, strategy=strategy, initial=initial, run_dir=run_dir, recorder=rec, schedule=schedule, resume=resume,
-        run_id=run_id, fork_server=fork_server,
-    )  # fmt: skip
+        cfg,
+        config_dict,
+        strategy=strategy,
+        initial=initial,
+        run_dir=run_dir,
+        recorder=rec,
+        schedule=schedule,
+        resume=resume,
+        run_id=run_id,
+        fork_server=fork_server,
+    )
     if on_start is not None:
         on_start(controller)
     try:
@@ -182,7 +194,9 @@ def _launch(
     if cfg.runtime.save_final_params:
         save_final_params(controller, run_dir / "final_params.pt")
     if rec is not None:
-        rec.write_json("probes.json", {str(g): {str(r): p for r, p in ranks.items()} for g, ranks in outcome.probes.items()})
+        rec.write_json(
+            "probes.json", {str(g): {str(r): p for r, p in ranks.items()} for g, ranks in outcome.probes.items()}
+        )
         summary = rec.finish(**summary)
     return outcome, summary
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any
 
 from oobleck.errors import RunError
 from oobleck.runtime import keys
@@ -35,9 +36,9 @@ class Generation:
     layout: Layout
     resume_step: int
     published_at: float
-    established_at: Optional[float] = None
+    established_at: float | None = None
     timings: list[dict[str, float]] = field(default_factory=list)
-    replicas_identical: Optional[bool] = None
+    replicas_identical: bool | None = None
 
 
 @dataclass
@@ -50,7 +51,7 @@ class Outcome:
     probes: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)  # generation -> rank -> probe
     checksums: dict[int, dict[str, int]] = field(default_factory=dict)  # generation -> layer -> crc
     generations: int = 0
-    stopped: Optional[str] = None
+    stopped: str | None = None
     phase_seconds: dict[str, dict[str, float]] = field(default_factory=dict)  # "node:rank" -> phase -> s
     joins_not_absorbed: list[int] = field(default_factory=list)  # joining nodes still booting at the end
     events_not_applied: int = 0  # scheduled events never due before the last step, or armed and never struck
@@ -92,7 +93,7 @@ class StepLedger:
         """The layout of the newest established generation (what holds the committed state)."""
         return self.generations[self.base if self.base >= 0 else self.generation].layout
 
-    def check_established(self) -> Optional[Generation]:
+    def check_established(self) -> Generation | None:
         """The newest generation, once it is established and every rank's report (timings,
         checksums, resource probe) is in; raises when replicas of a layer differ. Reads only keys
         that exist, so a rank that dies right after the barrier cannot stall the controller."""
@@ -107,7 +108,11 @@ class StepLedger:
             generation.established_at = time.time()
             self.base = number
         ranks = [a.rank for a in generation.layout.plan.assignments()]
-        reports = [keys.timing(number, r) for r in ranks] + [keys.checksums(number, r) for r in ranks] + [keys.probe(number, r) for r in ranks]
+        reports = (
+            [keys.timing(number, r) for r in ranks]
+            + [keys.checksums(number, r) for r in ranks]
+            + [keys.probe(number, r) for r in ranks]
+        )
         if not self.store.check(reports):
             return None
         generation.timings = [json.loads(self.store.get(keys.timing(number, r))) for r in ranks]
@@ -135,7 +140,7 @@ class StepLedger:
         self.store.set(keys.abort(number), "1")
 
     # ------------------------------------------------------------------ steps
-    def awaited(self) -> Optional[str]:
+    def awaited(self) -> str | None:
         """The decision key of the next step to commit (None: none is awaited)."""
         if self.generation < 0 or self.next_step >= self.steps:
             return None
@@ -172,7 +177,9 @@ class StepLedger:
             loss_sum = float(report.pop("loss_sum"))
         else:
             last = [a.rank for a in plan.assignments() if a.stage == plan.pipelines[a.pipeline].template.num_stages - 1]
-            loss_sum = sum(float(value.decode()) for value in self.store.multi_get([keys.loss(generation, step, r) for r in last]))
+            loss_sum = sum(
+                float(value.decode()) for value in self.store.multi_get([keys.loss(generation, step, r) for r in last])
+            )
         now = time.time()
         observed = now - self.last_commit_time
         self.last_commit_time = now
@@ -232,14 +239,14 @@ class DecisionWatch:
         self._store = store  # this thread's own connection
         self._wake = wake
         self._timed_out = timed_out  # what the store raises when a wait's slice ends
-        self._key: Optional[str] = None
+        self._key: str | None = None
         self._changed = threading.Event()
         self._closed = False
         self._decided = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="decision-watch")
         self._thread.start()
 
-    def follow(self, key: Optional[str]) -> None:
+    def follow(self, key: str | None) -> None:
         """Wait for ``key`` from now on (None: for nothing)."""
         if key != self._key:
             self._key = key
@@ -254,7 +261,7 @@ class DecisionWatch:
 
     def _run(self) -> None:
         slice_ = timedelta(seconds=DECISION_WATCH_SLICE_S)
-        decided: Optional[str] = None
+        decided: str | None = None
         while not self._closed:
             key = self._key
             if key is None or key == decided:

@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from oobleck.elastic.forkserver import ForkServer, own_process_group
 from oobleck.elastic.launcher import Launcher
@@ -23,7 +23,9 @@ from oobleck.elastic.launcher import Launcher
 class LocalLauncher(Launcher):
     """Starts ``python -m oobleck.elastic.agent`` for a node id, each leading a process group."""
 
-    def __init__(self, controller: str, run_id: str, secret: str = "", *, fork_server: Optional[ForkServer] = None) -> None:
+    def __init__(
+        self, controller: str, run_id: str, secret: str = "", *, fork_server: ForkServer | None = None
+    ) -> None:
         """``fork_server``: agents ask it for their workers (its owner, ``launch``, closes it);
         without one they exec them."""
         super().__init__(secret)
@@ -37,11 +39,23 @@ class LocalLauncher(Launcher):
         return self.fork_server.address if self.fork_server is not None else ""
 
     def start(self, node: int) -> None:
-        command = [sys.executable, "-m", "oobleck.elastic.agent", "--controller", self.controller, "--node-id", str(node), "--run-id", self.run_id]
+        command = [
+            sys.executable,
+            "-m",
+            "oobleck.elastic.agent",
+            "--controller",
+            self.controller,
+            "--node-id",
+            str(node),
+            "--run-id",
+            self.run_id,
+        ]
         # A session of its own keeps a terminal out of the node entirely; forked workers need the
         # controller's session (see the module docstring), where a process group does the same.
         grouping: dict[str, Any] = own_process_group() if self.fork_server is not None else {"start_new_session": True}
-        self.processes[node] = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=self.agent_environment(), **grouping)
+        self.processes[node] = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, env=self.agent_environment(), **grouping
+        )
 
     def send_signal(self, node: int, sig: int) -> None:
         """Deliver ``sig`` to the node's whole process group, without waiting."""

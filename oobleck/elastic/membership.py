@@ -27,9 +27,10 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch.distributed as dist
 
@@ -52,18 +53,18 @@ FRESH_BEATS = 3
 @dataclass
 class NodeState:
     node: int
-    channel: Optional[Channel] = None
-    pid: Optional[int] = None
+    channel: Channel | None = None
+    pid: int | None = None
     last_seen: float = 0.0
     incarnation: int = 0  # worker restarts so far
     up: bool = False  # agent said hello and every worker of this incarnation registered
     was_up: bool = False  # up at some point (a restarted node coming back up is not a join)
     failed: bool = False
     frozen: bool = False
-    kill_time: Optional[float] = None  # when the injector struck (wall clock)
+    kill_time: float | None = None  # when the injector struck (wall clock)
     exits: int = 0  # workers of the current incarnation that exited
-    registered_at: Optional[float] = None  # when the current incarnation's workers were all up
-    old_exited_at: Optional[float] = None  # when the last worker of an older incarnation exited
+    registered_at: float | None = None  # when the current incarnation's workers were all up
+    old_exited_at: float | None = None  # when the last worker of an older incarnation exited
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class Membership:
         self.gpus = int(cfg.cluster.gpus_per_node)
         self.nodes: dict[int, NodeState] = {}
         self.messages: queue.Queue = queue.Queue()
-        self.server: Optional[socket.socket] = None
+        self.server: socket.socket | None = None
         self.launcher: Any = None
         self.closing = False
         self._boot_waits: list[threading.Thread] = []
@@ -152,7 +153,7 @@ class Membership:
         channel.close()
 
     def _read_agent(self, channel: Channel, peer: Any) -> None:
-        node: Optional[int] = None
+        node: int | None = None
         while True:
             try:
                 message = channel.recv()
@@ -258,16 +259,18 @@ class Membership:
                 channel.close()
                 return
             state.channel, state.pid, state.last_seen = channel, message["pid"], when
-            channel.send({
-                "type": "start",
-                "store": self.store_address,
-                "gpus": self.gpus,
-                "run_id": self.run_id,
-                "heartbeat_s": float(self.cfg.cluster.heartbeat_interval_s),
-                "incarnation": state.incarnation,
-                "worker_module": self.worker_module,
-                "fork_server": getattr(self.launcher, "worker_server", ""),  # "": agents exec their workers
-            })  # fmt: skip
+            channel.send(
+                {
+                    "type": "start",
+                    "store": self.store_address,
+                    "gpus": self.gpus,
+                    "run_id": self.run_id,
+                    "heartbeat_s": float(self.cfg.cluster.heartbeat_interval_s),
+                    "incarnation": state.incarnation,
+                    "worker_module": self.worker_module,
+                    "fork_server": getattr(self.launcher, "worker_server", ""),  # "": agents exec their workers
+                }
+            )
             self._await_workers(node, state.incarnation)
             return
         if state is None or state.failed:
@@ -297,14 +300,24 @@ class Membership:
             if self.closing or self.run_finished():
                 return
             # A worker that raised wrote its traceback and exited 1; one killed by a signal did not.
-            error = self._worker_error(node, int(payload["local_rank"]), state.incarnation) if int(payload["code"]) > 0 else None
+            error = (
+                self._worker_error(node, int(payload["local_rank"]), state.incarnation)
+                if int(payload["code"]) > 0
+                else None
+            )
             if error is not None:
-                raise RunError(f"worker (node {node}, local rank {payload['local_rank']}) raised an exception:\n{error}")
+                raise RunError(
+                    f"worker (node {node}, local rank {payload['local_rank']}) raised an exception:\n{error}"
+                )
             self.node_failed(node, f"worker {payload['local_rank']} exited with code {payload['code']}", when)
             return
         if kind == "boot_timeout":
             if payload == state.incarnation and not state.up:
-                self.node_failed(node, f"workers did not register within cluster.startup_timeout_s={self.cfg.cluster.startup_timeout_s}", when)
+                self.node_failed(
+                    node,
+                    f"workers did not register within cluster.startup_timeout_s={self.cfg.cluster.startup_timeout_s}",
+                    when,
+                )
             return
         if kind == "lost":
             if self.closing or self.run_finished():
@@ -323,7 +336,9 @@ class Membership:
         def wait() -> None:
             deadline = time.monotonic() + timeout
             try:
-                store = dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout))
+                store = dist.TCPStore(
+                    host, int(port), is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout)
+                )
                 while not end.is_set():
                     if store.check(registered):
                         messages.put(("registered", node, incarnation, time.time()))
@@ -341,7 +356,7 @@ class Membership:
         thread.start()
         self._boot_waits.append(thread)
 
-    def _worker_error(self, node: int, local_rank: int, incarnation: int) -> Optional[str]:
+    def _worker_error(self, node: int, local_rank: int, incarnation: int) -> str | None:
         key = keys.worker_error(node, local_rank, incarnation)
         deadline = time.monotonic() + 0.2  # the worker writes its error just before exiting
         while time.monotonic() < deadline:
@@ -360,7 +375,7 @@ class Membership:
             # Frozen or cut off: make sure it is gone, then treat it as failed.
             self.node_failed(state.node, f"no heartbeat for {now - state.last_seen:.1f} s", now, cause=state.last_seen)
 
-    def check_workers(self, generation: int, ranks: dict[tuple[int, int], int]) -> Optional[Verdict]:
+    def check_workers(self, generation: int, ranks: dict[tuple[int, int], int]) -> Verdict | None:
         """Read every worker's heartbeat (each ``cluster.heartbeat_interval_s``): fail the nodes of
         workers whose beat stopped for ``cluster.heartbeat_timeout_s``, and return the verdict on a
         collective of ``generation`` that outlasted ``cluster.collective_timeout_s`` (``ranks``:
@@ -377,7 +392,7 @@ class Membership:
             if state.up and not state.failed
             for local_rank in range(self.gpus)
         }
-        fresh: dict[tuple[int, int], Optional[Beat]] = {}
+        fresh: dict[tuple[int, int], Beat | None] = {}
         for key, value in self._read_beats(list(watched)).items():
             node, local_rank = watched[key]
             beat = parse_beat(self.secret, value) if value is not None else None
@@ -388,13 +403,15 @@ class Membership:
             assert since is not None
             silent = now - since
             if silent > float(cluster.heartbeat_timeout_s):
-                self.node_failed(node, f"worker {local_rank} sent no heartbeat for {silent:.1f} s (frozen or hung)", now, cause=since)
+                self.node_failed(
+                    node, f"worker {local_rank} sent no heartbeat for {silent:.1f} s (frozen or hung)", now, cause=since
+                )
                 continue
             fresh[(node, local_rank)] = beat if silent <= FRESH_BEATS * float(cluster.heartbeat_interval_s) else None
         by_rank = {rank: fresh.get(worker) for worker, rank in ranks.items() if not self.nodes[worker[0]].failed}
         return unanswered(by_rank, generation, float(cluster.collective_timeout_s))
 
-    def _read_beats(self, names: list[str]) -> dict[str, Optional[bytes]]:
+    def _read_beats(self, names: list[str]) -> dict[str, bytes | None]:
         """The heartbeat values that exist (one round trip when they all do)."""
         if not names:
             return {}
@@ -402,7 +419,7 @@ class Membership:
             return dict(zip(names, self.store.multi_get(names)))
         return {name: self.store.get(name) if self.store.check([name]) else None for name in names}
 
-    def node_failed(self, node: int, reason: str, detected: float, cause: Optional[float] = None) -> None:
+    def node_failed(self, node: int, reason: str, detected: float, cause: float | None = None) -> None:
         state = self.nodes[node]
         if state.failed:
             return
@@ -457,7 +474,7 @@ class Membership:
         return {n: dataclasses.asdict(s) | {"channel": s.channel is not None} for n, s in self.nodes.items()}
 
 
-def _wall_time(value: bytes, default: Optional[float]) -> Optional[float]:
+def _wall_time(value: bytes, default: float | None) -> float | None:
     """A time a worker wrote (seconds since the epoch), or ``default`` if it is not one."""
     try:
         seconds = float(value.decode())

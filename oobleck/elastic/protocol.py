@@ -24,9 +24,9 @@ import os
 import secrets
 import socket
 import threading
-from typing import Any, Optional
+from typing import Any
 
-from oobleck.runtime.keys import SECRET_ENV  # torch-free; re-exported: agents read it here
+from oobleck.runtime.keys import SECRET_ENV  # noqa: F401 (torch-free; agents read it here)
 
 MAX_LINE_BYTES = 1 << 16  # no legitimate message comes near this
 
@@ -36,7 +36,15 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "hello": {"node": _INT, "pid": _INT, "host": (str,), "secret": (str,)},
     "hb": {"node": _INT, "time": _NUM},
     "exit": {"node": _INT, "local_rank": _INT, "code": _INT, "incarnation": _INT},
-    "start": {"store": (str,), "gpus": _INT, "run_id": (str,), "heartbeat_s": _NUM, "incarnation": _INT, "worker_module": (str,), "fork_server": (str,)},
+    "start": {
+        "store": (str,),
+        "gpus": _INT,
+        "run_id": (str,),
+        "heartbeat_s": _NUM,
+        "incarnation": _INT,
+        "worker_module": (str,),
+        "fork_server": (str,),
+    },
     "restart": {"incarnation": _INT},
     "kill": {"signal": (str,)},
     "shutdown": {},
@@ -97,7 +105,7 @@ class Channel:
         except OSError:
             return False
 
-    def recv(self) -> Optional[dict[str, Any]]:
+    def recv(self) -> dict[str, Any] | None:
         """The next valid message; None when the peer closed the connection; ``ProtocolError``
         for a line that is not one."""
         try:

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Optional
 
 from oobleck.elastic.launcher import Launcher
 from oobleck.errors import RunError
@@ -38,7 +37,9 @@ def _run(command: list[str]) -> str:
 class SlurmLauncher(Launcher):
     """Starts ``python -m oobleck.elastic.agent`` as one Slurm job step per node; kills and reaps them."""
 
-    def __init__(self, controller: str, run_id: str, secret: str = "", *, environ: Optional[dict[str, str]] = None) -> None:
+    def __init__(
+        self, controller: str, run_id: str, secret: str = "", *, environ: dict[str, str] | None = None
+    ) -> None:
         env = dict(os.environ if environ is None else environ)
         if "SLURM_JOB_ID" not in env:
             raise RunError(
@@ -72,11 +73,25 @@ class SlurmLauncher(Launcher):
     def start(self, node: int) -> None:
         slot = self._free_slot(node)
         command = [
-            "srun", f"--jobid={self.job_id}", "--nodes=1", "--ntasks=1", f"--relative={slot}", "--overlap",
-            "--kill-on-bad-exit=0", f"--job-name={self._step_name(node)}", "--quiet",
-            sys.executable, "-m", "oobleck.elastic.agent",
-            "--controller", self.controller, "--node-id", str(node), "--run-id", self.run_id,
-        ]  # fmt: skip
+            "srun",
+            f"--jobid={self.job_id}",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--relative={slot}",
+            "--overlap",
+            "--kill-on-bad-exit=0",
+            f"--job-name={self._step_name(node)}",
+            "--quiet",
+            sys.executable,
+            "-m",
+            "oobleck.elastic.agent",
+            "--controller",
+            self.controller,
+            "--node-id",
+            str(node),
+            "--run-id",
+            self.run_id,
+        ]
         self.processes[node] = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=self.agent_environment())
         self.slot_of[node] = slot
 
@@ -93,7 +108,9 @@ class SlurmLauncher(Launcher):
                     self.steps[node] = step
                     return step
             time.sleep(0.2)
-        raise RunError(f"the Slurm step of node {node} ({name}) did not appear in squeue within {STEP_LOOKUP_TIMEOUT_S:.0f} s")
+        raise RunError(
+            f"the Slurm step of node {node} ({name}) did not appear in squeue within {STEP_LOOKUP_TIMEOUT_S:.0f} s"
+        )
 
     def send_signal(self, node: int, sig: int) -> None:
         """Deliver ``sig`` to every process of node's step (SIGSTOP freezes the node)."""

@@ -23,7 +23,7 @@ import json
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from oobleck.runtime import keys
 
@@ -35,12 +35,12 @@ class Beat:
     count: int
     generation: int  # the generation the worker lives in (-1 before its first)
     rank: int  # its rank there (-1: not used by that generation's plan)
-    wait: Optional[str]  # what its main thread waits on; None while it computes
-    peers: Optional[tuple[int, ...]]  # the ranks it waits on; None: every rank of the generation
+    wait: str | None  # what its main thread waits on; None while it computes
+    peers: tuple[int, ...] | None  # the ranks it waits on; None: every rank of the generation
     waited_s: float  # how long it has waited so far
 
 
-def parse_beat(secret: str, value: bytes) -> Optional[Beat]:
+def parse_beat(secret: str, value: bytes) -> Beat | None:
     """The beat a heartbeat value holds; None unless the worker signed it and it is well formed."""
     text = keys.verified(secret, value)
     if text is None:
@@ -71,7 +71,7 @@ class Verdict:
     culprits: tuple[int, ...]  # empty: the waits form a cycle, nobody to blame
 
 
-def unanswered(beats: Mapping[int, Optional[Beat]], generation: int, timeout_s: float) -> Optional[Verdict]:
+def unanswered(beats: Mapping[int, Beat | None], generation: int, timeout_s: float) -> Verdict | None:
     """The ranks a wait longer than ``timeout_s`` is stuck on (see the module docstring).
 
     ``beats``: every rank of ``generation`` -> its latest fresh beat (None: none, or a stale one).
@@ -108,7 +108,7 @@ class WorkerBeats:
     def __init__(self) -> None:
         self._seen: dict[str, tuple[int, float]] = {}  # key -> (count, when it last changed)
 
-    def update(self, key: str, beat: Optional[Beat], now: float) -> None:
+    def update(self, key: str, beat: Beat | None, now: float) -> None:
         """Record a read of ``key`` (None: missing or not verified, which does not count as a beat)."""
         previous = self._seen.get(key)
         if beat is None:
@@ -118,7 +118,7 @@ class WorkerBeats:
         if previous is None or beat.count != previous[0]:
             self._seen[key] = (beat.count, now)
 
-    def since(self, key: str) -> Optional[float]:
+    def since(self, key: str) -> float | None:
         """When ``key``'s counter last moved."""
         seen = self._seen.get(key)
         return seen[1] if seen is not None else None

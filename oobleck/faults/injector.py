@@ -12,8 +12,8 @@ failures land where the schedule asks. Time events are due when the run has been
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import signal
-from typing import Optional
 
 
 class FaultKind(str, enum.Enum):
@@ -24,7 +23,7 @@ class FaultKind(str, enum.Enum):
         return self.value
 
     @property
-    def signal(self) -> Optional[signal.Signals]:
+    def signal(self) -> signal.Signals | None:
         """The signal that carries out a node fault (None: a raise or a join)."""
         return {FaultKind.REMOVE: signal.SIGKILL, FaultKind.FREEZE: signal.SIGSTOP}.get(self)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -35,10 +35,10 @@ class FaultEvent:
     """One scheduled change. ``nodes`` are explicit ids (for joins: the new nodes' ids)."""
 
     kind: FaultKind
-    step: Optional[int] = None
-    time_s: Optional[float] = None
-    nodes: Optional[tuple[int, ...]] = None
-    count: Optional[int] = None
+    step: int | None = None
+    time_s: float | None = None
+    nodes: tuple[int, ...] | None = None
+    count: int | None = None
     phase: Phase = Phase.ANY
     origin: str = ""  # where it came from, for messages (e.g. trace file:line)
 
@@ -102,7 +102,9 @@ def check_failures(failures: Any) -> None:
         if event.phase != Phase.ANY and event.step is None:
             raise ConfigError(f"{key}.phase={event.phase} needs step=<int> (a phase is a point inside a step)")
         if kind.in_worker and event.step is None:
-            raise ConfigError(f"{key}.action={kind}: the worker strikes inside a step; give step=<int> instead of time_s")
+            raise ConfigError(
+                f"{key}.action={kind}: the worker strikes inside a step; give step=<int> instead of time_s"
+            )
         if event.phase != Phase.ANY and kind is FaultKind.JOIN:
             raise ConfigError(f"{key}.phase={event.phase}: a join has no phase (it starts new nodes); drop the phase")
 
@@ -119,14 +121,22 @@ def _explicit(failures: Any, nodes: int, steps: int) -> list[FaultEvent]:
         if e.step is not None and int(e.step) >= steps:
             # Harmless (it never fires), and the default schedule's step 10 meets short runs such as
             # job.steps=3: said, not refused.
-            log.warning("%s at step %s is past the run's last step %s (job.steps=%s): it will not fire", key, e.step, steps - 1, steps)
+            log.warning(
+                "%s at step %s is past the run's last step %s (job.steps=%s): it will not fire",
+                key,
+                e.step,
+                steps - 1,
+                steps,
+            )
             continue
         ids = tuple(int(n) for n in e.nodes) if e.nodes is not None else None
         if ids is not None:
             limit = nodes + joins if kind.takes_nodes else None
             for n in ids:
                 if n < 0 or (limit is not None and n >= limit):
-                    raise ConfigError(f"{key}.nodes={list(ids)} names node {n}, outside 0..{(limit or 1) - 1}; use ids of this run's nodes")
+                    raise ConfigError(
+                        f"{key}.nodes={list(ids)} names node {n}, outside 0..{(limit or 1) - 1}; use ids of this run's nodes"
+                    )
             if not kind.takes_nodes and any(n < nodes for n in ids):
                 raise ConfigError(f"{key}.nodes={list(ids)}: a joining node needs a new id >= cluster.nodes={nodes}")
         count = None if e.count is None else int(e.count)
@@ -172,7 +182,9 @@ def _trace(failures: Any, nodes: int) -> list[FaultEvent]:
     changes = trace.changes()
     initial = changes[0].added
     if len(initial) < nodes:
-        raise TraceError(f"{trace.path}: starts with {len(initial)} nodes but cluster.nodes={nodes}; lower cluster.nodes")
+        raise TraceError(
+            f"{trace.path}: starts with {len(initial)} nodes but cluster.nodes={nodes}; lower cluster.nodes"
+        )
     mapping = {name: i for i, name in enumerate(initial[:nodes])}
     line_of = {}
     for event in trace.events:

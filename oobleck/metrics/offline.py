@@ -67,7 +67,9 @@ class OfflineRun:
     def artifact(self, type_: str) -> OfflineArtifact:
         found = [a for a in self.artifacts if a.type == type_]
         if not found:
-            raise RunError(f"{self.path}: no artifact of type {type_!r} (has {sorted({a.type for a in self.artifacts})})")
+            raise RunError(
+                f"{self.path}: no artifact of type {type_!r} (has {sorted({a.type for a in self.artifacts})})"
+            )
         return found[-1]
 
     def table(self, key: str) -> dict[str, Any]:
@@ -206,5 +208,7 @@ def private_wandb_dirs(root: str | Path) -> dict[str, str]:
     """Environment that keeps wandb's own folders (artifact staging, cache, settings) under
     ``root`` instead of the home directory: for tests and throwaway runs."""
     root = Path(root)
-    return {name: str(root / folder) for name, folder in
-            (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config"))}
+    return {
+        name: str(root / folder)
+        for name, folder in (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config"))
+    }

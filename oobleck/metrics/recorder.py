@@ -178,7 +178,9 @@ class RunRecorder:
         self.events.append(row)
         if self._wandb is not None:
             self._wandb.event(kind, float(fields["time_s"]), {k: v for k, v in fields.items() if k != "time_s"})
-        self._bar.write(f"[{row['time_s']:8.2f}s] {kind}: " + ", ".join(f"{k}={v}" for k, v in fields.items() if k != "time_s"))
+        self._bar.write(
+            f"[{row['time_s']:8.2f}s] {kind}: " + ", ".join(f"{k}={v}" for k, v in fields.items() if k != "time_s")
+        )
 
     def finish(self, **summary: Any) -> dict[str, Any]:
         """Write summary.json, print it as a table and close wandb. Returns the summary."""

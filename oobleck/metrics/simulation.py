@@ -15,7 +15,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from oobleck.metrics.wandb_run import RunIdentity, WandbRun, choose_group, config_yaml, run_dir_files, run_identity, sweep_job
+from oobleck.metrics.wandb_run import (
+    RunIdentity,
+    WandbRun,
+    choose_group,
+    config_yaml,
+    run_dir_files,
+    run_identity,
+    sweep_job,
+)
 
 SIM_TIME = "sim_time_h"
 SIM_AXES = {"sim/": SIM_TIME, "event/": SIM_TIME}
@@ -49,20 +57,34 @@ def run_config(cfg: Any, config: Mapping[str, Any], model: str, trace: str, stra
     return out
 
 
-def _log_one(cfg: Any, result: Any, run_dir: Path, config: Mapping[str, Any], summary: Mapping[str, Any], sweep: Any) -> Path:
+def _log_one(
+    cfg: Any, result: Any, run_dir: Path, config: Mapping[str, Any], summary: Mapping[str, Any], sweep: Any
+) -> Path:
     model, trace, strategy = (str(summary[k]) for k in LABELS)
     segments = _rows(result.metrics, model, trace, strategy)
     events = _rows(result.events, model, trace, strategy)
     nodes = int(segments["nodes_alive"].max()) if not segments.empty else 0
     settings = cfg.logger.wandb
     identity = run_identity(
-        strategy=strategy, model=model, nodes=nodes, failures=trace, experiment=cfg.experiment,
-        group=settings.group, tags=list(settings.tags or []), sweep=sweep, simulated=True,
+        strategy=strategy,
+        model=model,
+        nodes=nodes,
+        failures=trace,
+        experiment=cfg.experiment,
+        group=settings.group,
+        tags=list(settings.tags or []),
+        sweep=sweep,
+        simulated=True,
         default_group=f"sim-{run_dir.name}",
     )
     run = WandbRun(
-        settings, identity, run_config(cfg, config, model, trace, strategy), run_dir,
-        axes=SIM_AXES, time_key=SIM_TIME, id_key=f"{model}|{trace}|{strategy}",
+        settings,
+        identity,
+        run_config(cfg, config, model, trace, strategy),
+        run_dir,
+        axes=SIM_AXES,
+        time_key=SIM_TIME,
+        id_key=f"{model}|{trace}|{strategy}",
     )
     start = float(segments["t_start_s"].min()) if not segments.empty else 0.0
     for segment in segments.to_dict(orient="records"):
@@ -71,7 +93,9 @@ def _log_one(cfg: Any, result: Any, run_dir: Path, config: Mapping[str, Any], su
             run.log({SIM_TIME: (float(segment[edge]) - start) / 3600.0, **values})
     own = [c for c in events.columns if c not in LABELS]
     for event in events.to_dict(orient="records"):
-        run.event(str(event["kind"]), (float(event["time_s"]) - start) / 3600.0, {k: event[k] for k in own if k != "kind"})
+        run.event(
+            str(event["kind"]), (float(event["time_s"]) - start) / 3600.0, {k: event[k] for k in own if k != "kind"}
+        )
     run.table("events", [{k: e[k] for k in own} for e in events.to_dict(orient="records")], own)
     texts = {
         "sim_metrics.csv": segments.to_csv(index=False),
@@ -83,14 +107,18 @@ def _log_one(cfg: Any, result: Any, run_dir: Path, config: Mapping[str, Any], su
     return run.finish(dict(summary))
 
 
-def _log_figures(cfg: Any, result: Any, figures: list[Path], run_dir: Path, config: Mapping[str, Any], sweep: Any, group: str) -> Path:
+def _log_figures(
+    cfg: Any, result: Any, figures: list[Path], run_dir: Path, config: Mapping[str, Any], sweep: Any, group: str
+) -> Path:
     settings = cfg.logger.wandb
     experiment = cfg.experiment if cfg.experiment != "default" else run_dir.name
     identity = RunIdentity(
         name=f"sim-{experiment}-figures" + (f"-j{sweep.num}" if sweep is not None else ""),
         group=group,
         job_type="figures",
-        tags=tuple(dict.fromkeys(["simulation", "figures", f"experiment={experiment}", *map(str, settings.tags or [])])),
+        tags=tuple(
+            dict.fromkeys(["simulation", "figures", f"experiment={experiment}", *map(str, settings.tags or [])])
+        ),
     )
     run = WandbRun(settings, identity, config, run_dir, axes={}, time_key=SIM_TIME, id_key="figures")
     for path in figures:
@@ -110,4 +138,3 @@ def log_simulation(cfg: Any, result: Any, figures: list[Path], run_dir: Path, co
     group = choose_group(cfg.logger.wandb.group, cfg.experiment, sweep, f"sim-{run_dir.name}")
     folders.append(_log_figures(cfg, result, figures, run_dir, config, sweep, group))
     return folders
-

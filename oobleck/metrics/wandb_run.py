@@ -193,7 +193,10 @@ def typed_frame(rows: list[Mapping[str, Any]], columns: Iterable[str]) -> Any:
             out[column] = pd.Series([math.nan if _missing(v) else float(v) for v in values], dtype="float64")
         else:
             out[column] = pd.Series(
-                [None if _missing(v) else (json.dumps(_plain(v)) if isinstance(v, (list, tuple, dict)) else str(v)) for v in values],
+                [
+                    None if _missing(v) else (json.dumps(_plain(v)) if isinstance(v, (list, tuple, dict)) else str(v))
+                    for v in values
+                ],
                 dtype=object,
             )
     return pd.DataFrame(out)
@@ -271,7 +274,9 @@ class WandbRun:
 
         self.run.log({key: wandb.Image(str(path))})
 
-    def artifact(self, name: str, type_: str, files: Mapping[str, Path], texts: Mapping[str, str] | None = None) -> None:
+    def artifact(
+        self, name: str, type_: str, files: Mapping[str, Path], texts: Mapping[str, str] | None = None
+    ) -> None:
         """Files (by their name inside the artifact) plus generated text files, as one artifact."""
         import wandb
 
@@ -293,7 +298,9 @@ class WandbRun:
         return local
 
     def sync_hint(self, local: Path) -> str:
-        return f"wandb: run saved in {local}" + (f"; upload it with: wandb sync {local}" if self.mode == "offline" else "")
+        return f"wandb: run saved in {local}" + (
+            f"; upload it with: wandb sync {local}" if self.mode == "offline" else ""
+        )
 
 
 def config_yaml(config: Mapping[str, Any]) -> str:

@@ -17,7 +17,7 @@ import hashlib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -104,9 +104,7 @@ class SelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.c_attn(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         return self.resid_drop(self.c_proj(y.transpose(1, 2).reshape(b, t, c)))
 
 
@@ -181,7 +179,7 @@ def initialise_layer(module: nn.Module, model_cfg: Any, index: int, seed: int) -
 
 
 def build_layer(
-    model_cfg: Any, index: int, seed: int, *, device: Optional[torch.device | str] = None, initialise: bool = True
+    model_cfg: Any, index: int, seed: int, *, device: torch.device | str | None = None, initialise: bool = True
 ) -> nn.Module:
     """Layer ``index`` of the model, initialised from ``(seed, index, model_cfg)`` only.
 
@@ -209,13 +207,13 @@ def build_layer(
 
 
 def build_layers(
-    model_cfg: Any, seed: int, indices: Iterable[int], *, device: Optional[torch.device | str] = None
+    model_cfg: Any, seed: int, indices: Iterable[int], *, device: torch.device | str | None = None
 ) -> list[nn.Module]:
     """``build_layer`` for each index, in the order given."""
     return [build_layer(model_cfg, index, seed, device=device) for index in indices]
 
 
-def build_reference_model(model_cfg: Any, seed: int, *, device: Optional[torch.device | str] = None) -> nn.Sequential:
+def build_reference_model(model_cfg: Any, seed: int, *, device: torch.device | str | None = None) -> nn.Sequential:
     """All layers as one ``nn.Sequential`` with the tied weights as ONE ``Parameter``.
 
     This is the single-process truth: the layered form, with the gradients of each tied pair

@@ -9,8 +9,9 @@ which config keys it came from stay here. Today the family is the layered GPT of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,7 +37,7 @@ class ModelSpec:
 
     name: str
     num_layers: int
-    build_layer: Callable[[int, Optional[str], bool], nn.Module]
+    build_layer: Callable[[int, str | None, bool], nn.Module]
     initialise: Callable[[nn.Module, int], None]
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     boundary_shape: Callable[[int, int], tuple[int, ...]]
@@ -62,7 +63,7 @@ def model_spec(model_cfg: Any, seed: int) -> ModelSpec:
 def _gpt_spec(model_cfg: Any, seed: int) -> ModelSpec:
     seq_len, width = int(model_cfg.seq_len), int(model_cfg.n_embd)
 
-    def build(index: int, device: Optional[str] = None, initialise: bool = True) -> nn.Module:
+    def build(index: int, device: str | None = None, initialise: bool = True) -> nn.Module:
         return gpt.build_layer(model_cfg, index, seed, device=device, initialise=initialise)
 
     def initialise(module: nn.Module, index: int) -> None:

@@ -3,17 +3,18 @@
 Pure Python (numpy at most): this package never imports torch.distributed, so the planner runs
 the same in workers, the controller, the simulator and the CLI.
 
-- ``cost``: the cost model (Eq. 1-4, exact 1F1B makespan, memory, gradient sync);
+- ``pipeline_cost``: the cost model (Eq. 1-4, exact 1F1B makespan, memory, gradient sync);
 - ``templates``: n0 and the exact template DP for every node count;
 - ``instantiate``: exact batch distribution and the choice of pipelines over live nodes;
+- ``inputs`` / ``outputs``: what the planner takes (profile, cluster) and gives (templates, plans);
 - ``reconfigure``: new pipelines, their node placement and layer copies after failures or joins
   (regroup or re-plan, decided by the cost model); the f check;
 - ``synthetic``: seeded synthetic profiles for tests, benchmarks and the CLI.
 """
 
-from oobleck.planning.cost import exact_1f1b_makespan, pipeline_iteration_time, pipeline_time, stage_memory_bytes
+from oobleck.planning.inputs import AllReduceSample, ClusterSpec, LayerProfile, ModelProfile
 from oobleck.planning.instantiate import build_plan, distribute_microbatches, instantiate
-from oobleck.planning.plan import (
+from oobleck.planning.outputs import (
     ExecutionPlan,
     LayerTransfer,
     PipelineInstance,
@@ -23,7 +24,12 @@ from oobleck.planning.plan import (
     WorkerAssignment,
     tolerated_failures,
 )
-from oobleck.planning.profile import AllReduceSample, ClusterSpec, LayerProfile, ModelProfile
+from oobleck.planning.pipeline_cost import (
+    exact_1f1b_makespan,
+    pipeline_iteration_time,
+    pipeline_time,
+    stage_memory_bytes,
+)
 from oobleck.planning.reconfigure import check_fault_tolerance, reconfigure
 from oobleck.planning.synthetic import synthetic_profile
 from oobleck.planning.templates import TemplateSet, generate_templates, min_nodes

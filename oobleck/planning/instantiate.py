@@ -1,6 +1,6 @@
 """Instantiation: cover the live nodes with template pipelines and split the batch over them.
 
-Predicted iteration time of a plan with k pipelines (documented in ``oobleck.planning.cost``):
+Predicted iteration time of a plan with k pipelines (documented in ``oobleck.planning.pipeline_cost``):
 
     V = max_p [ T_p(m_p) + intra_p ] + ring(k, X)
 
@@ -36,8 +36,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from oobleck.errors import PlanningError
-from oobleck.planning.cost import eq14_line, pipeline_time, ring_allreduce_seconds
-from oobleck.planning.plan import ExecutionPlan, PipelineInstance, PipelineTemplate
+from oobleck.planning.outputs import ExecutionPlan, PipelineInstance, PipelineTemplate
+from oobleck.planning.pipeline_cost import eq14_line, pipeline_time, ring_allreduce_seconds
 from oobleck.planning.templates import TemplateSet
 
 # Relative slack on cheap lower bounds of a time that are computed by other float operations than
@@ -83,7 +83,7 @@ class _PipelineCurve:
     def lower_bound(self, m: int) -> float:
         """A lower bound of ``time(m)`` that never simulates the schedule. Below S the makespan is
         at least one microbatch's round trip (sum w), the slowest stage's m forwards and backwards
-        (m w*), and Eq. 1-4 (never above the makespan, cost.py), and time(m) is capped at time(S)."""
+        (m w*), and Eq. 1-4 (never above the makespan, pipeline_cost.py), and time(m) is capped at time(S)."""
         if m <= 0 or m >= self.S:
             return self.time(m)
         total = sum(self.w)
@@ -155,7 +155,9 @@ def _line_estimate(curves: Sequence[_PipelineCurve], total: int) -> float:
     return (total + sum((c.intercept + c.offset) / c.slope for c in curves)) / rate
 
 
-def _least_time(curves, limit, counts, feasible, guess: float, lo: float = 0.0, hi: float | None = None) -> float | None:
+def _least_time(
+    curves, limit, counts, feasible, guess: float, lo: float = 0.0, hi: float | None = None
+) -> float | None:
     """The least t with ``feasible(counts(t))``, where ``counts(t)`` is a vector of the curves'
     capacities (at most ``limit`` each), so feasibility only changes at some ``time(m)``.
 
@@ -230,7 +232,8 @@ def _node_param_bytes(template: PipelineTemplate, layer_param_bytes: Sequence[in
 
 def _intra_sync(template: PipelineTemplate, layer_param_bytes: Sequence[int], intra_bandwidth: float) -> float:
     return max(
-        ring_allreduce_seconds(sum(layer_param_bytes[s.start : s.end]), s.gpus, intra_bandwidth) for s in template.stages
+        ring_allreduce_seconds(sum(layer_param_bytes[s.start : s.end]), s.gpus, intra_bandwidth)
+        for s in template.stages
     )
 
 
@@ -249,7 +252,9 @@ class _Sync:
         return ring_allreduce_seconds(node_bytes, pipelines, self.inter)
 
 
-def sync_of(templates: TemplateSet, intra_bandwidth: float | None = None, inter_bandwidth: float | None = None) -> _Sync:
+def sync_of(
+    templates: TemplateSet, intra_bandwidth: float | None = None, inter_bandwidth: float | None = None
+) -> _Sync:
     """The template set's ``_Sync`` for these bandwidths (default: the set's own), built once."""
     intra, inter = _resolve_bandwidths(templates, intra_bandwidth, inter_bandwidth)
     key = ("sync", intra, inter)
@@ -379,7 +384,7 @@ def _count_floors(
     c templates covering ``free`` nodes (with the ``fixed`` pipelines) that takes M microbatches.
 
     Two bounds, the larger wins. (1) Some pipeline takes at least ceil(M / K) microbatches.
-    (2) Every time is at least its Eq. 1-4 line ``a + s m`` (cost.py), so by t a pipeline takes
+    (2) Every time is at least its Eq. 1-4 line ``a + s m`` (pipeline_cost.py), so by t a pipeline takes
     at most ``(t - a) / s``; with the counts of each size relaxed to fractions, the least t with
     ``sum_p (t - a_p) / s_p >= M`` is a linear-fractional program whose optimum sits on a vertex
     of {y >= 0 : sum y = c, sum n y = free} (``_two_sizes``).
@@ -401,7 +406,12 @@ def _count_floors(
             else:
                 below, above, y_lo, y_hi = vertices
                 rate = base_u + y_lo / s[below][:, None] + y_hi / s[above][None, :]
-                work = microbatches + base_v + y_lo * (a[below] / s[below])[:, None] + y_hi * (a[above] / s[above])[None, :]
+                work = (
+                    microbatches
+                    + base_v
+                    + y_lo * (a[below] / s[below])[:, None]
+                    + y_hi * (a[above] / s[above])[None, :]
+                )
                 relaxed = float(np.min(work / rate))
         floors[c] = max(share, relaxed * (1 - BOUND_SLACK))
     return floors
@@ -530,7 +540,7 @@ class _CountSearch:
         """A lower bound on ``solve``'s t, or None if it shows t > ``limit``: the least t at which
         ``count`` templates with fractional counts (sizes summing to the free nodes) could take
         the microbatches, each template taking at most ``floor((t - a) / s)`` by t (its Eq. 1-4
-        line; time >= line, cost.py). The integer capacities make it much tighter than
+        line; time >= line, pipeline_cost.py). The integer capacities make it much tighter than
         ``_count_floors``' bound when the microbatches do not divide evenly."""
         allowed, fixed = self.allowed, self.fixed
         a = np.array([c.intercept + c.offset for c in allowed + fixed])
@@ -580,7 +590,9 @@ class _CountSearch:
         chosen there; None if that t exceeds ``limit``."""
         if limit is not None and limit <= floor:
             return None
-        t = _least_time(self.curves, self.M, self.capacities, lambda caps: self.feasible(caps, count), floor, floor, limit)
+        t = _least_time(
+            self.curves, self.M, self.capacities, lambda caps: self.feasible(caps, count), floor, floor, limit
+        )
         if t is None:
             return None
         if count == 0:
@@ -614,7 +626,9 @@ def instantiate(
     f = fault_tolerance
     n0 = templates.min_nodes
     if N < (f + 1) * n0:
-        raise PlanningError(f"f={f} needs {f + 1} pipelines of at least n0={n0} nodes = {(f + 1) * n0} nodes; cluster.nodes={N}")
+        raise PlanningError(
+            f"f={f} needs {f + 1} pipelines of at least n0={n0} nodes = {(f + 1) * n0} nodes; cluster.nodes={N}"
+        )
     if M < f + 1:
         raise PlanningError(
             f"{M} microbatches (job.global_batch_size={global_batch_size} / job.microbatch_size={microbatch_size}) "
@@ -694,7 +708,12 @@ def build_plan(
     for index, (template, group, m, t) in enumerate(zip(chosen, groups, split, per_pipeline)):
         pipelines.append(
             PipelineInstance(
-                index=index, template=template, nodes=group, microbatches=m, first_microbatch=first, predicted_iteration_s=t
+                index=index,
+                template=template,
+                nodes=group,
+                microbatches=m,
+                first_microbatch=first,
+                predicted_iteration_s=t,
             )
         )
         first += m

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from oobleck.errors import PlanningError
-from oobleck.planning.cost import pipeline_time, ring_allreduce_seconds
 from oobleck.planning.instantiate import _intra_sync
-from oobleck.planning.plan import ExecutionPlan, PipelineInstance, PipelineTemplate, ShadowCopy
+from oobleck.planning.outputs import ExecutionPlan, PipelineInstance, PipelineTemplate, ShadowCopy
+from oobleck.planning.pipeline_cost import pipeline_time, ring_allreduce_seconds
 
 
 def even_split(total: int, parts: int) -> list[int]:

@@ -34,9 +34,9 @@ from collections.abc import Container, Mapping, Sequence
 import numpy as np
 
 from oobleck.errors import PlanningError
-from oobleck.planning.cost import copy_seconds
 from oobleck.planning.instantiate import _best_multiset, _Sync, build_plan, sync_of
-from oobleck.planning.plan import ExecutionPlan, LayerTransfer, ReconfigurationPlan, Worker, tolerated_failures
+from oobleck.planning.outputs import ExecutionPlan, LayerTransfer, ReconfigurationPlan, Worker, tolerated_failures
+from oobleck.planning.pipeline_cost import copy_seconds
 from oobleck.planning.templates import TemplateSet
 
 # Default number of distinct surviving holders one layer copy is split across.
@@ -88,7 +88,9 @@ def reconfigure(
         raise PlanningError(f"planner.replan_horizon_steps={replan_horizon_steps} must be >= 0")
     layer_bytes = tuple(layer_param_bytes if layer_param_bytes is not None else templates.layer_param_bytes)
     if len(layer_bytes) != plan.num_layers:
-        raise PlanningError(f"layer_param_bytes has {len(layer_bytes)} entries but the plan has {plan.num_layers} layers")
+        raise PlanningError(
+            f"layer_param_bytes has {len(layer_bytes)} entries but the plan has {plan.num_layers} layers"
+        )
     f = plan.fault_tolerance if fault_tolerance is None else fault_tolerance
     if f < 0:
         raise PlanningError(f"job.fault_tolerance={f} must be >= 0")
@@ -187,7 +189,9 @@ def _plan_size(templates: TemplateSet, alive: int, microbatches: int, f: int, go
     usable = (1 << (min(microbatches, alive) + 1)) - 2  # 1 .. M pipelines (never more than nodes)
     most = max((counts[n] & usable).bit_length() - 1 for n in range(alive + 1))
     if most < 1:
-        raise PlanningError(f"no template sizes {list(templates.sizes)} fit in {alive} alive nodes; restart from a checkpoint")
+        raise PlanningError(
+            f"no template sizes {list(templates.sizes)} fit in {alive} alive nodes; restart from a checkpoint"
+        )
     kept = min(f, most - 1)
     wanted = usable & ~((1 << (kept + 1)) - 1)  # kept + 1 .. M pipelines
     used = max(n for n in range(alive + 1) if counts[n] & wanted)
@@ -275,9 +279,7 @@ def _place(
         groups[p][q] = alive[r]
     groups.sort(key=min)  # deterministic pipeline order: by the smallest node id
     placed = set(int(alive[r]) for r in rows)
-    new = build_plan(
-        templates, [len(g) for g in groups], groups, old.global_batch_size, old.microbatch_size, f, sync
-    )
+    new = build_plan(templates, [len(g) for g in groups], groups, old.global_batch_size, old.microbatch_size, f, sync)
     new = dataclasses.replace(new, fault_tolerance=min(f, tolerated_failures(new)))
     transfers = _transfers(new, {w: range(a, b) for w, (a, b) in held.items()}, live, layer_bytes, max_sources)
     seconds = copy_seconds(((t.source[0], t.target[0], t.nbytes) for t in transfers), sync.inter)
@@ -327,7 +329,9 @@ def _transfers(
             for chunk, source in enumerate(sources):
                 count = elements // chunks + (1 if chunk < elements % chunks else 0)
                 transfers.append(
-                    LayerTransfer(layer=layer, source=source, target=target, chunk=chunk, chunks=chunks, nbytes=4 * count)
+                    LayerTransfer(
+                        layer=layer, source=source, target=target, chunk=chunk, chunks=chunks, nbytes=4 * count
+                    )
                 )
                 load[source] = load.get(source, 0) + 4 * count
     return tuple(transfers)
@@ -371,7 +375,9 @@ def check_fault_tolerance(templates: TemplateSet, nodes: int, fault_tolerance: i
     f = fault_tolerance
     n0 = templates.min_nodes
     if nodes < (f + 1) * n0:
-        raise PlanningError(f"f={f} needs {f + 1} pipelines of at least n0={n0} nodes = {(f + 1) * n0} nodes; cluster.nodes={nodes}")
+        raise PlanningError(
+            f"f={f} needs {f + 1} pipelines of at least n0={n0} nodes = {(f + 1) * n0} nodes; cluster.nodes={nodes}"
+        )
     sizes = templates.sizes
     reachable = [False] * (nodes + 1)
     reachable[0] = True

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from oobleck.planning.profile import LayerProfile, ModelProfile
+from oobleck.planning.inputs import LayerProfile, ModelProfile
 
 
 def synthetic_profile(

@@ -55,7 +55,9 @@ from typing import Any
 import numpy as np
 
 from oobleck.errors import PlanningError
-from oobleck.planning.cost import (
+from oobleck.planning.inputs import ClusterSpec, ModelProfile
+from oobleck.planning.outputs import PipelineTemplate, StageSpec
+from oobleck.planning.pipeline_cost import (
     LINK_INTER,
     LINK_INTRA,
     LINK_NONE,
@@ -63,8 +65,6 @@ from oobleck.planning.cost import (
     link_seconds,
     pipeline_iteration_time,
 )
-from oobleck.planning.plan import PipelineTemplate, StageSpec
-from oobleck.planning.profile import ClusterSpec, ModelProfile
 
 INF = math.inf
 
@@ -172,7 +172,7 @@ class _StageTable:
             cap = np.maximum(cap, 0.0)
             if g > stage_gpu_limit:  # planner.max_gpus_per_stage: such a stage never fits
                 cap = np.zeros_like(cap)
-            self.cap[g] = [cap[: end, end].tolist() for end in ends]
+            self.cap[g] = [cap[:end, end].tolist() for end in ends]
             finite = cap[upper]
             binds = (finite < L) & (finite >= 1)
             if binds.any():
@@ -181,11 +181,14 @@ class _StageTable:
                 binding_caps.append(finite[binds])
             for link in (LINK_NONE, LINK_INTRA, LINK_INTER):
                 comm = np.array(
-                    [link_seconds(out[end], link, cluster.intra_node_bandwidth, cluster.inter_node_bandwidth) for end in ends]
+                    [
+                        link_seconds(out[end], link, cluster.intra_node_bandwidth, cluster.inter_node_bandwidth)
+                        for end in ends
+                    ]
                 )
                 table = compute / g + comm[None, :]
                 self.cost_stack[g, link] = np.where(below, -INF, table)
-                per_end = [table[: end, end].tolist() for end in ends]
+                per_end = [table[:end, end].tolist() for end in ends]
                 self.cost[g].append(per_end)
                 # Only real stages are bottleneck candidates: the last stage has no link, others have one.
                 real = (upper[1] == L) if link == LINK_NONE else (upper[1] < L)
@@ -216,7 +219,9 @@ class _StageTable:
         # Every node boundary costs at least this much (the cheapest boundary tensor, cross-node).
         boundaries = arrays.output_bytes[:-1]
         self.min_cross_link = (
-            link_seconds(float(boundaries.min()), LINK_INTER, cluster.intra_node_bandwidth, cluster.inter_node_bandwidth)
+            link_seconds(
+                float(boundaries.min()), LINK_INTER, cluster.intra_node_bandwidth, cluster.inter_node_bandwidth
+            )
             if boundaries.size
             else 0.0
         )
@@ -232,7 +237,6 @@ class _StageTable:
         count = int(np.searchsorted(self._binding_costs, limit, side="right"))
         binding = int(self._binding_running_max[count - 1]) if count else 0
         return [min(placed, max(binding, 1)) for placed in range(self.num_layers + 2)]
-
 
 
 def _stage_links(stages: Sequence[StageSpec]) -> list[int]:
@@ -574,7 +578,9 @@ def _to_stages(layout_right_to_left: list[tuple[int, int, int]], gpus: int) -> l
 
 def _check_inputs(cluster: ClusterSpec, fault_tolerance: int, r: int, max_gpus: int | None) -> int:
     if cluster.nodes <= 0 or cluster.gpus_per_node <= 0:
-        raise PlanningError(f"cluster.nodes={cluster.nodes} and cluster.gpus_per_node={cluster.gpus_per_node} must be > 0")
+        raise PlanningError(
+            f"cluster.nodes={cluster.nodes} and cluster.gpus_per_node={cluster.gpus_per_node} must be > 0"
+        )
     if fault_tolerance < 0:
         raise PlanningError(f"job.fault_tolerance={fault_tolerance} must be >= 0")
     if r <= 0:
@@ -609,7 +615,9 @@ class _DeepRecursion:
         sys.setrecursionlimit(self.saved)
 
 
-def _feasibility(profile: ModelProfile, cluster: ClusterSpec, stage_gpus: int) -> tuple[_StageTable, dict[int, float], int]:
+def _feasibility(
+    profile: ModelProfile, cluster: ClusterSpec, stage_gpus: int
+) -> tuple[_StageTable, dict[int, float], int]:
     table = _StageTable(profile, cluster, stage_gpus)
     up_to = min(cluster.nodes, profile.num_layers)
     with _DeepRecursion(profile.num_layers):
@@ -652,7 +660,7 @@ def generate_templates(
     with _DeepRecursion(profile.num_layers):
         best = _sweep_thresholds(table, G, r, wanted, bottleneck)
     templates = {}
-    for n, (value, layout) in sorted(best.items()):
+    for n, (_value, layout) in sorted(best.items()):
         template = make_template(profile, cluster, _to_stages(layout, G), r)
         templates[n] = template
     return TemplateSet(
@@ -721,9 +729,7 @@ def _sweep_thresholds(
         next_index = int(starts[still].min())
         W = float(candidates[next_index])
         inside = np.flatnonzero((windows[:, 0] <= next_index) & (next_index < windows[:, 1]))
-        budgets = {
-            nodes[i]: target(nodes[i]) for i in inside if lower_bound(nodes[i], W) < target(nodes[i])
-        }
+        budgets = {nodes[i]: target(nodes[i]) for i in inside if lower_bound(nodes[i], W) < target(nodes[i])}
         index = next_index + 1
         promising = _promising_markers(table, W, r, budgets, total_per_gpu * gpus, gpus)
         # Keep the markers, and the node counts, that the node-level bound cannot rule out.
@@ -772,7 +778,10 @@ def _promising_markers(
     for n, budget in budgets.items():
         keep |= base + (r - 1) * n * W < budget
     links = table.marker_links[lo:hi]
-    return [(int(a), int(b), int(g), int(link)) for a, b, g, link in zip(starts[keep], ends[keep], widths[keep], links[keep])]
+    return [
+        (int(a), int(b), int(g), int(link))
+        for a, b, g, link in zip(starts[keep], ends[keep], widths[keep], links[keep])
+    ]
 
 
 def _fewest_nodes(compute: list[float], start: int, end: int, most: float, last_most: float) -> int | None:

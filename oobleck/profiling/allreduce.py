@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 
 from oobleck.errors import ProfileError
-from oobleck.planning.profile import AllReduceSample
+from oobleck.planning.inputs import AllReduceSample
 
 FP32_BYTES = 4
 
@@ -98,9 +98,12 @@ def measure_allreduce(
         )
     world = group_sizes[-1]
     if backend == "nccl" and torch.cuda.device_count() < world:
-        raise ProfileError(f"all-reduce over {world} ranks needs {world} CUDA devices, found {torch.cuda.device_count()}")
-    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout_s))
+        raise ProfileError(
+            f"all-reduce over {world} ranks needs {world} CUDA devices, found {torch.cuda.device_count()}"
+        )
+    store = dist.TCPStore(
+        "127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s)
+    )
     context = mp.get_context("spawn")
     results: mp.Queue = context.Queue()
     workers = [

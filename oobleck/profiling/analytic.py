@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from oobleck.models import layer_name, num_layers, parameter_count, tied_parameters
-from oobleck.planning.profile import LayerProfile, ModelProfile
+from oobleck.planning.inputs import LayerProfile, ModelProfile
 
 FP32_BYTES = 4
 INDEX_BYTES = 8  # int64 token ids
@@ -93,9 +93,17 @@ def analytic_profile(model_cfg: Any, gpu_cfg: Any, microbatch_size: int) -> Mode
         source="analytic",
         tied_layers=tuple(t.layers for t in tied_parameters(model_cfg)),
         metadata={
-            "gpu": {key: getattr(gpu_cfg, key) for key in (
-                "name", "peak_tflops", "memory_gb", "memory_bandwidth_gbps",
-                "achieved_flop_fraction", "achieved_bandwidth_fraction", "activation_bytes_per_value",
-            )},
+            "gpu": {
+                key: getattr(gpu_cfg, key)
+                for key in (
+                    "name",
+                    "peak_tflops",
+                    "memory_gb",
+                    "memory_bandwidth_gbps",
+                    "achieved_flop_fraction",
+                    "achieved_bandwidth_fraction",
+                    "activation_bytes_per_value",
+                )
+            },
         },
     )

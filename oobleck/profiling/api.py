@@ -21,14 +21,14 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from omegaconf import OmegaConf
 
 from oobleck.errors import ProfileError
 from oobleck.models import num_layers
-from oobleck.planning.profile import ModelProfile
+from oobleck.planning.inputs import ModelProfile
 from oobleck.profiling.allreduce import measure_allreduce
 from oobleck.profiling.analytic import analytic_profile
 from oobleck.profiling.cache import cache_key, cache_path, load_cached
@@ -68,7 +68,7 @@ def load_profile_file(path: str, model_cfg: Any, microbatch_size: int) -> ModelP
     return profile
 
 
-def cached_measured_profile(cfg: Any, *, refresh: bool = False, progress: Optional[Any] = None) -> ModelProfile:
+def cached_measured_profile(cfg: Any, *, refresh: bool = False, progress: Any | None = None) -> ModelProfile:
     """The measured profile for ``cfg`` from the cache, measuring (and caching) it when missing,
     stale or corrupt, or when ``refresh``."""
     device = torch.device("cuda" if cfg.cluster.device == "cuda" else "cpu")
@@ -108,7 +108,9 @@ def cached_measured_profile(cfg: Any, *, refresh: bool = False, progress: Option
     if device.type == "cuda":
         group_sizes = [k for k in group_sizes if k <= torch.cuda.device_count()]
     if group_sizes and list(cfg.profile.allreduce_bytes):
-        say(f"profiling all-reduce on {'nccl' if device.type == 'cuda' else 'gloo'}: groups of {group_sizes} ranks (starts {max(group_sizes)} processes) ...")
+        say(
+            f"profiling all-reduce on {'nccl' if device.type == 'cuda' else 'gloo'}: groups of {group_sizes} ranks (starts {max(group_sizes)} processes) ..."
+        )
     samples = measure_allreduce(
         group_sizes,
         list(cfg.profile.allreduce_bytes),
@@ -122,7 +124,9 @@ def cached_measured_profile(cfg: Any, *, refresh: bool = False, progress: Option
     data["cache_key"] = key
     profile = ModelProfile.from_dict(data, origin="measured profile")
     profile.save(path)
-    say(f"measured model={cfg.model.name}'s layers in {profile.metadata.get('profiling_seconds', 0.0):.1f} s; cached in {path}")
+    say(
+        f"measured model={cfg.model.name}'s layers in {profile.metadata.get('profiling_seconds', 0.0):.1f} s; cached in {path}"
+    )
     return profile
 
 
@@ -131,24 +135,33 @@ def _say(line: str) -> None:
 
 
 @contextlib.contextmanager
-def _layer_bar(cfg: Any, layers: int, progress: Optional[Callable[[int, int], None]]) -> Iterator[Callable[[int, int], None]]:
+def _layer_bar(
+    cfg: Any, layers: int, progress: Callable[[int, int], None] | None
+) -> Iterator[Callable[[int, int], None]]:
     """The per-layer progress callback: the caller's, else a bar (``logger.progress_bar``)."""
     if progress is not None:
         yield progress
         return
     from tqdm import tqdm
 
-    with tqdm(total=layers, desc=f"profile {cfg.model.name}", unit="layer", disable=not OmegaConf.select(cfg, "logger.progress_bar", default=True)) as bar:
+    with tqdm(
+        total=layers,
+        desc=f"profile {cfg.model.name}",
+        unit="layer",
+        disable=not OmegaConf.select(cfg, "logger.progress_bar", default=True),
+    ) as bar:
         yield lambda done, total: bar.update(done - bar.n)
 
 
-def get_profile(cfg: Any, *, progress: Optional[Any] = None) -> ModelProfile:
+def get_profile(cfg: Any, *, progress: Any | None = None) -> ModelProfile:
     """The per-layer profile the planner uses for ``cfg`` (see the module doc for the sources)."""
     source = resolve_source(cfg)
     microbatch = int(cfg.job.microbatch_size)
     if source == "file":
         if not cfg.profile.path:
-            raise ProfileError("profile.source=file needs profile.path=<profile JSON written by python -m oobleck.profile>")
+            raise ProfileError(
+                "profile.source=file needs profile.path=<profile JSON written by python -m oobleck.profile>"
+            )
         return load_profile_file(cfg.profile.path, cfg.model, microbatch)
     if source == "measured":
         return cached_measured_profile(cfg, progress=progress)

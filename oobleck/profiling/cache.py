@@ -15,12 +15,12 @@ import json
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from oobleck.errors import ProfileError
-from oobleck.planning.profile import PROFILE_SCHEMA_VERSION, ModelProfile
+from oobleck.planning.inputs import PROFILE_SCHEMA_VERSION, ModelProfile
 
 
 class ProfileCacheWarning(UserWarning):
@@ -49,7 +49,7 @@ def cache_path(cache_dir: str | Path, model_name: str, microbatch_size: int, dev
     return Path(cache_dir).expanduser() / f"{model_name}-mb{microbatch_size}-{slug}.json"
 
 
-def load_cached(path: Path, key: str) -> Optional[ModelProfile]:
+def load_cached(path: Path, key: str) -> ModelProfile | None:
     """The cached profile at ``path`` if it exists and was made for ``key``; else ``None``
     (with a ``ProfileCacheWarning`` when a file was there but stale or corrupt)."""
     if not path.exists():

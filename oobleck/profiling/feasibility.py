@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -43,7 +43,7 @@ class MeasurementEstimate:
     seconds: float
     peak_bytes: int  # the largest layer's training memory
     largest_layer: str
-    available_bytes: Optional[int]  # free memory on the device (None: unknown)
+    available_bytes: int | None  # free memory on the device (None: unknown)
     flop_rate: float  # FLOP/s the probe reached
 
     @property
@@ -52,7 +52,9 @@ class MeasurementEstimate:
         return f"about {_duration(self.seconds)}"
 
     def describe(self) -> str:
-        return f"{self.duration} or more at {self.flop_rate / 1e9:.0f} GFLOP/s, up to {_size(self.peak_bytes)} per layer"
+        return (
+            f"{self.duration} or more at {self.flop_rate / 1e9:.0f} GFLOP/s, up to {_size(self.peak_bytes)} per layer"
+        )
 
 
 def _duration(seconds: float) -> str:
@@ -89,7 +91,7 @@ def forward_flops(model_cfg: Any, index: int, microbatch_size: int) -> float:
     return block_forward_flops(model_cfg, microbatch_size)
 
 
-def available_bytes(device: torch.device) -> Optional[int]:
+def available_bytes(device: torch.device) -> int | None:
     """Free memory on ``device``: CUDA's free bytes, or the host's MemAvailable (Linux)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
@@ -102,7 +104,7 @@ def available_bytes(device: torch.device) -> Optional[int]:
     return None
 
 
-def matmul_flop_rate(device: torch.device, threads: Optional[int]) -> float:
+def matmul_flop_rate(device: torch.device, threads: int | None) -> float:
     """FLOP/s of a fp32 matrix product on ``device`` with ``threads`` torch threads (a short probe)."""
     previous = torch.get_num_threads()
     if threads:
@@ -123,7 +125,9 @@ def matmul_flop_rate(device: torch.device, threads: Optional[int]) -> float:
     return 2.0 * PROBE_SIZE**3 * runs / elapsed
 
 
-def estimate_measurement(model_cfg: Any, microbatch_size: int, device: torch.device, *, runs: int, threads: Optional[int]) -> MeasurementEstimate:
+def estimate_measurement(
+    model_cfg: Any, microbatch_size: int, device: torch.device, *, runs: int, threads: int | None
+) -> MeasurementEstimate:
     """The memory and time of measuring ``model_cfg`` with ``runs`` forward+backward passes per layer."""
     layers = range(num_layers(model_cfg))
     peak, largest = max((layer_training_bytes(model_cfg, i, microbatch_size), layer_name(model_cfg, i)) for i in layers)
@@ -144,7 +148,9 @@ def check_measurement(cfg: Any, device: torch.device) -> MeasurementEstimate:
         threads=int(cfg.cluster.torch_threads) or None,
     )
     instead = f"use profile.source=analytic (the FLOP/byte model of the {cfg.cluster.gpu.name}, cluster.gpu; gpu=<name> picks another)"
-    where = f"{device.type}" + (" (profile.source=auto measures when the device exists here)" if profile.source == "auto" else "")
+    where = f"{device.type}" + (
+        " (profile.source=auto measures when the device exists here)" if profile.source == "auto" else ""
+    )
     if estimate.available_bytes is not None and estimate.peak_bytes > estimate.available_bytes:
         raise ProfileError(
             f"measuring model={model.name} on {where} needs about {estimate.peak_bytes / 1e9:.1f} GB for its layer "

@@ -18,13 +18,13 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from oobleck.errors import ProfileError
 from oobleck.models import build_layer, layer_name, loss_fn, num_layers, tied_parameters
-from oobleck.planning.profile import LayerProfile, ModelProfile
+from oobleck.planning.inputs import LayerProfile, ModelProfile
 
 
 def device_label(device: torch.device) -> str:
@@ -127,8 +127,8 @@ def measure_profile(
     warmup: int,
     repeats: int,
     seed: int,
-    threads: Optional[int] = None,
-    progress: Optional[Callable[[int, int], None]] = None,
+    threads: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ModelProfile:
     """Measure every layer of ``model_cfg`` for one microbatch on ``device``.
 
@@ -141,7 +141,9 @@ def measure_profile(
         raise ProfileError(f"job.microbatch_size={microbatch_size} must be > 0")
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ProfileError("cluster.device=cuda but CUDA is not available here; use cluster.device=cpu or profile.source=analytic")
+        raise ProfileError(
+            "cluster.device=cuda but CUDA is not available here; use cluster.device=cpu or profile.source=analytic"
+        )
     previous_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)

@@ -46,7 +46,7 @@ class Backend(abc.ABC):
         """A process group of ``size`` ranks (this one ``rank``) rendezvousing through ``store``."""
 
     @abc.abstractmethod
-    def wait(self, waiter: "Waiter", work: Any, what: str) -> None:
+    def wait(self, waiter: Waiter, work: Any, what: str) -> None:
         """Return once ``work`` has run (``Aborted`` on an abort, ``RunError`` on the timeout)."""
 
     @abc.abstractmethod
@@ -65,11 +65,13 @@ class GlooBackend(Backend):
     def new_group(self, store: Any, rank: int, size: int, timeout_s: float) -> Any:
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timedelta(seconds=timeout_s)
-        options._devices = [self.transport if self.transport is not None else dist.ProcessGroupGloo.create_default_device()]
+        options._devices = [
+            self.transport if self.transport is not None else dist.ProcessGroupGloo.create_default_device()
+        ]
         options._threads = 1  # ops of one group run in order; groups are many and small
         return dist.ProcessGroupGloo(store, rank, size, options)
 
-    def wait(self, waiter: "Waiter", work: Any, what: str) -> None:
+    def wait(self, waiter: Waiter, work: Any, what: str) -> None:
         waiter.wait_future_of(work, what)
 
     def release(self, groups: list[Any]) -> None:
@@ -88,7 +90,7 @@ class NcclBackend(Backend):
         options._timeout = timedelta(seconds=timeout_s)
         return dist.ProcessGroupNCCL(store, rank, size, options)
 
-    def wait(self, waiter: "Waiter", work: Any, what: str) -> None:
+    def wait(self, waiter: Waiter, work: Any, what: str) -> None:
         waiter.poll(work, what)
 
     def release(self, groups: list[Any]) -> None:
@@ -134,5 +136,9 @@ def open_backend(cluster: Any, node: int, local_rank: int) -> Backend:
         torch.cuda.set_device(local_rank)
         return NcclBackend(device=f"cuda:{local_rank}")
     hostname = node_address(cluster, node) if cluster.kind == "local" else ""
-    transport = dist.ProcessGroupGloo.create_device(hostname=hostname) if hostname else dist.ProcessGroupGloo.create_default_device()
+    transport = (
+        dist.ProcessGroupGloo.create_device(hostname=hostname)
+        if hostname
+        else dist.ProcessGroupGloo.create_default_device()
+    )
     return GlooBackend(transport=transport)

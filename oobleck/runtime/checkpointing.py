@@ -20,7 +20,7 @@ from typing import Any
 
 from oobleck.checkpoint import AsyncCheckpointWriter, WriteHandle, read_manifest, restore_layer, step_dir
 from oobleck.checkpoint.durable import make_dirs
-from oobleck.planning.plan import Worker
+from oobleck.planning.outputs import Worker
 from oobleck.runtime import keys
 from oobleck.runtime.comm import make_store
 from oobleck.runtime.state import LayerState
@@ -47,27 +47,41 @@ class CheckpointWriter:
         make_dirs(path)
         snap = self.writer.snapshot(layers[layer] for layer in mine)
         handle = self.writer.submit(path, snap)
-        reporter = threading.Thread(target=self._report, args=(boundary, handle), daemon=True, name=f"checkpoint-report-{boundary}")
+        reporter = threading.Thread(
+            target=self._report, args=(boundary, handle), daemon=True, name=f"checkpoint-report-{boundary}"
+        )
         reporter.start()
         self._reporters = [r for r in self._reporters if r.is_alive()] + [reporter]
 
     def _report(self, boundary: int, handle: WriteHandle) -> None:
         if not handle.wait(self.timeout_s):
-            print(f"oobleck worker {self.worker}: checkpoint of step {boundary} not written after {self.timeout_s:g} s", file=sys.stderr, flush=True)
+            print(
+                f"oobleck worker {self.worker}: checkpoint of step {boundary} not written after {self.timeout_s:g} s",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         with self._lock:  # one reporter at a time on the shared store connection
             try:
                 if self._store is None:
                     self._store = make_store(self.host, self.port, 60.0)
                 if handle.error is not None:
-                    print(f"oobleck worker {self.worker}: checkpoint of step {boundary} failed: {handle.error!r}", file=sys.stderr, flush=True)
+                    print(
+                        f"oobleck worker {self.worker}: checkpoint of step {boundary} failed: {handle.error!r}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     return
                 for layer, record in handle.records.items():
                     self._store.set(keys.checkpoint_shard(boundary, layer), json.dumps(record.to_dict()))
                 timing = {"snapshot_s": handle.snapshot_s, "write_s": handle.write_s or 0.0, "bytes": handle.bytes}
                 self._store.set(keys.checkpoint_timing(boundary, *self.worker), json.dumps(timing))
             except Exception as error:  # the controller is gone or the run stopped: nothing to report to
-                print(f"oobleck worker {self.worker}: could not report checkpoint {boundary}: {error}", file=sys.stderr, flush=True)
+                print(
+                    f"oobleck worker {self.worker}: could not report checkpoint {boundary}: {error}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def close(self, timeout_s: float) -> bool:
         """Let the writes in flight finish and be reported (bounded); True when they all were."""
@@ -78,7 +92,9 @@ class CheckpointWriter:
         return finished and not any(r.is_alive() for r in self._reporters)
 
 
-def restore_layers(path: str | Path, layers: Iterable[int], new_layer: Callable[[int, int], LayerState], committed: int) -> dict[int, LayerState]:
+def restore_layers(
+    path: str | Path, layers: Iterable[int], new_layer: Callable[[int, int], LayerState], committed: int
+) -> dict[int, LayerState]:
     """Fresh layer states of ``layers`` loaded from the checkpoint at ``path`` (checksums verified)."""
     manifest = read_manifest(path)
     restored = {}

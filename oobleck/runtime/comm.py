@@ -26,9 +26,10 @@ import concurrent.futures
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,7 +38,6 @@ from oobleck.errors import RunError
 from oobleck.runtime import keys
 from oobleck.runtime.backend import Backend
 from oobleck.runtime.liveness import Liveness
-
 
 # Polling a device-side op (see ``Waiter.poll``): the first re-check comes quickly (a collective
 # of a small tensor finishes in tens of microseconds on a GPU), then the pause doubles up to a
@@ -82,7 +82,7 @@ class AbortWatch:
 
     def __init__(self, host: str, port: int, timeout_s: float) -> None:
         self._store = make_store(host, port, timeout_s)
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._pending: set[threading.Event] = set()
         self.generation = -1
@@ -96,7 +96,9 @@ class AbortWatch:
         with self._lock:
             self.generation = generation
             self.aborted = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(generation, self.aborted), daemon=True, name=f"abort-watch-g{generation}")
+        self._thread = threading.Thread(
+            target=self._run, args=(generation, self.aborted), daemon=True, name=f"abort-watch-g{generation}"
+        )
         self._thread.start()
 
     def _run(self, generation: int, flag: threading.Event) -> None:
@@ -182,7 +184,12 @@ class Waiter:
     collective's completion is seen is the backend's (``oobleck.runtime.backend``)."""
 
     def __init__(
-        self, watch: AbortWatch, timeout_s: float, peer_grace_s: float, backend: Backend, liveness: Optional[Liveness] = None
+        self,
+        watch: AbortWatch,
+        timeout_s: float,
+        peer_grace_s: float,
+        backend: Backend,
+        liveness: Liveness | None = None,
     ) -> None:
         self.watch = watch
         self.timeout_s = timeout_s
@@ -201,14 +208,16 @@ class Waiter:
     def forget_peers(self) -> None:
         self._peers.clear()
 
-    def _marked(self, what: str, peers: Optional[tuple[int, ...]]) -> Any:
+    def _marked(self, what: str, peers: tuple[int, ...] | None) -> Any:
         return self.liveness.waiting(what, peers) if self.liveness is not None else contextlib.nullcontext()
 
     def _wait_event(self, event: threading.Event, what: str) -> None:
         self.watch.register(event)
         try:
             if not event.wait(self.timeout_s) and not self.watch.aborted.is_set():
-                self.await_abort(what, TimeoutError(f"did not complete within cluster.collective_timeout_s={self.timeout_s}"))
+                self.await_abort(
+                    what, TimeoutError(f"did not complete within cluster.collective_timeout_s={self.timeout_s}")
+                )
         finally:
             self.watch.unregister(event)
         if not _done(event):
@@ -245,7 +254,9 @@ class Waiter:
             if self.watch.aborted.is_set():
                 raise Aborted()
             if time.monotonic() > deadline:
-                self.await_abort(what, TimeoutError(f"did not complete within cluster.collective_timeout_s={self.timeout_s}"))
+                self.await_abort(
+                    what, TimeoutError(f"did not complete within cluster.collective_timeout_s={self.timeout_s}")
+                )
             time.sleep(pause)
             pause = min(2 * pause, _POLL_MAX_S)
         try:
@@ -253,7 +264,7 @@ class Waiter:
         except Exception as error:
             self.await_abort(what, error)
 
-    def future(self, future: concurrent.futures.Future, what: str, peers: Optional[tuple[int, ...]] = None) -> Any:
+    def future(self, future: concurrent.futures.Future, what: str, peers: tuple[int, ...] | None = None) -> Any:
         with self._marked(what, peers):
             event = _DoneEvent()
             future.add_done_callback(lambda _f: event.done())
@@ -273,7 +284,9 @@ class Waiter:
         must follow shortly; raises ``Aborted`` when it does, ``RunError`` if it does not."""
         if self.watch.aborted.wait(self.peer_grace_s):
             raise Aborted() from error
-        raise RunError(f"{what} failed ({error}) and the controller did not reconfigure within {self.peer_grace_s} s") from error
+        raise RunError(
+            f"{what} failed ({error}) and the controller did not reconfigure within {self.peer_grace_s} s"
+        ) from error
 
 
 class _DoneEvent(threading.Event):
@@ -336,7 +349,10 @@ class Communicator:
                 raise Aborted()  # what was built is dropped here, in this helper thread
             group_store = dist.PrefixStore(spec.name, base)
             group_rank = spec.ranks.index(self.rank)
-            built[spec.name] = (self.backend.new_group(group_store, group_rank, len(spec.ranks), self._timeout_s), spec.ranks)
+            built[spec.name] = (
+                self.backend.new_group(group_store, group_rank, len(spec.ranks), self._timeout_s),
+                spec.ranks,
+            )
         if self.waiter.watch.aborted.is_set():
             raise Aborted()
         self.groups = built

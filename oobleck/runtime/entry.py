@@ -21,8 +21,9 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 from oobleck.faults.kinds import FaultKind
 from oobleck.runtime import keys
@@ -35,7 +36,7 @@ class InjectedFault(Exception):
 STRIKE_KINDS = tuple(kind.value for kind in FaultKind if kind is not FaultKind.JOIN)  # what a node strikes itself with
 
 
-def parse_strike(secret: str, value: bytes) -> Optional[dict[str, Any]]:
+def parse_strike(secret: str, value: bytes) -> dict[str, Any] | None:
     """The armed fault a ``strike/<node>`` value holds, if the controller signed it (anything
     else, e.g. a foreign write, is ignored: it must not take the node down)."""
     text = keys.verified(secret, value)
@@ -43,7 +44,11 @@ def parse_strike(secret: str, value: bytes) -> Optional[dict[str, Any]]:
         strike = json.loads(text) if text is not None else None
     except ValueError:
         strike = None
-    if not isinstance(strike, dict) or strike.get("kind") not in STRIKE_KINDS or not isinstance(strike.get("phase"), str):
+    if (
+        not isinstance(strike, dict)
+        or strike.get("kind") not in STRIKE_KINDS
+        or not isinstance(strike.get("phase"), str)
+    ):
         return None
     return strike
 
@@ -77,7 +82,7 @@ class WorkerArgs:
     run_id: str
 
 
-def parse_worker_args(prog: str, description: str, argv: Optional[list[str]] = None) -> WorkerArgs:
+def parse_worker_args(prog: str, description: str, argv: list[str] | None = None) -> WorkerArgs:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--store", required=True, help="HOST:PORT of the controller's TCPStore")
     parser.add_argument("--node-id", type=int, required=True)
@@ -93,7 +98,7 @@ def run_worker(
     prog: str,
     description: str,
     build: Callable[[WorkerArgs], Any],
-    argv: Optional[list[str]] = None,
+    argv: list[str] | None = None,
     *,
     quiet: tuple[type[BaseException], ...] = (),
 ) -> int:
@@ -104,7 +109,9 @@ def run_worker(
     try:
         worker = build(args)
         store = worker.store
-        store.set(keys.worker_registered(args.node, args.local_rank, args.incarnation), json.dumps({"pid": os.getpid()}))
+        store.set(
+            keys.worker_registered(args.node, args.local_rank, args.incarnation), json.dumps({"pid": os.getpid()})
+        )
         worker.run()
         return 0
     except quiet:

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
@@ -50,7 +51,7 @@ class _Bucket:
     tied: bool = False  # the tied weight's bucket: the local copies are summed, not concatenated
     ready: int = 0
     work: Any = None
-    flat: Optional[torch.Tensor] = None
+    flat: torch.Tensor | None = None
     # A concatenated bucket's gradient storage: ``views[k]`` is ``params[k]``'s ``.grad``.
     views: list[torch.Tensor] = field(default_factory=list)
 
@@ -88,7 +89,7 @@ class GradientReducer:
     gradient views.
     """
 
-    def __init__(self, ctx: "StepContext", *, bucket_bytes: int, overlap: bool) -> None:
+    def __init__(self, ctx: StepContext, *, bucket_bytes: int, overlap: bool) -> None:
         topo = ctx.topology
         self.comm = ctx.comm
         tied = ctx.spec.tied_names
@@ -160,7 +161,9 @@ class GradientReducer:
         self.armed = True
 
     def _launch_ready(self) -> None:
-        while self.launched < len(self.order) and self.order[self.launched].ready >= len(self.order[self.launched].live):
+        while self.launched < len(self.order) and self.order[self.launched].ready >= len(
+            self.order[self.launched].live
+        ):
             self._launch(self.order[self.launched])
             self.launched += 1
 
@@ -214,7 +217,7 @@ class StepContext:
     device: str = "cpu"
     bucket_bytes: int = 4 << 20
     overlap_grad_reduce: bool = True
-    hook: Optional[PhaseHook] = None
+    hook: PhaseHook | None = None
     redundant_s: float = 0.0  # seconds of redundant forward work (shadow copies) this step
     reducer: GradientReducer = field(init=False)
     # Every rank holds every layer (pure data parallelism): after the reduction every rank has
@@ -267,7 +270,7 @@ def run_schedule(ctx: StepContext, step: int) -> float:
     microbatches = list(topo.microbatches())
     m, S, i = len(microbatches), topo.num_stages, topo.assignment.stage
     pending: list[tuple[Any, str]] = []
-    saved: dict[int, tuple[Optional[torch.Tensor], torch.Tensor]] = {}
+    saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
     loss_total = 0.0
     empty = hi <= lo
     layers = topo.assignment.layers
@@ -303,7 +306,7 @@ def run_schedule(ctx: StepContext, step: int) -> float:
         if topo.is_first:
             assert batch is not None
             x = batch[0]
-            x_in: Optional[torch.Tensor] = None
+            x_in: torch.Tensor | None = None
         else:
             assert in_shape is not None
             x = receive(-1, "act", in_shape, f"receiving activations of microbatch {mb}")

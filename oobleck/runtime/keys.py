@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import Optional
 
 CONFIG = "config"
 GEN = "gen"
@@ -60,7 +59,7 @@ def sign(secret: str, text: str) -> str:
     return f"{mac}:{text}"
 
 
-def verified(secret: str, value: bytes | str) -> Optional[str]:
+def verified(secret: str, value: bytes | str) -> str | None:
     """The text of a value ``sign`` made with ``secret``; None for anything else (a forgery)."""
     if isinstance(value, bytes):
         try:
@@ -103,7 +102,7 @@ def decision_kind(value: str) -> str:
     return value.partition(" ")[0]
 
 
-def decision_step_time(value: str) -> Optional[float]:
+def decision_step_time(value: str) -> float | None:
     """The step time a commit decision carries (None: it carries none)."""
     _, _, seconds = value.partition(" ")
     return float(seconds) if seconds else None

@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from collections.abc import Iterator
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from oobleck.runtime import keys
 
@@ -38,7 +38,7 @@ class Liveness:
         self._count = 0
         # (what, peers or None for every rank of the generation, monotonic start): one tuple, so
         # the heartbeat thread always reads a consistent state without a lock
-        self._wait: Optional[tuple[str, Optional[tuple[int, ...]], float]] = None
+        self._wait: tuple[str, tuple[int, ...] | None, float] | None = None
         self.beat()  # the key exists before the worker registers
         self._thread = threading.Thread(target=self._run, daemon=True, name="heartbeat")
         self._thread.start()
@@ -49,7 +49,7 @@ class Liveness:
         self.generation, self.rank = generation, rank
 
     @contextmanager
-    def waiting(self, what: str, peers: Optional[Sequence[int]] = None) -> Iterator[None]:
+    def waiting(self, what: str, peers: Sequence[int] | None = None) -> Iterator[None]:
         """Mark the main thread as waiting on ``peers`` (None: every rank of the generation)."""
         outer = self._wait
         self._wait = (what, tuple(peers) if peers is not None else None, outer[2] if outer else time.monotonic())

@@ -27,7 +27,9 @@ class ReferenceResult:
     step_ends: list[float] = field(default_factory=list)
 
 
-def train_reference(cfg: Any, steps: int | None = None, *, device: str = "cpu", batches: Sequence[int] | None = None) -> ReferenceResult:
+def train_reference(
+    cfg: Any, steps: int | None = None, *, device: str = "cpu", batches: Sequence[int] | None = None
+) -> ReferenceResult:
     """Train on ``device`` (the truth is the CPU; a GPU run measures its kernels against it).
 
     Update k trains on the sampler's global batch of step ``batches[k]`` (default: k), with the
@@ -42,7 +44,10 @@ def train_reference(cfg: Any, steps: int | None = None, *, device: str = "cpu", 
     torch.manual_seed(int(job.seed))
     model = build_reference_model(model_cfg, int(job.seed), device=device)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=float(job.lr), betas=(float(job.beta1), float(job.beta2)), weight_decay=float(job.weight_decay)
+        model.parameters(),
+        lr=float(job.lr),
+        betas=(float(job.beta1), float(job.beta2)),
+        weight_decay=float(job.weight_decay),
     )
     dataset = build_dataset(job, model_cfg)
     batch, micro = int(job.global_batch_size), int(job.microbatch_size)
@@ -63,5 +68,7 @@ def train_reference(cfg: Any, steps: int | None = None, *, device: str = "cpu", 
         optimizer.zero_grad(set_to_none=True)
         losses.append(total / batch)
         step_ends.append(time.perf_counter())
-    layers = {i: {k: v.detach().to("cpu", copy=True) for k, v in layer.state_dict().items()} for i, layer in enumerate(model)}
+    layers = {
+        i: {k: v.detach().to("cpu", copy=True) for k, v in layer.state_dict().items()} for i, layer in enumerate(model)
+    }
     return ReferenceResult(losses=losses, layers=layers, step_ends=step_ends)

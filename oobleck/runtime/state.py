@@ -44,7 +44,9 @@ class LayerState:
             p.grad = None
 
 
-def layer_state(spec: ModelSpec, job: Any, index: int, device: str, committed_steps: int = 0, *, initialise: bool = True) -> LayerState:
+def layer_state(
+    spec: ModelSpec, job: Any, index: int, device: str, committed_steps: int = 0, *, initialise: bool = True
+) -> LayerState:
     """Layer ``index`` with its AdamW state, all in one fresh ``[3, numel]`` tensor on ``device``.
 
     ``initialise``: the seeded initial parameters and zero moments (step 0 of training, or what
@@ -83,7 +85,9 @@ def layer_state(spec: ModelSpec, job: Any, index: int, device: str, committed_st
     return LayerState(index=index, module=shell, optimizer=optimizer, flat=flat)
 
 
-def new_layer_state(model_cfg: Any, job: Any, index: int, seed: int, device: str, committed_steps: int = 0) -> LayerState:
+def new_layer_state(
+    model_cfg: Any, job: Any, index: int, seed: int, device: str, committed_steps: int = 0
+) -> LayerState:
     """``layer_state`` of the model ``model_cfg`` describes, initialised from ``seed``."""
     return layer_state(model_spec(model_cfg, seed), job, index, device, committed_steps)
 

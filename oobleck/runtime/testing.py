@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from oobleck.config import compose_config
-from oobleck.planning.plan import ExecutionPlan, PipelineInstance, PipelineTemplate, StageSpec
+from oobleck.planning.outputs import ExecutionPlan, PipelineInstance, PipelineTemplate, StageSpec
 
 
 @functools.lru_cache(maxsize=1)
@@ -58,7 +58,15 @@ def template(stages: list[tuple[int, int, int, int, int]]) -> PipelineTemplate:
     return PipelineTemplate(num_nodes, specs, tuple(1.0 for _ in specs), tuple(0.0 for _ in specs), 4 * len(specs), 1.0)
 
 
-def hand_plan(pipelines: list[tuple[PipelineTemplate, tuple[int, ...], int]], *, batch: int, micro: int, layers: int, f: int, gpus: int) -> ExecutionPlan:
+def hand_plan(
+    pipelines: list[tuple[PipelineTemplate, tuple[int, ...], int]],
+    *,
+    batch: int,
+    micro: int,
+    layers: int,
+    f: int,
+    gpus: int,
+) -> ExecutionPlan:
     """pipelines: (template, node ids, microbatches); offsets are contiguous in order."""
     instances, first = [], 0
     for index, (tmpl, nodes, mbs) in enumerate(pipelines):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oobleck.planning.plan import ExecutionPlan, ReconfigurationPlan, WorkerAssignment
+from oobleck.planning.outputs import ExecutionPlan, ReconfigurationPlan, WorkerAssignment
 from oobleck.runtime.comm import GroupSpec, channel_name
 
 WORLD = "world"
@@ -117,7 +117,9 @@ def build_topology(plan: ExecutionPlan, worker: tuple[int, int], tied_layers: tu
     for layer, ranks in holders.items():
         by_set.setdefault(tuple(sorted(ranks)), []).append(layer)
     grad_groups = tuple(
-        GradGroup(_ranks_name("grad", ranks), ranks, tuple(layers)) for ranks, layers in sorted(by_set.items()) if len(ranks) > 1
+        GradGroup(_ranks_name("grad", ranks), ranks, tuple(layers))
+        for ranks, layers in sorted(by_set.items())
+        if len(ranks) > 1
     )
     tied_group = None
     if tied_layers:

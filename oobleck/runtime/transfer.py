@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 from oobleck.errors import RunError
-from oobleck.planning.plan import ReconfigurationPlan
+from oobleck.planning.outputs import ReconfigurationPlan
 from oobleck.runtime.comm import Communicator, channel_name
 from oobleck.runtime.state import LayerState, chunk_bounds, chunk_rows, set_step
 from oobleck.runtime.topology import Topology, rank_of
@@ -50,16 +51,21 @@ class Moved:
     copied_out: tuple[int, ...]  # layers this rank sent (their hashes are compared too)
 
 
-def incoming_layers(topology: Topology, reconfiguration: Optional[ReconfigurationPlan]) -> tuple[int, ...]:
+def incoming_layers(topology: Topology, reconfiguration: ReconfigurationPlan | None) -> tuple[int, ...]:
     """The layers this rank receives in the plan's copies."""
     if reconfiguration is None:
         return ()
     ranks = rank_of(topology.plan)
     me = topology.rank
-    return tuple(sorted({
-        t.layer for t in reconfiguration.transfers
-        if ranks[tuple(t.target)] == me and ranks[tuple(t.source)] != me  # type: ignore[index]
-    }))  # fmt: skip
+    return tuple(
+        sorted(
+            {
+                t.layer
+                for t in reconfiguration.transfers
+                if ranks[tuple(t.target)] == me and ranks[tuple(t.source)] != me  # type: ignore[index]
+            }
+        )
+    )
 
 
 class PreparedLayers:
@@ -75,7 +81,7 @@ class PreparedLayers:
         self.seconds = 0.0
         self.waited_s = 0.0
         self._layers: dict[int, LayerState] = {}
-        self._error: Optional[BaseException] = None
+        self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._prepare, args=(indices,), daemon=True, name="oobleck-prefault")
         self._thread.start()
 
@@ -107,7 +113,7 @@ class PreparedLayers:
 def transfer_state(
     topology: Topology,
     comm: Communicator,
-    reconfiguration: Optional[ReconfigurationPlan],
+    reconfiguration: ReconfigurationPlan | None,
     layers: dict[int, LayerState],
     empty_layer: Callable[[int], LayerState],
     *,
@@ -132,7 +138,9 @@ def transfer_state(
             continue
         if me == src:
             if transfer.layer not in layers:
-                raise RunError(f"generation {generation}: rank {me} must send layer {transfer.layer} but does not hold it")
+                raise RunError(
+                    f"generation {generation}: rank {me} must send layer {transfer.layer} but does not hold it"
+                )
             layer = layers[transfer.layer]
             sent.add(transfer.layer)
         else:
@@ -154,13 +162,17 @@ def transfer_state(
         comm.waiter.work(work, what)
     for index, layer in arriving.items():
         if covered[index] != layer.numel:
-            raise RunError(f"generation {generation}: layer {index} received {covered[index]} of {layer.numel} elements")
+            raise RunError(
+                f"generation {generation}: layer {index} received {covered[index]} of {layer.numel} elements"
+            )
         set_step(layer, committed)
         layers[index] = layer
     return Moved(bytes_in, bytes_out, tuple(sorted(sent)))
 
 
-def probe_links(topology: Topology, comm: Communicator, reconfiguration: Optional[ReconfigurationPlan], nbytes: int) -> dict[str, dict[str, float]]:
+def probe_links(
+    topology: Topology, comm: Communicator, reconfiguration: ReconfigurationPlan | None, nbytes: int
+) -> dict[str, dict[str, float]]:
     """Raw gloo send/recv bandwidth (bytes/s, as the receiver measured it) of ``nbytes`` on every
     copy channel of this rank, just before the copy: ``{"cold": {"src->dst": rate}, "warm":
     {...}}`` (into fresh memory, and into the same memory again) for the channels it receives on."""

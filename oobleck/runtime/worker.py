@@ -28,8 +28,9 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,7 +40,7 @@ from oobleck.data import GlobalBatchSampler, build_dataset
 from oobleck.errors import RunError
 from oobleck.faults.kinds import Phase
 from oobleck.models.spec import model_spec
-from oobleck.planning.plan import ExecutionPlan, ReconfigurationPlan
+from oobleck.planning.outputs import ExecutionPlan, ReconfigurationPlan
 from oobleck.runtime import keys
 from oobleck.runtime.backend import open_backend
 from oobleck.runtime.checkpointing import CheckpointWriter, restore_layers
@@ -68,7 +69,9 @@ def resource_probe(extra: dict[str, Any]) -> dict[str, Any]:
         "sockets": sum(1 for fd in fds if _is_socket(f"/proc/self/fd/{fd}")),
         "rss_kb": int(status.get("VmRSS", "0 kB").split()[0]),
         "python_threads": dict(collections.Counter(t.name.split("-g")[0] for t in threading.enumerate())),
-        "gloo_threads": sum(1 for task in os.listdir("/proc/self/task") if _thread_name(task).startswith(("pt_gloo", "gloo"))),
+        "gloo_threads": sum(
+            1 for task in os.listdir("/proc/self/task") if _thread_name(task).startswith(("pt_gloo", "gloo"))
+        ),
         **extra,
     }
 
@@ -103,7 +106,10 @@ class Worker:
         cluster, job = self.cfg.cluster, self.cfg.job
         self.secret = os.environ.get(keys.SECRET_ENV, "")  # handed down by the agent
         self.liveness = Liveness(
-            make_store(host, port, 60.0), keys.heartbeat(node, local_rank, incarnation), self.secret, float(cluster.heartbeat_interval_s)
+            make_store(host, port, 60.0),
+            keys.heartbeat(node, local_rank, incarnation),
+            self.secret,
+            float(cluster.heartbeat_interval_s),
         )
         if cluster.torch_threads > 0:
             torch.set_num_threads(int(cluster.torch_threads))
@@ -113,14 +119,16 @@ class Worker:
         self.wait_s = float(cluster.startup_timeout_s)
         self.watch = AbortWatch(host, port, self.timeout_s)
         self.reaper = Reaper(self.timeout_s + float(self.cfg.runtime.reap_margin_s))
-        self.waiter = Waiter(self.watch, self.timeout_s, float(cluster.heartbeat_timeout_s) + 5.0, self.backend, self.liveness)
+        self.waiter = Waiter(
+            self.watch, self.timeout_s, float(cluster.heartbeat_timeout_s) + 5.0, self.backend, self.liveness
+        )
         self.spec = model_spec(self.cfg.model, int(job.seed))
         self.dataset = build_dataset(job, self.cfg.model)
         self.sampler = GlobalBatchSampler(len(self.dataset), int(job.global_batch_size), int(job.seed))
         self.layers: dict[int, LayerState] = {}
         # Pay the optimizer's one-time import cost (seconds) at start-up, not inside the first step.
         torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
-        self.strike: Optional[dict[str, Any]] = None
+        self.strike: dict[str, Any] | None = None
         self.phase_seconds: dict[str, float] = {}  # where this worker's step time went
         self.bucket_bytes = int(float(self.cfg.runtime.bucket_mb) * (1 << 20))
         self.checkpointer = CheckpointWriter(host, port, self.worker, self.cfg.checkpoint)
@@ -154,7 +162,7 @@ class Worker:
     def _stopped(self) -> bool:
         return stop_requested(self.store, self.secret)
 
-    def next_generation(self, after: Optional[int]) -> Optional[int]:
+    def next_generation(self, after: int | None) -> int | None:
         """The newest generation after ``after`` (None: at start-up); None when the run stops."""
         if after is None:
             self._wait_key(keys.GEN, self.wait_s, "the first plan")
@@ -244,12 +252,19 @@ class Worker:
         probes = probe_links(topology, comm, reconfiguration, probe_bytes) if probe_bytes > 0 else {}
         moved = time.monotonic()
         copies = transfer_state(
-            topology, comm, reconfiguration, self.layers, prepared.take if prepared else empty_layer,
-            committed=committed, generation=generation,
-        )  # fmt: skip
+            topology,
+            comm,
+            reconfiguration,
+            self.layers,
+            prepared.take if prepared else empty_layer,
+            committed=committed,
+            generation=generation,
+        )
         missing = [i for i in held if i not in self.layers]
         if missing:
-            raise RunError(f"generation {generation}: worker {self.worker} was assigned layers {missing} but no transfer provided them")
+            raise RunError(
+                f"generation {generation}: worker {self.worker} was assigned layers {missing} but no transfer provided them"
+            )
         transfer_s = time.monotonic() - moved
         count = self.store.add(keys.ready_count(generation), 1)
         if count == len(topology.world):
@@ -265,16 +280,34 @@ class Worker:
         self.store.set(keys.checksums(generation, topology.rank), json.dumps(checksums))
         self.store.set(
             keys.timing(generation, topology.rank),
-            json.dumps({
-                "groups_s": groups_s, "state_copy_s": transfer_s, "load_s": load_s, "bytes_in": copies.bytes_in,
-                "bytes_out": copies.bytes_out, "link_probe_bytes_per_s": probes.get("warm", {}),
-                "link_probe_cold_bytes_per_s": probes.get("cold", {}),
-                "prefault_s": prepared.seconds if prepared else 0.0, "prefault_wait_s": prepared.waited_s if prepared else 0.0,
-            }),  # fmt: skip
+            json.dumps(
+                {
+                    "groups_s": groups_s,
+                    "state_copy_s": transfer_s,
+                    "load_s": load_s,
+                    "bytes_in": copies.bytes_in,
+                    "bytes_out": copies.bytes_out,
+                    "link_probe_bytes_per_s": probes.get("warm", {}),
+                    "link_probe_cold_bytes_per_s": probes.get("cold", {}),
+                    "prefault_s": prepared.seconds if prepared else 0.0,
+                    "prefault_wait_s": prepared.waited_s if prepared else 0.0,
+                }
+            ),
         )
         self.store.set(
             keys.probe(generation, topology.rank),
-            json.dumps(resource_probe({"pid": os.getpid(), "worker": list(self.worker), "groups": len(comm.groups), "parked": self.reaper.parked(), "dropping": self.reaper.dropping(), "layers": len(self.layers)})),
+            json.dumps(
+                resource_probe(
+                    {
+                        "pid": os.getpid(),
+                        "worker": list(self.worker),
+                        "groups": len(comm.groups),
+                        "parked": self.reaper.parked(),
+                        "dropping": self.reaper.dropping(),
+                        "layers": len(self.layers),
+                    }
+                )
+            ),
         )
 
     def _new_layer(self, index: int, committed: int) -> LayerState:
@@ -292,7 +325,7 @@ class Worker:
         if self.store.check([key]):
             self.strike = parse_strike(self.secret, self.store.get(key))
 
-    def _fire_strike(self, phase: Phase | str, step: Optional[int], generation: int) -> None:
+    def _fire_strike(self, phase: Phase | str, step: int | None, generation: int) -> None:
         strike = self.strike
         if strike is None or strike["phase"] != phase:
             return
@@ -332,7 +365,7 @@ class Worker:
         while step < int(job.steps):
             self._read_strike()
             current = step
-            ctx.hook = lambda phase: self._fire_strike(phase, current, generation)
+            ctx.hook = lambda phase: self._fire_strike(phase, current, generation)  # noqa: B023 (called within this iteration)
             for layer in self.layers.values():
                 layer.zero_grad()
             t0 = time.perf_counter()
@@ -360,7 +393,12 @@ class Worker:
             if keys.decision_kind(decision) == keys.COMMIT_CHECKPOINT:
                 self.checkpointer.write(step + 1, document["checkpoint"], self.layers)
             t4 = time.perf_counter()
-            for name, seconds in (("pipeline_1f1b", t1 - t0), ("grad_allreduce", t2 - t1), ("norm_and_commit", t3 - t2), ("optimizer", t4 - t3)):
+            for name, seconds in (
+                ("pipeline_1f1b", t1 - t0),
+                ("grad_allreduce", t2 - t1),
+                ("norm_and_commit", t3 - t2),
+                ("optimizer", t4 - t3),
+            ):
                 times[name] = times.get(name, 0.0) + seconds
             times["redundant_forward"] = times.get("redundant_forward", 0.0) + ctx.redundant_s
             ctx.redundant_s = 0.0
@@ -375,7 +413,9 @@ class Worker:
         has a checkpoint after it: every ``every_steps``, or when the controller asked for one."""
         if every_steps > 0 and boundary % every_steps == 0:
             return True
-        if self.store.check([keys.CHECKPOINT_REQUEST]) and boundary >= int(self.store.get(keys.CHECKPOINT_REQUEST).decode()):
+        if self.store.check([keys.CHECKPOINT_REQUEST]) and boundary >= int(
+            self.store.get(keys.CHECKPOINT_REQUEST).decode()
+        ):
             self.store.delete_key(keys.CHECKPOINT_REQUEST)
             return True
         return False
@@ -390,7 +430,7 @@ class Worker:
                 self.store.set(keys.final_params(index), buffer.getvalue())
 
 
-def _reconfiguration(document: dict[str, Any]) -> Optional[ReconfigurationPlan]:
+def _reconfiguration(document: dict[str, Any]) -> ReconfigurationPlan | None:
     data = document.get("reconfiguration")
     return ReconfigurationPlan.from_dict(data) if data else None
 
@@ -399,7 +439,7 @@ def _timed_out(timeout_s: float, what: str, key: str) -> RunError:
     return RunError(f"timed out after {timeout_s} s waiting for {what} (store key {key!r})")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     def build(args: WorkerArgs) -> Worker:
         return Worker(args.host, args.port, args.node, args.local_rank, args.incarnation)
 

@@ -17,7 +17,7 @@ fixed part plus the layer copies over the links, a restart its fixed part plus r
 checkpoint (plus a checkpoint first when it is planned). Unless the decision is ``continue``,
 the iteration in flight is lost. A restart, or a stop (the job dies: nothing fits, or there is
 nothing to fall back on), also loses every iteration not in a durable checkpoint: checkpoints
-are written as ``oobleck.checkpoint`` writes them (``oobleck.sim.costs.checkpoint_cost``: with
+are written as ``oobleck.checkpoint`` writes them (``oobleck.recovery_costs.checkpoint_cost``: with
 asynchronous writes training pauses only for the snapshot, and a checkpoint becomes durable when
 its write completes). A change that arrives during a recovery extends it: the cluster runs again
 only when both the old and the new recovery are done (a second restart starts its full restart
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oobleck.faults.trace import Trace, TraceChange
-from oobleck.sim.costs import CheckpointCost, checkpoint_cost, layer_transfer_s, restore_s
+from oobleck.recovery_costs import CheckpointCost, checkpoint_cost, layer_transfer_s, restore_s
 from oobleck.strategy import Decision, Kind, Layout, RunState, Strategy
 
 # The event kind each decision is recorded as (the real runtime's events.csv uses the same names).
@@ -65,7 +65,10 @@ class CostCache:
         hit = self._checkpoints.get(id(layout.plan))
         if hit is None:
             ctx = strategy.context
-            hit = (layout.plan, checkpoint_cost(layout.plan, ctx.profile, strategy.config.costs, ctx.cluster.inter_node_bandwidth))
+            hit = (
+                layout.plan,
+                checkpoint_cost(layout.plan, ctx.profile, strategy.config.costs, ctx.cluster.inter_node_bandwidth),
+            )
             self._checkpoints[id(layout.plan)] = hit  # keeps the plan alive: its id stays unique
         return hit[1]
 
@@ -73,7 +76,10 @@ class CostCache:
         hit = self._restores.get(id(layout.plan))
         if hit is None:
             ctx = strategy.context
-            hit = (layout.plan, restore_s(layout.plan, ctx.profile, strategy.config.costs, ctx.cluster.inter_node_bandwidth))
+            hit = (
+                layout.plan,
+                restore_s(layout.plan, ctx.profile, strategy.config.costs, ctx.cluster.inter_node_bandwidth),
+            )
             self._restores[id(layout.plan)] = hit
         return hit[1]
 
@@ -97,7 +103,9 @@ def decision_downtime(
     kind = decision.kind
     if kind in (Kind.RECONFIGURE, Kind.FAILOVER):
         fixed = costs.reconfigure_fixed_s if kind is Kind.RECONFIGURE else costs.failover_s
-        copy = layer_transfer_s(decision.transfers, strategy.context.cluster.inter_node_bandwidth, costs.moved_bytes_per_param / 4.0)
+        copy = layer_transfer_s(
+            decision.transfers, strategy.context.cluster.inter_node_bandwidth, costs.moved_bytes_per_param / 4.0
+        )
         return fixed + copy + costs.warmup_s, (("fixed", fixed), ("state_copy", copy), ("warmup", costs.warmup_s))
     if kind not in (Kind.RESTART, Kind.START):
         return 0.0, ()
@@ -350,7 +358,9 @@ class Simulator:
         self._segment(t0, t1, "running", rate)
 
         def complete(count: int) -> None:
-            run.uncommitted.add(_Work(count, count * per_iteration.samples, count * per_iteration.busy, count * per_iteration.redundant))
+            run.uncommitted.add(
+                _Work(count, count * per_iteration.samples, count * per_iteration.busy, count * per_iteration.redundant)
+            )
             run.iters_since_checkpoint += count
 
         remaining = t1 - t0
@@ -405,9 +415,13 @@ class Simulator:
             # One row per running period (a long trace has tens of thousands of checkpoints):
             # ``count`` checkpoints completed, the first at ``first_time_s``, the last at ``time_s``.
             self._event(
-                checkpoints_done[-1], "checkpoint", count=len(checkpoints_done),
-                first_time_s=checkpoints_done[0], downtime_s=pause, durable_after_s=lag,
-            )  # fmt: skip
+                checkpoints_done[-1],
+                "checkpoint",
+                count=len(checkpoints_done),
+                first_time_s=checkpoints_done[0],
+                downtime_s=pause,
+                durable_after_s=lag,
+            )
 
     # ----- decisions -------------------------------------------------------------------------
     def _apply(self, time_s: float, decision: Decision, cause: str = "", restarting: bool = False) -> None:
@@ -417,7 +431,9 @@ class Simulator:
             run.layout = decision.layout if decision.layout is not None else run.layout
             return
         old = run.layout
-        downtime, breakdown = decision_downtime(decision, self.strategy, previous=old, restarting=restarting, cache=self.cache)
+        downtime, breakdown = decision_downtime(
+            decision, self.strategy, previous=old, restarting=restarting, cache=self.cache
+        )
         if old is not None and run.recovery_until <= time_s + EPS:
             # The iteration in flight is abandoned (a checkpoint in flight just has to be redone).
             if not run.in_checkpoint:
@@ -589,5 +605,11 @@ def simulate(
     ``strategy``; nodes become usable ``node_creation_s`` after the trace adds them; without
     ``charge_start`` the job is already running at the trace's start (a real run's window)."""
     return Simulator(
-        strategy, trace, duration_s=duration_s, labels=labels, node_creation_s=node_creation_s, cache=cache, charge_start=charge_start
+        strategy,
+        trace,
+        duration_s=duration_s,
+        labels=labels,
+        node_creation_s=node_creation_s,
+        cache=cache,
+        charge_start=charge_start,
     ).simulate()

@@ -27,10 +27,10 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from oobleck.config import CONF_DIR
 from oobleck.errors import ConfigError, PlanningError
 from oobleck.faults.trace import Trace, load_trace
-from oobleck.planning.profile import GB, ClusterSpec, ModelProfile
-from oobleck.config import CONF_DIR
+from oobleck.planning.inputs import GB, ClusterSpec, ModelProfile
 from oobleck.sim.engine import simulate
 from oobleck.sim.ratios import add_speedups, speedup_ranges
 from oobleck.sim.replay import DecisionMemo, Memoized, shifted_trace, start_offsets
@@ -42,7 +42,9 @@ def model_config(name: str) -> DictConfig:
     from oobleck.config import group_names, load_group
 
     if name not in group_names("model"):
-        raise ConfigError(f"sim.models has {name!r}, which is not in conf/model/; use one of: {', '.join(group_names('model'))}")
+        raise ConfigError(
+            f"sim.models has {name!r}, which is not in conf/model/; use one of: {', '.join(group_names('model'))}"
+        )
     return load_group("model", name)
 
 
@@ -109,7 +111,9 @@ def sim_overrides(cfg: Any, name: str) -> dict[str, Any]:
         raise ConfigError(f"sim.params.{name}={overrides!r} must be a mapping of that strategy's settings")
     cluster_costs = cfg.sim.get("costs") or {}
     if not isinstance(cluster_costs, (dict, DictConfig)):
-        raise ConfigError(f"sim.costs={cluster_costs!r} must be a mapping of cost constants (oobleck/sim/costs.py, CostConstants)")
+        raise ConfigError(
+            f"sim.costs={cluster_costs!r} must be a mapping of cost constants (oobleck/recovery_costs.py, CostConstants)"
+        )
     merged = OmegaConf.merge({"costs": cluster_costs} if cluster_costs else {}, overrides or {})
     return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
 
@@ -181,10 +185,21 @@ def run_experiment(
                         progress(f"{model} {trace.name} start {index} {name}")
                     clock = time.perf_counter()
                     strategy = Memoized(simulated_strategy(cfg, name, context), memos[name])
-                    labels = {"model": model, "trace": trace.name, "start": index, "start_offset_s": offset, "strategy": name}
+                    labels = {
+                        "model": model,
+                        "trace": trace.name,
+                        "start": index,
+                        "start_offset_s": offset,
+                        "strategy": name,
+                    }
                     try:
                         result = simulate(
-                            strategy, replay, duration_s=duration, labels=labels, node_creation_s=creation, cache=memos[name].costs
+                            strategy,
+                            replay,
+                            duration_s=duration,
+                            labels=labels,
+                            node_creation_s=creation,
+                            cache=memos[name].costs,
                         )
                     except PlanningError as error:
                         raise PlanningError(f"simulating {name} on {model} over {trace.name}: {error}") from None

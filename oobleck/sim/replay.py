@@ -21,8 +21,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from oobleck.faults.trace import Trace, TraceEvent
 from oobleck.faults.kinds import FaultKind
+from oobleck.faults.trace import Trace, TraceEvent
 from oobleck.sim.engine import CostCache
 from oobleck.strategy import Decision, Kind, RunState, Strategy
 
@@ -71,7 +71,9 @@ class DecisionMemo:
 
 
 def _plain_state(strategy: Strategy) -> tuple:
-    return tuple(sorted((k, v) for k, v in vars(strategy).items() if isinstance(v, (bool, int, float, str, type(None)))))
+    return tuple(
+        sorted((k, v) for k, v in vars(strategy).items() if isinstance(v, (bool, int, float, str, type(None))))
+    )
 
 
 def _restore(strategy: Strategy, state: tuple) -> None:
@@ -104,9 +106,14 @@ class Memoized(Strategy):
 
     def on_change(self, state: RunState) -> Decision:
         key = (
-            id(state.layout), state.alive, state.removed, state.joined,
-            state.step == 0, state.checkpoint_step is None, _plain_state(self.inner),
-        )  # fmt: skip
+            id(state.layout),
+            state.alive,
+            state.removed,
+            state.joined,
+            state.step == 0,
+            state.checkpoint_step is None,
+            _plain_state(self.inner),
+        )
         hit = self.memo.changes.get(key)
         if hit is not None and hit[1] is not None:
             self.memo.hits += 1

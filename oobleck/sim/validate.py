@@ -23,7 +23,7 @@ returns one row per metric, with the target and whether it is met):
 Each for the planner's cost model as is, for a ``calibrated`` one (one per-microbatch overhead
 fitted on the run's own first generation: in-sample for that generation) and, given a
 ``RuntimeOverhead`` measured on *different* calibration runs (``calibrate``), for a ``predicted``
-one: the out-of-sample validation (issues 6 and 13). ``RuntimeOverhead`` (oobleck/sim/costs.py)
+one: the out-of-sample validation (issues 6 and 13). ``RuntimeOverhead`` (oobleck/recovery_costs.py)
 states the model; ``calibrate`` measures each of its terms on the calibration runs (pooled):
 
 - the step terms (per microbatch, per step, per worker, the compute scale of the CPU floor):
@@ -64,9 +64,9 @@ import pandas as pd
 
 from oobleck.errors import RunError, report_errors
 from oobleck.faults.trace import parse_trace
-from oobleck.planning.plan import ExecutionPlan, Worker
-from oobleck.planning.profile import ModelProfile
-from oobleck.sim.costs import RuntimeOverhead, StepShape, checkpoint_cost, fit_step_model, restore_s, step_model
+from oobleck.planning.inputs import ModelProfile
+from oobleck.planning.outputs import ExecutionPlan, Worker
+from oobleck.recovery_costs import RuntimeOverhead, StepShape, checkpoint_cost, fit_step_model, restore_s, step_model
 from oobleck.sim.engine import SimResult, simulate
 from oobleck.strategy import Decision, Layout, RunState, Strategy
 
@@ -260,7 +260,9 @@ def compare(
         raise RunError(f"{origin}: metrics.csv step times do not advance")
     measured_throughput = float(metrics["samples"].iloc[1:].sum()) / (t1 - t0)
     trace = parse_trace(membership_trace_text(plan, events, t0, t1), origin=f"{origin} (events.csv)")
-    generations = metrics["generation"] if "generation" in metrics else pd.Series([0] * len(metrics), index=metrics.index)
+    generations = (
+        metrics["generation"] if "generation" in metrics else pd.Series([0] * len(metrics), index=metrics.index)
+    )
     first = generations.iloc[0]
     measured_first = _median_step_s(metrics[generations == first])
     later = metrics[generations != first]
@@ -289,19 +291,23 @@ def compare(
         base = _with_measured(strategy, terms) if terms is not None else strategy
         adjusted = _WithOverhead(base, extra, terms)
         first_layout = adjusted.start(list(plan.nodes)).layout
-        sim = simulate(adjusted, trace, duration_s=t1 - t0, labels={"strategy": strategy.name, "trace": origin}, charge_start=False)
+        sim = simulate(
+            adjusted, trace, duration_s=t1 - t0, labels={"strategy": strategy.name, "trace": origin}, charge_start=False
+        )
         result = result or sim
         later_layouts = [r for r in sim.segments if r["phase"] == "running" and r["t_start_s"] > 0]
         simulated_later = float(later_layouts[-1]["iteration_s"]) if later_layouts else math.nan
 
         def recovery(kind: str) -> float:
-            times = [e["downtime_s"] + _iteration_after(sim, e["time_s"]) for e in sim.events if e["kind"] == kind]
+            times = [e["downtime_s"] + _iteration_after(sim, e["time_s"]) for e in sim.events if e["kind"] == kind]  # noqa: B023
             return float(pd.Series(times).median()) if times else math.nan
 
         simulated_first = first_layout.iteration_s if first_layout is not None else math.nan
         ck = None
         if first_layout is not None:
-            ck = checkpoint_cost(first_layout.plan, profile, adjusted.config.costs, adjusted.context.cluster.inter_node_bandwidth)
+            ck = checkpoint_cost(
+                first_layout.plan, profile, adjusted.config.costs, adjusted.context.cluster.inter_node_bandwidth
+            )
         dilation = terms.dilation(_workers(first_layout)) if terms is not None and first_layout is not None else 1.0
         simulated = {
             "recovery_s": recovery("reconfiguration"),
@@ -309,18 +315,35 @@ def compare(
             "restart_s": recovery("restart"),
             "checkpoint_snapshot_s": ck.snapshot_s if ck is not None else math.nan,
             "checkpoint_write_s": ck.write_s if ck is not None else math.nan,
-            "redundant_share": redundant_share(first_layout.plan, profile, simulated_first, dilation) if first_layout is not None else math.nan,
+            "redundant_share": redundant_share(first_layout.plan, profile, simulated_first, dilation)
+            if first_layout is not None
+            else math.nan,
         }
         candidates = [
             ("steady_iteration_s", measured_first, simulated_first, THROUGHPUT_TOLERANCE, model == "calibrated"),
             ("later_iteration_s", measured_later, simulated_later, THROUGHPUT_TOLERANCE, False),
             # Without a later generation the calibrated throughput is in-sample too.
-            ("throughput", measured_throughput, _throughput_with_inflight(sim, t1 - t0), THROUGHPUT_TOLERANCE, model == "calibrated" and later.empty),
+            (
+                "throughput",
+                measured_throughput,
+                _throughput_with_inflight(sim, t1 - t0),
+                THROUGHPUT_TOLERANCE,
+                model == "calibrated" and later.empty,
+            ),
         ]
         candidates += [(metric, measured[metric], simulated[metric], RECOVERY_TOLERANCE, False) for metric in measured]
         for metric, value, predicted, target, fitted in candidates:
             if math.isfinite(value) and math.isfinite(predicted):
-                rows.append({"model": model, "metric": metric, "measured": value, "simulated": predicted, "target": target, "fitted": fitted})
+                rows.append(
+                    {
+                        "model": model,
+                        "metric": metric,
+                        "measured": value,
+                        "simulated": predicted,
+                        "target": target,
+                        "fitted": fitted,
+                    }
+                )
     table = pd.DataFrame(rows, columns=["model", "metric", "measured", "simulated", "target", "fitted"])
     table["ratio"] = [_ratio(s, m) for s, m in zip(table["simulated"], table["measured"])]
     table["within_target"] = (table["ratio"] - 1.0).abs() <= table["target"]
@@ -520,7 +543,9 @@ def calibrate(runs: list[tuple[Any, ...]]) -> RuntimeOverhead:
     if not samples:
         raise RunError(f"{names}: no generation with at least 3 steps to calibrate the step overhead on")
     if not fixed:
-        raise RunError(f"{names}: no reconfiguration in events.csv: a calibration needs a run with one failure to measure the fixed reconfiguration time")
+        raise RunError(
+            f"{names}: no reconfiguration in events.csv: a calibration needs a run with one failure to measure the fixed reconfiguration time"
+        )
     terms = fit_step_model(samples, cores)
     exposed = _fit_exposure(pooled("exposed"), terms, cores) if pooled("exposed") else None
     warmups = pooled("warmups")
@@ -592,13 +617,17 @@ def validate_run(
 ) -> Validation:
     """Load a real run dir, rebuild its context (config, profile, strategy) and ``compare``."""
     plan, data, strategy, origin = _load(run_dir, profile_path)
-    return compare(plan, data.metrics, data.events, strategy, origin=origin, runtime=runtime, phase_seconds=_phase_seconds(data))
+    return compare(
+        plan, data.metrics, data.events, strategy, origin=origin, runtime=runtime, phase_seconds=_phase_seconds(data)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m oobleck.sim.validate", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="run dir of python -m oobleck.run")
-    parser.add_argument("--profile", default=None, help="profile JSON (default: RUN_DIR/profile.json, else the run's cached profile)")
+    parser.add_argument(
+        "--profile", default=None, help="profile JSON (default: RUN_DIR/profile.json, else the run's cached profile)"
+    )
     parser.add_argument(
         "--calibration",
         action="append",
@@ -609,11 +638,15 @@ def main(argv: list[str] | None = None) -> int:
     with report_errors("oobleck.sim.validate"):
         calibration = args.calibration or []
         if any(Path(c).resolve() == Path(args.run_dir).resolve() for c in calibration):
-            raise RunError(f"--calibration {args.run_dir} is RUN_DIR itself: calibrate on different runs, or the prediction is a fit")
+            raise RunError(
+                f"--calibration {args.run_dir} is RUN_DIR itself: calibrate on different runs, or the prediction is a fit"
+            )
         runtime = calibrate_runs(calibration) if calibration else None
         validation = validate_run(args.run_dir, args.profile, runtime=runtime)
         print(validation.table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-        print(f"calibrated overhead per microbatch of the busiest pipeline (fitted on generation 0): {validation.overhead_s:.4g} s")
+        print(
+            f"calibrated overhead per microbatch of the busiest pipeline (fitted on generation 0): {validation.overhead_s:.4g} s"
+        )
         out = Path(args.run_dir) / "validation.csv"
         validation.table.to_csv(out, index=False)
         print(f"written {out}")

@@ -30,11 +30,24 @@ def sweep(tmp_path_factory) -> Path:
     """``multirun/`` of ``python -m oobleck.run -m cluster.nodes=3,4`` (jobs 0 and 1, 10 steps each)."""
     root = tmp_path_factory.mktemp("sweep") / "multirun"
     run_id = uuid.uuid4().hex[:12]
-    env = {**os.environ, **private_wandb_dirs(root.parent / "wandb-home"), "OOBLECK_RUN_ID": run_id, "WANDB_SILENT": "true"}
+    env = {
+        **os.environ,
+        **private_wandb_dirs(root.parent / "wandb-home"),
+        "OOBLECK_RUN_ID": run_id,
+        "WANDB_SILENT": "true",
+    }
     command = [
-        sys.executable, "-m", "oobleck.run", "-m", f"hydra.sweep.dir={root / 'sweep'}", "cluster.nodes=3,4",
-        "job.steps=10", FAILURE, "logger.progress_bar=false", "logger.wandb.mode=offline",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "oobleck.run",
+        "-m",
+        f"hydra.sweep.dir={root / 'sweep'}",
+        "cluster.nodes=3,4",
+        "job.steps=10",
+        FAILURE,
+        "logger.progress_bar=false",
+        "logger.wandb.mode=offline",
+    ]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert run_processes(run_id) == []

@@ -15,7 +15,16 @@ from analysis.figures import (
     write_figures,
 )
 from analysis.labels import model_label, strategy_label, trace_label
-from analysis.load import BREAKDOWN, breakdown, format_throughput_table, load_run, load_sim, throughput_cells, throughput_table, timeline
+from analysis.load import (
+    BREAKDOWN,
+    breakdown,
+    format_throughput_table,
+    load_run,
+    load_sim,
+    throughput_cells,
+    throughput_table,
+    timeline,
+)
 from analysis.paper_figures import main as paper_figures_main
 from oobleck.errors import RunError
 
@@ -29,10 +38,42 @@ def _segments(models=("gpt3_2_7b",), traces=("synthetic/10m",)) -> pd.DataFrame:
         for trace in traces:
             base = {"model": model, "trace": trace}
             rows += [
-                {**base, "strategy": "oobleck", "t_start_s": 0, "t_end_s": 90, "phase": "running", "nodes_alive": 4, "samples_per_s": 10.0},
-                {**base, "strategy": "oobleck", "t_start_s": 90, "t_end_s": 120, "phase": "recovering", "nodes_alive": 3, "samples_per_s": 0.0},
-                {**base, "strategy": "varuna", "t_start_s": 0, "t_end_s": 120, "phase": "running", "nodes_alive": 4, "samples_per_s": 5.0},
-                {**base, "strategy": "bamboo", "t_start_s": 0, "t_end_s": 120, "phase": "stopped", "nodes_alive": 4, "samples_per_s": 0.0},
+                {
+                    **base,
+                    "strategy": "oobleck",
+                    "t_start_s": 0,
+                    "t_end_s": 90,
+                    "phase": "running",
+                    "nodes_alive": 4,
+                    "samples_per_s": 10.0,
+                },
+                {
+                    **base,
+                    "strategy": "oobleck",
+                    "t_start_s": 90,
+                    "t_end_s": 120,
+                    "phase": "recovering",
+                    "nodes_alive": 3,
+                    "samples_per_s": 0.0,
+                },
+                {
+                    **base,
+                    "strategy": "varuna",
+                    "t_start_s": 0,
+                    "t_end_s": 120,
+                    "phase": "running",
+                    "nodes_alive": 4,
+                    "samples_per_s": 5.0,
+                },
+                {
+                    **base,
+                    "strategy": "bamboo",
+                    "t_start_s": 0,
+                    "t_end_s": 120,
+                    "phase": "stopped",
+                    "nodes_alive": 4,
+                    "samples_per_s": 0.0,
+                },
             ]
     return pd.DataFrame(rows)
 
@@ -42,7 +83,13 @@ def _summary(models=("gpt3_2_7b",), traces=("synthetic/10m", "synthetic/1h")) ->
     for model in models:
         for strategy, throughput, useful in (("oobleck", 7.5, 0.9), ("varuna", 5.0, 0.5), ("bamboo", 0.0, 0.0)):
             for trace in traces:
-                row = {"model": model, "trace": trace, "strategy": strategy, "throughput": throughput, "oom": strategy == "bamboo"}
+                row = {
+                    "model": model,
+                    "trace": trace,
+                    "strategy": strategy,
+                    "throughput": throughput,
+                    "oom": strategy == "bamboo",
+                }
                 shares = {k: 0.0 for k in BREAKDOWN}
                 shares["useful"] = useful
                 shares["idle"] = 1.0 - useful  # what the engine reports for a run that never started
@@ -59,9 +106,17 @@ def _texts(fig) -> list[str]:
 
 def test_labels_are_readable():
     assert [model_label(m) for m in ("gpt3_2_7b", "gpt3_6_7b", "gpt3_1_3b", "gpt3_medium", "gpt2_small", "llama")] == [
-        "GPT-3 2.7B", "GPT-3 6.7B", "GPT-3 1.3B", "GPT-3 medium", "GPT-2 small", "llama"]
+        "GPT-3 2.7B",
+        "GPT-3 6.7B",
+        "GPT-3 1.3B",
+        "GPT-3 medium",
+        "GPT-2 small",
+        "llama",
+    ]
     assert trace_label("synthetic/10m") == "node lost every 10m" and trace_label("synthetic/10m", short=True) == "10m"
-    assert trace_label("spot/ec2_p3_scaled") == "EC2 p3 spot" and trace_label("spot/ec2_g4dn_raw") == "EC2 g4dn spot (raw)"
+    assert (
+        trace_label("spot/ec2_p3_scaled") == "EC2 p3 spot" and trace_label("spot/ec2_g4dn_raw") == "EC2 g4dn spot (raw)"
+    )
     assert trace_label("/data/my_trace.csv") == "my_trace" and strategy_label("varuna") == "Varuna"
 
 
@@ -117,8 +172,17 @@ def test_throughput_over_time_is_a_grid_with_one_legend():
     fig = throughput_over_time_figure(_segments(models, traces), 60.0, _summary(models, traces))
     panels = [ax for ax in fig.axes if ax.get_title()]
     assert [ax.get_title() for ax in panels] == [
-        "GPT-3 2.7B, node lost every 10m", "GPT-3 6.7B, node lost every 10m", "GPT-3 2.7B, EC2 p3 spot", "GPT-3 6.7B, EC2 p3 spot"]
-    assert len(fig.legends) == 1 and [t.get_text() for t in fig.legends[0].get_texts()] == ["Oobleck", "Varuna", "Bamboo", "nodes alive"]
+        "GPT-3 2.7B, node lost every 10m",
+        "GPT-3 6.7B, node lost every 10m",
+        "GPT-3 2.7B, EC2 p3 spot",
+        "GPT-3 6.7B, EC2 p3 spot",
+    ]
+    assert len(fig.legends) == 1 and [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "Oobleck",
+        "Varuna",
+        "Bamboo",
+        "nodes alive",
+    ]
     assert all(ax.get_legend() is None for ax in fig.axes)
     assert _texts(fig).count("Bamboo: out of memory") == 4
     width, height = fig.get_size_inches()
@@ -176,6 +240,8 @@ def test_repeated_runs_are_judged_by_their_median_ratio():
     d = out.loc[("D", "throughput")]
     assert (d["repeats"], d["ratio"], d["ratio_min"], d["ratio_max"], d["repeats_within"]) == (3, 0.95, 0.9, 1.5, 2)
     assert bool(d["within_target"]) and d["simulated"] == 95.0
-    assert not bool(out.loc[("E", "throughput"), "within_target"]) and bool(out.loc[("D", "recovery_s"), "within_target"])
+    assert not bool(out.loc[("E", "throughput"), "within_target"]) and bool(
+        out.loc[("D", "recovery_s"), "within_target"]
+    )
     with pytest.raises(RunError, match="case"):
         across_repeats(table.drop(columns=["case"]))

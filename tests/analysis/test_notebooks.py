@@ -16,7 +16,13 @@ TRACE = [f"0,add,n{i}" for i in range(8)] + ["1800000,remove,n2", "2400000,remov
 
 
 def _errors(notebook) -> list[str]:
-    return [o.get("ename", "") for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    return [
+        o.get("ename", "")
+        for c in notebook.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.output_type == "error"
+    ]
 
 
 def test_sources_are_scripts_with_one_parameters_cell():
@@ -37,10 +43,22 @@ def test_sources_are_scripts_with_one_parameters_cell():
 def test_paper_figures_notebook_on_a_short_simulation(tmp_path: Path):
     trace = tmp_path / "short.csv"
     trace.write_text("\n".join(TRACE) + "\n")
-    simulate = ["experiment=paper_spot", "sim.models=[gpt2_small]", f"sim.traces=[{trace},synthetic/10m]",
-                "sim.duration_h=1.5", "sim.trace_starts=2", "sim.trace_start_spacing_s=300", "logger.wandb.mode=disabled"]
-    notebook = execute("01_paper_figures", {"simulate": simulate, "out_dir": str(tmp_path / "out"), "bin_s": 300.0},
-                       out=tmp_path / "01.ipynb", cwd=tmp_path, timeout_s=CELL_S)
+    simulate = [
+        "experiment=paper_spot",
+        "sim.models=[gpt2_small]",
+        f"sim.traces=[{trace},synthetic/10m]",
+        "sim.duration_h=1.5",
+        "sim.trace_starts=2",
+        "sim.trace_start_spacing_s=300",
+        "logger.wandb.mode=disabled",
+    ]
+    notebook = execute(
+        "01_paper_figures",
+        {"simulate": simulate, "out_dir": str(tmp_path / "out"), "bin_s": 300.0},
+        out=tmp_path / "01.ipynb",
+        cwd=tmp_path,
+        timeout_s=CELL_S,
+    )
     assert _errors(notebook) == [] and (tmp_path / "01.ipynb").is_file()
     out = tmp_path / "out"
     for stem in ("throughput_vs_frequency", "throughput_over_time", "effective_time_breakdown"):
@@ -51,8 +69,12 @@ def test_paper_figures_notebook_on_a_short_simulation(tmp_path: Path):
 
 
 def test_strategy_comparison_notebook(sweep, restart_run, tmp_path: Path):
-    notebook = execute("02_strategy_comparison", {"sweep_dirs": [str(sweep)], "run_dirs": [str(restart_run)],
-                                                  "out_dir": str(tmp_path / "out")}, cwd=tmp_path, timeout_s=CELL_S)
+    notebook = execute(
+        "02_strategy_comparison",
+        {"sweep_dirs": [str(sweep)], "run_dirs": [str(restart_run)], "out_dir": str(tmp_path / "out")},
+        cwd=tmp_path,
+        timeout_s=CELL_S,
+    )
     assert _errors(notebook) == []
     out = tmp_path / "out"
     for stem in ("throughput_timeline", "recovery_breakdown", "time_lost"):
@@ -63,8 +85,12 @@ def test_strategy_comparison_notebook(sweep, restart_run, tmp_path: Path):
 
 
 def test_validation_notebook_calibrates_on_one_job_and_predicts_the_other(sweep, tmp_path: Path):
-    notebook = execute("03_validation", {"sweep_dirs": [str(sweep)], "calibration_jobs": ["0"], "out_dir": str(tmp_path / "out")},
-                       cwd=tmp_path, timeout_s=CELL_S)
+    notebook = execute(
+        "03_validation",
+        {"sweep_dirs": [str(sweep)], "calibration_jobs": ["0"], "out_dir": str(tmp_path / "out")},
+        cwd=tmp_path,
+        timeout_s=CELL_S,
+    )
     assert _errors(notebook) == []
     table = pd.read_csv(tmp_path / "out" / "validation.csv")
     assert set(table["model"]) == {"planner", "calibrated", "predicted"}

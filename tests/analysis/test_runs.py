@@ -65,9 +65,15 @@ def test_time_lost_and_recovery_breakdown(sweep, restart_run):
     assert sorted(runs.runs["strategy"]) == ["oobleck", "varuna"]
     phases = recovery_breakdown(runs)
     ours = phases[phases["strategy"] == "oobleck"]
-    assert set(ours["kind"]) == {"reconfiguration"} and {"detect", "plan", "groups", "state_copy", "first_step"} <= set(ours["phase"])
+    assert set(ours["kind"]) == {"reconfiguration"} and {"detect", "plan", "groups", "state_copy", "first_step"} <= set(
+        ours["phase"]
+    )
     for strategy in ("oobleck", "varuna"):
-        total = float(runs.events[(runs.events["strategy"] == strategy) & runs.events["kind"].isin(["reconfiguration", "restart"])]["total_s"].sum())
+        total = float(
+            runs.events[
+                (runs.events["strategy"] == strategy) & runs.events["kind"].isin(["reconfiguration", "restart"])
+            ]["total_s"].sum()
+        )
         assert phases[phases["strategy"] == strategy]["seconds"].sum() == pytest.approx(total, abs=2e-3)
     theirs = phases[phases["strategy"] == "varuna"].set_index("phase")["seconds"]
     assert theirs["spawn"] == pytest.approx(1.2) and theirs["stop"] == pytest.approx(0.3)
@@ -82,7 +88,9 @@ def test_time_lost_and_recovery_breakdown(sweep, restart_run):
 
 
 def test_step_path_breaks_at_a_recovery_and_keeps_outliers():
-    rows = pd.DataFrame({"time_s": [1.0, 1.1, 3.0, 3.01], "step_time_s": [0.1, 0.1, 0.2, 0.01], "samples_per_s": [100, 100, 50, 2000]})
+    rows = pd.DataFrame(
+        {"time_s": [1.0, 1.1, 3.0, 3.01], "step_time_s": [0.1, 0.1, 0.2, 0.01], "samples_per_s": [100, 100, 50, 2000]}
+    )
     xs, ys = step_path(rows)
     assert xs[:4] == pytest.approx([0.9, 1.0, 1.0, 1.1]) and ys[4] != ys[4]  # NaN: no line across the gap
     assert xs[5:] == pytest.approx([2.8, 3.0, 3.0, 3.01]) and max(y for y in ys if y == y) == 2000  # not clipped
@@ -99,7 +107,11 @@ def test_throughput_timeline_marks_failures_and_recoveries(sweep, restart_run, t
     for ax, run in zip(panels, runs.runs["run"]):
         events = runs.events[runs.events["run"] == run]
         start = training_start(runs.metrics[runs.metrics["run"] == run])
-        lines = [line.get_xdata()[0] for line in ax.get_lines() if len(line.get_xdata()) == 2 and line.get_xdata()[0] == line.get_xdata()[1]]
+        lines = [
+            line.get_xdata()[0]
+            for line in ax.get_lines()
+            if len(line.get_xdata()) == 2 and line.get_xdata()[0] == line.get_xdata()[1]
+        ]
         injected = (events[events["kind"] == "fault_injected"]["time_s"] - start).tolist()
         assert injected and all(any(abs(x - t) < 1e-9 for x in lines) for t in injected)
         assert ax.get_ylim()[1] >= runs.metrics[runs.metrics["run"] == run]["samples_per_s"].max()
@@ -117,7 +129,9 @@ def test_sweep_wandb_runs_are_unique_and_grouped(sweep):
         summary = json.loads((job / "summary.json").read_text())
         assert run.summary["samples"] == summary["samples"] == 320  # 10 steps of 32
         assert json.loads((job / "wandb_run_ids.json").read_text()) == {"run": run.run_id}
-        assert {".hydra/config.yaml", ".hydra/overrides.yaml", "metrics.csv", "events.csv", "plan.json"} <= set(run.artifact("run-files").files)
+        assert {".hydra/config.yaml", ".hydra/overrides.yaml", "metrics.csv", "events.csv", "plan.json"} <= set(
+            run.artifact("run-files").files
+        )
 
 
 def test_strategy_workspace_refers_to_what_real_runs_log(sweep):

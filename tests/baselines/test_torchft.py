@@ -36,17 +36,20 @@ def torchft_run(tmp_path_factory):
     drop it; the harness's heartbeats catch it and kill it), then a new node joins and heals
     from a live peer. A new worker takes up to ~20 s to boot on a loaded 2-core machine and
     steps are short, hence the long run."""
-    cfg = tiny_config("strategy=torchft", **{
-        "cluster.nodes": 4,
-        "job.steps": STEPS,
-        "job.global_batch_size": 8,
-        "failures.kind": "explicit",
-        "failures.events": [
-            {"action": "remove", "step": 2, "nodes": [1], "phase": "allreduce"},
-            {"action": "remove", "step": 4, "nodes": [2], "freeze": True},
-            {"action": "join", "step": 5, "count": 1},
-        ],
-    })  # fmt: skip
+    cfg = tiny_config(
+        "strategy=torchft",
+        **{
+            "cluster.nodes": 4,
+            "job.steps": STEPS,
+            "job.global_batch_size": 8,
+            "failures.kind": "explicit",
+            "failures.events": [
+                {"action": "remove", "step": 2, "nodes": [1], "phase": "allreduce"},
+                {"action": "remove", "step": 4, "nodes": [2], "freeze": True},
+                {"action": "join", "step": 5, "count": 1},
+            ],
+        },
+    )
     run_dir = tmp_path_factory.mktemp("torchft")
     outcome, summary = launch(cfg, run_dir)
     return cfg, outcome, summary, run_dir
@@ -120,14 +123,17 @@ def test_redone_batches_make_torchft_exactly_once(tmp_path):
     """redo_uncommitted_batches: the batch of a failed vote is trained again (step-indexed data,
     as the harness's own strategies do), so the run equals single-process training on every
     batch. Node 1 dies inside the all-reduce of step 2."""
-    cfg = tiny_config("strategy=torchft", **{
-        "cluster.nodes": 2,
-        "job.steps": 5,
-        "job.global_batch_size": 8,
-        "strategy.redo_uncommitted_batches": True,
-        "failures.kind": "explicit",
-        "failures.events": [{"action": "remove", "step": 2, "nodes": [1], "phase": "allreduce"}],
-    })  # fmt: skip
+    cfg = tiny_config(
+        "strategy=torchft",
+        **{
+            "cluster.nodes": 2,
+            "job.steps": 5,
+            "job.global_batch_size": 8,
+            "strategy.redo_uncommitted_batches": True,
+            "failures.kind": "explicit",
+            "failures.events": [{"action": "remove", "step": 2, "nodes": [1], "phase": "allreduce"}],
+        },
+    )
     outcome, summary = launch(cfg, tmp_path / "run")
     assert_matches_reference(cfg, outcome, tmp_path / "run")
     (recovery,) = outcome.recoveries

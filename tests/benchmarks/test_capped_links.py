@@ -22,7 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 MBIT = 40.0  # 5 MB/s
 BYTES = 2 << 20
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("tc") is None, reason="shaping loopback needs root and tc")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("tc") is None, reason="shaping loopback needs root and tc"
+)
 
 
 def bench_runtime():

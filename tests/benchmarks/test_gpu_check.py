@@ -51,7 +51,12 @@ def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check") / "report.json"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # the CPU path, also on a machine with a GPU
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"report: {out}" in done.stdout
@@ -131,17 +136,26 @@ def test_the_implied_flop_fraction_reproduces_the_measured_time(gpu_check):
     fitted = [row for row in table["layers"] if row["analytic_bound"] == "compute"]
     assert [row["layer"] for row in fitted] == ["block0", "block1", "block2", "block3", "head"]
     for row in table["layers"]:
-        assert row["ratio"] == pytest.approx((row["measured_fwd_s"] + row["measured_bwd_s"]) / (row["analytic_fwd_s"] + row["analytic_bwd_s"]))
+        assert row["ratio"] == pytest.approx(
+            (row["measured_fwd_s"] + row["measured_bwd_s"]) / (row["analytic_fwd_s"] + row["analytic_bwd_s"])
+        )
     for row in fitted:
         # With the implied fraction, the analytic compute time of the layer equals the measured time.
         assert row["implied_flop_fraction"] == pytest.approx(slow.achieved_flop_fraction / row["ratio"])
     assert table["implied_flop_fraction"] == pytest.approx(
-        slow.achieved_flop_fraction * sum(r["analytic_fwd_s"] + r["analytic_bwd_s"] for r in fitted)
+        slow.achieved_flop_fraction
+        * sum(r["analytic_fwd_s"] + r["analytic_bwd_s"] for r in fitted)
         / sum(r["measured_fwd_s"] + r["measured_bwd_s"] for r in fitted)
     )
 
 
 def test_bad_arguments_are_one_clear_error(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--budget-s", "0", "--out", str(tmp_path / "r.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--budget-s", "0", "--out", str(tmp_path / "r.json")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "--budget-s=0.0 must be > 0" in done.stderr
     assert not (tmp_path / "r.json").exists()

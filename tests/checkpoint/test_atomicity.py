@@ -63,7 +63,9 @@ CHILD = textwrap.dedent(
 def run_child_until_stalled(root: Path, phase: str) -> None:
     marker = root.parent / f"marker-{phase}"
     code = CHILD.format(helpers=str(Path(__file__).parent), wait=WAIT_S)
-    child = subprocess.Popen([sys.executable, "-c", code, str(root), phase, str(marker)], stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, str(root), phase, str(marker)], stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + WAIT_S
         while not marker.exists():

@@ -3,9 +3,9 @@
 import pytest
 
 from oobleck.checkpoint import checkpoint_root
-from oobleck.strategy import checkpoint_every_steps
 from oobleck.config import validate
 from oobleck.errors import ConfigError
+from oobleck.strategy import checkpoint_every_steps
 
 
 def test_groups_compose(make_config):

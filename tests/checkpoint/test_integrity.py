@@ -5,7 +5,15 @@ import logging
 import pytest
 from ckpthelpers import save
 
-from oobleck.checkpoint import find_latest, latest_valid, list_checkpoints, prepare_step_dir, read_manifest, read_shard, verify
+from oobleck.checkpoint import (
+    find_latest,
+    latest_valid,
+    list_checkpoints,
+    prepare_step_dir,
+    read_manifest,
+    read_shard,
+    verify,
+)
 from oobleck.checkpoint.durable import temporary_name
 from oobleck.errors import CheckpointError
 
@@ -32,7 +40,9 @@ def test_a_flipped_byte_is_named_and_the_previous_checkpoint_used(tmp_path, two_
     with caplog.at_level(logging.WARNING, logger="oobleck.checkpoint.catalog"):
         found = latest_valid(tmp_path)
     assert found.step_dir == older and found.step == 2
-    assert [s.step_dir for s in found.skipped] == [newer] and "layer-0003.shard (layer 3) fails its checksum" in found.skipped[0].problems[0]
+    assert [s.step_dir for s in found.skipped] == [
+        newer
+    ] and "layer-0003.shard (layer 3) fails its checksum" in found.skipped[0].problems[0]
     assert "skipped" in caplog.text and "step-00000004" in caplog.text and "fails its checksum" in caplog.text
     with pytest.raises(CheckpointError, match=r"layer-0003.shard \(layer 3\)"):
         read_shard(newer, read_manifest(newer).record(3))
@@ -53,10 +63,17 @@ def test_missing_manifest_means_no_checkpoint(tmp_path, two_checkpoints):
     ("damage", "needle"),
     [
         (lambda d: (d / "layer-0005.shard").unlink(), "layer-0005.shard (layer 5) is missing"),
-        (lambda d: (d / "layer-0000.shard").write_bytes((d / "layer-0000.shard").read_bytes()[:-7]), "layer-0000.shard (layer 0) is"),
+        (
+            lambda d: (d / "layer-0000.shard").write_bytes((d / "layer-0000.shard").read_bytes()[:-7]),
+            "layer-0000.shard (layer 0) is",
+        ),
         (lambda d: (d / "manifest.json").write_text('{"format": 1, "step": 4'), "is not valid JSON"),
-        (lambda d: (d / "manifest.json").write_text('{"format": 1, "step": 5, "num_layers": 0, "created": 0, '
-                                                    '"fingerprint": {}, "shards": [], "extra": {}}'), "says step 5"),
+        (
+            lambda d: (d / "manifest.json").write_text(
+                '{"format": 1, "step": 5, "num_layers": 0, "created": 0, "fingerprint": {}, "shards": [], "extra": {}}'
+            ),
+            "says step 5",
+        ),
     ],
     ids=["missing-shard", "truncated-shard", "torn-manifest", "wrong-step"],
 )

@@ -14,21 +14,30 @@ def test_fingerprint_names_every_difference_with_both_values_and_the_fix(cfg):
         check_fingerprint(fingerprint(cfg), fingerprint(other), source="/runs/a/checkpoints/step-00000010")
     message = str(error.value)
     assert message.count("\n") == 0 and "cannot resume from /runs/a/checkpoints/step-00000010" in message
-    for needle in ("model.n_layer=4 in the checkpoint, 6 now", "job.global_batch_size=16 in the checkpoint, 32 now", "job.lr=0.0003 in the checkpoint, 0.001 now"):
+    for needle in (
+        "model.n_layer=4 in the checkpoint, 6 now",
+        "job.global_batch_size=16 in the checkpoint, 32 now",
+        "job.lr=0.0003 in the checkpoint, 0.001 now",
+    ):
         assert needle in message
     assert "Resume with the checkpoint's settings (job.global_batch_size=16 job.lr=0.0003 model.n_layer=4)" in message
     assert "job.resume=null" in message
 
 
 def test_layout_settings_may_differ_and_data_is_identified(cfg, tmp_path):
-    free = tiny_config(**{"job.microbatch_size": 4, "cluster.nodes": 7, "job.fault_tolerance": 2, "strategy.name": "varuna"})
+    free = tiny_config(
+        **{"job.microbatch_size": 4, "cluster.nodes": 7, "job.fault_tolerance": 2, "strategy.name": "varuna"}
+    )
     check_fingerprint(fingerprint(cfg), fingerprint(free))  # no error
     assert fingerprint(cfg)["data.corpus_sha256"] and "job.synthetic_samples" not in fingerprint(cfg)
     synthetic = tiny_config(**{"job.dataset": "synthetic", "job.synthetic_samples": 64})
     assert fingerprint(synthetic)["job.synthetic_samples"] == 64 and "data.corpus" not in fingerprint(synthetic)
     changed = tmp_path / "python_reference.txt"
     changed.write_text("another corpus")
-    with pytest.raises(ConfigError, match=r"data.corpus_bytes=.*data.corpus_sha256=.*\(data.\* identify the shipped corpus file, which changed\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data.corpus_bytes=.*data.corpus_sha256=.*\(data.\* identify the shipped corpus file, which changed\)",
+    ):
         check_fingerprint(fingerprint(cfg), fingerprint(cfg, corpus_path=changed))
 
 
@@ -54,7 +63,10 @@ def test_null_means_fresh_and_auto_finds_the_newest_valid(run_dir, tmp_path, cfg
 def test_explicit_paths(run_dir, tmp_path):
     assert resolve_resume(str(run_dir / "checkpoints" / "step-00000002"), tmp_path).step == 2
     assert resolve_resume(str(run_dir / "checkpoints"), tmp_path).step == 2
-    with pytest.raises(ConfigError, match=r"job.resume='.*step-00000004': .* is not a valid checkpoint: layer-0001.shard \(layer 1\) is 4 bytes"):
+    with pytest.raises(
+        ConfigError,
+        match=r"job.resume='.*step-00000004': .* is not a valid checkpoint: layer-0001.shard \(layer 1\) is 4 bytes",
+    ):
         resolve_resume(str(run_dir / "checkpoints" / "step-00000004"), tmp_path)
     with pytest.raises(ConfigError, match=r"job.resume='.*nowhere': .*nowhere does not exist"):
         resolve_resume(str(tmp_path / "nowhere"), tmp_path)

@@ -23,7 +23,6 @@ from oobleck.models import num_layers
 from oobleck.runtime.state import flat_state, new_layer_state
 from oobleck.runtime.testing import tiny_config
 
-
 STEPS = 2  # trained_layers' AdamW steps: the committed step count the checkpoint records
 
 
@@ -68,10 +67,14 @@ def test_a_shard_of_another_model_is_refused_by_name(tmp_path, cfg, layers):
     manifest = read_manifest(step_dir)
     wider = tiny_config(**{"model.n_embd": 32})
     other = new_layer_state(wider.model, wider.job, 1, 0, "cpu")
-    with pytest.raises(CheckpointError, match=r"layer-0001.shard \(layer 1\) does not fit the model: parameter '.*' has shape"):
+    with pytest.raises(
+        CheckpointError, match=r"layer-0001.shard \(layer 1\) does not fit the model: parameter '.*' has shape"
+    ):
         restore_layer(step_dir, manifest.record(1), other, manifest.step)
     # a record naming the wrong layer for a file is caught too
-    swapped = ShardRecord(layer=2, file=manifest.record(1).file, bytes=manifest.record(1).bytes, crc32=manifest.record(1).crc32)
+    swapped = ShardRecord(
+        layer=2, file=manifest.record(1).file, bytes=manifest.record(1).bytes, crc32=manifest.record(1).crc32
+    )
     with pytest.raises(CheckpointError, match="holds layer 1, not layer 2"):
         read_shard(step_dir, swapped)
 

@@ -20,7 +20,9 @@ def test_a_failed_write_is_reported_and_the_writer_carries_on(tmp_path, layers, 
         failed = writer.submit(blocker / "step-00000001", snap)
         assert failed.wait(WAIT_S) and failed.done()
         assert isinstance(failed.error, NotADirectoryError)
-        with pytest.raises(CheckpointError, match=r"writing layer [01] to .*not-a-dir/step-00000001 failed: NotADirectoryError"):
+        with pytest.raises(
+            CheckpointError, match=r"writing layer [01] to .*not-a-dir/step-00000001 failed: NotADirectoryError"
+        ):
             failed.result(WAIT_S)
         assert failed.records == {}
         # the slot was released: the next checkpoint goes through

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oobleck.checkpoint.assignment import assign_checkpoint_writers
 from oobleck.errors import PlanningError
-from oobleck.planning.checkpoint_writers import assign_checkpoint_writers
 from oobleck.runtime.testing import hand_plan, template
 
 

@@ -33,10 +33,18 @@ def test_agent_hello_heartbeat_and_node_kill():
             hello = channel.recv()
             assert hello["type"] == "hello" and hello["node"] == 3 and hello["pid"] == agent.pid
             assert hello["secret"] == "s3cret"  # the launcher's per-run secret, from the environment
-            channel.send({
-                "type": "start", "store": "127.0.0.1:1", "gpus": 0, "run_id": "t", "heartbeat_s": 0.05,
-                "incarnation": 0, "worker_module": "oobleck.runtime.worker", "fork_server": "",
-            })  # fmt: skip
+            channel.send(
+                {
+                    "type": "start",
+                    "store": "127.0.0.1:1",
+                    "gpus": 0,
+                    "run_id": "t",
+                    "heartbeat_s": 0.05,
+                    "incarnation": 0,
+                    "worker_module": "oobleck.runtime.worker",
+                    "fork_server": "",
+                }
+            )
             beats = [channel.recv() for _ in range(3)]
             assert all(b["type"] == "hb" and b["node"] == 3 for b in beats)
             channel.send({"type": "kill", "signal": "SIGKILL"})
@@ -57,7 +65,11 @@ def test_agent_without_controller_fails_clearly():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     result = subprocess.run(
-        [sys.executable, "-c", f"import oobleck.elastic.agent as a; a.CONNECT_TIMEOUT_S = 0.5; raise SystemExit(a.main(['--controller', '127.0.0.1:{port}', '--node-id', '0']))"],
+        [
+            sys.executable,
+            "-c",
+            f"import oobleck.elastic.agent as a; a.CONNECT_TIMEOUT_S = 0.5; raise SystemExit(a.main(['--controller', '127.0.0.1:{port}', '--node-id', '0']))",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

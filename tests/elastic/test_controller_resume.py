@@ -23,16 +23,21 @@ import pytest
 import torch
 
 from oobleck.checkpoint import list_checkpoints, read_manifest
+from oobleck.config import compose_config
 from oobleck.elastic.local import run_processes
 from oobleck.runtime.reference import train_reference
-from oobleck.config import compose_config
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 40
 OVERRIDES = (
-    f"job.steps={STEPS}", "checkpoint.every_steps=5", "failures=none", "logger.wandb.mode=disabled",
-    "logger.progress_bar=false", "runtime.save_final_params=true", "cluster.nodes=3",
-)  # fmt: skip
+    f"job.steps={STEPS}",
+    "checkpoint.every_steps=5",
+    "failures=none",
+    "logger.wandb.mode=disabled",
+    "logger.progress_bar=false",
+    "runtime.save_final_params=true",
+    "cluster.nodes=3",
+)
 
 
 def _command(run_dir: Path, *extra: str) -> list[str]:
@@ -61,7 +66,9 @@ def _wait_gone(run_id: str, timeout_s: float = 60.0) -> list[int]:
 def interrupted(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("resume") / "run"
     run_id = uuid.uuid4().hex[:12]
-    first = subprocess.Popen(_command(run_dir), cwd=REPO, env=_env(run_id), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = subprocess.Popen(
+        _command(run_dir), cwd=REPO, env=_env(run_id), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     deadline = time.monotonic() + 240
     while _rows(run_dir) < 18 and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -82,14 +89,18 @@ def test_killing_the_controller_leaves_no_process_behind(interrupted):
 @pytest.fixture(scope="module")
 def resumed(interrupted):
     run_dir, committed, _ = interrupted
-    checkpoints = [entry for entry in list_checkpoints(run_dir / "checkpoints") if (entry.path / "manifest.json").exists()]
+    checkpoints = [
+        entry for entry in list_checkpoints(run_dir / "checkpoints") if (entry.path / "manifest.json").exists()
+    ]
     newest = checkpoints[-1]
     shard = newest.path / read_manifest(newest.path).shards[0].file
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0xFF  # a torn or corrupted write the checksums must catch
     shard.write_bytes(bytes(data))
     run_id = uuid.uuid4().hex[:12]
-    done = subprocess.run(_command(run_dir, "job.resume=auto"), cwd=REPO, env=_env(run_id), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        _command(run_dir, "job.resume=auto"), cwd=REPO, env=_env(run_id), capture_output=True, text=True, timeout=600
+    )
     return run_dir, committed, newest.step, done, _wait_gone(run_id)
 
 
@@ -114,17 +125,27 @@ def test_the_union_of_both_runs_is_exact(resumed):
     for step, expected in enumerate(reference.losses):
         assert final.loc[step, "loss"] == pytest.approx(expected, rel=1e-5), step
     params = torch.load(run_dir / "final_params.pt", weights_only=True)
-    worst = max(float((params[str(layer)][name] - value).abs().max()) for layer, state in reference.layers.items() for name, value in state.items())
+    worst = max(
+        float((params[str(layer)][name] - value).abs().max())
+        for layer, state in reference.layers.items()
+        for name, value in state.items()
+    )
     assert worst <= 1e-5
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["first_step"] == int(pd.read_csv(run_dir / "events.csv").query("kind == 'resume'")["resume_step"].iloc[-1])
+    assert summary["first_step"] == int(
+        pd.read_csv(run_dir / "events.csv").query("kind == 'resume'")["resume_step"].iloc[-1]
+    )
 
 
 def test_resuming_a_different_setup_is_one_clear_message(resumed):
     run_dir = resumed[0]
     done = subprocess.run(
-        _command(run_dir, "job.resume=auto", "job.global_batch_size=16"), cwd=REPO, env=_env(uuid.uuid4().hex[:12]),
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        _command(run_dir, "job.resume=auto", "job.global_batch_size=16"),
+        cwd=REPO,
+        env=_env(uuid.uuid4().hex[:12]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert "job.global_batch_size=32 in the checkpoint, 16 now" in done.stderr and "Traceback" not in done.stderr

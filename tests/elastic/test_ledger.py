@@ -31,7 +31,9 @@ def store():
 
 
 def client(server) -> dist.TCPStore:
-    return dist.TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=30))
+    return dist.TCPStore(
+        "127.0.0.1", server.port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=30)
+    )
 
 
 def test_the_decision_watch_wakes_once_per_followed_key_and_closes(store):
@@ -68,10 +70,15 @@ def test_commits_are_recorded_as_they_are_decided_without_polling(tmp_path, monk
     too) too rare to matter, only the decision watch can make the controller see a commit while
     training runs (else the ledger reads them all when the workers exit)."""
     monkeypatch.setattr(controller_module, "COMMIT_POLL_S", 1e9)
-    cfg = tiny_config(**{
-        "cluster.nodes": 2, "job.fault_tolerance": 1, "job.steps": 12,
-        "cluster.heartbeat_interval_s": 30.0, "cluster.heartbeat_timeout_s": 120.0,
-    })  # fmt: skip
+    cfg = tiny_config(
+        **{
+            "cluster.nodes": 2,
+            "job.fault_tolerance": 1,
+            "job.steps": 12,
+            "cluster.heartbeat_interval_s": 30.0,
+            "cluster.heartbeat_timeout_s": 120.0,
+        }
+    )
     seen_while_training: list[bool] = []
     carried: list[bool] = []
 

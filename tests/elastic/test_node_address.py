@@ -43,10 +43,16 @@ def local_addresses(pid: int) -> set[str]:
 
 
 def test_each_node_trains_and_recovers_on_its_own_address(tmp_path):
-    cfg = tiny_config(**{
-        "cluster.nodes": 4, "job.fault_tolerance": 1, "job.steps": 6, "cluster.node_address_base": BASE,
-        "failures.kind": "explicit", "failures.events": [{"action": "remove", "step": 3, "nodes": [1]}],
-    })  # fmt: skip
+    cfg = tiny_config(
+        **{
+            "cluster.nodes": 4,
+            "job.fault_tolerance": 1,
+            "job.steps": 6,
+            "cluster.node_address_base": BASE,
+            "failures.kind": "explicit",
+            "failures.events": [{"action": "remove", "step": 3, "nodes": [1]}],
+        }
+    )
     seen: dict[int, set[str]] = {}
 
     def watch(controller) -> None:

@@ -27,7 +27,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def run_cli(tmp_path, *overrides, timeout=300):
     run_id = uuid.uuid4().hex[:12]
     env = dict(os.environ, OOBLECK_RUN_ID=run_id, WANDB_SILENT="true")
-    command = [sys.executable, "-m", "oobleck.run", f"hydra.run.dir={tmp_path}", "logger.progress_bar=false", *overrides]
+    command = [
+        sys.executable,
+        "-m",
+        "oobleck.run",
+        f"hydra.run.dir={tmp_path}",
+        "logger.progress_bar=false",
+        *overrides,
+    ]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     return result, run_processes(run_id)
 
@@ -112,8 +119,13 @@ def test_join_the_run_outlives_is_reported_not_hidden(tmp_path):
     # started is a worker importing torch on a 2-core machine. Workers are exec'd, not forked: a
     # forked worker boots in well under a second, and may then be absorbed before the end.
     result, strays = run_cli(
-        tmp_path, "cluster.nodes=2", "job.steps=6", "failures=explicit", "failures.events=[{action:join,step:4,count:1}]",
-        "cluster.fork_workers=false", "logger.wandb.mode=disabled",
+        tmp_path,
+        "cluster.nodes=2",
+        "job.steps=6",
+        "failures=explicit",
+        "failures.events=[{action:join,step:4,count:1}]",
+        "cluster.fork_workers=false",
+        "logger.wandb.mode=disabled",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert strays == []
@@ -149,9 +161,19 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, sig, code):
     gpt3_tiny) suffice: stopping does not depend on how many there are."""
     run_id = uuid.uuid4().hex[:12]
     env = dict(os.environ, OOBLECK_RUN_ID=run_id, WANDB_SILENT="true")
-    command = [sys.executable, "-m", "oobleck.run", f"hydra.run.dir={tmp_path}", "logger.progress_bar=false",
-               "failures=none", "cluster.nodes=2", "job.steps=100000"]  # fmt: skip
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    command = [
+        sys.executable,
+        "-m",
+        "oobleck.run",
+        f"hydra.run.dir={tmp_path}",
+        "logger.progress_bar=false",
+        "failures=none",
+        "cluster.nodes=2",
+        "job.steps=100000",
+    ]
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 240
         metrics = tmp_path / "metrics.csv"

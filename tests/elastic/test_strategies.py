@@ -33,18 +33,21 @@ def varuna_run(tmp_path_factory):
     node dies while that restart is under way (a second restart supersedes it); and a third in the
     optimizer step of step 115. A new worker takes seconds to boot and steps are short, hence the
     long run."""
-    cfg = tiny_config("strategy=varuna", **{
-        "cluster.nodes": 2,
-        "job.steps": 130,
-        "checkpoint.every_steps": 5,
-        "failures.kind": "explicit",
-        "failures.events": [
-            {"action": "join", "step": 1, "count": 2},
-            {"action": "remove", "step": 100, "nodes": [1], "phase": "backward"},
-            {"action": "remove", "step": 100, "nodes": [2], "phase": "reconfigure"},
-            {"action": "remove", "step": 115, "nodes": [3], "phase": "optimizer"},
-        ],
-    })
+    cfg = tiny_config(
+        "strategy=varuna",
+        **{
+            "cluster.nodes": 2,
+            "job.steps": 130,
+            "checkpoint.every_steps": 5,
+            "failures.kind": "explicit",
+            "failures.events": [
+                {"action": "join", "step": 1, "count": 2},
+                {"action": "remove", "step": 100, "nodes": [1], "phase": "backward"},
+                {"action": "remove", "step": 100, "nodes": [2], "phase": "reconfigure"},
+                {"action": "remove", "step": 115, "nodes": [3], "phase": "optimizer"},
+            ],
+        },
+    )
     run_dir = tmp_path_factory.mktemp("varuna")
     outcome, summary = launch(cfg, run_dir)
     return cfg, outcome, summary, run_dir
@@ -89,19 +92,22 @@ def bamboo_run(tmp_path_factory):
     restart from the latest checkpoint; one every 4 steps), then one of the two survivors in the
     forward pass of step 80 (a failover onto the last node). A new worker takes seconds to boot,
     and steps are short: the later events leave it that time."""
-    cfg = tiny_config("strategy=bamboo", **{
-        "cluster.nodes": 4,
-        "job.steps": 100,
-        "strategy.pipeline_depth": 2,
-        "checkpoint.every_steps": 4,
-        "failures.kind": "explicit",
-        "failures.events": [
-            {"action": "remove", "step": 3, "nodes": [1], "phase": "allreduce"},
-            {"action": "join", "step": 5, "count": 1},
-            {"action": "remove", "step": 60, "nodes": [2, 3]},
-            {"action": "remove", "step": 80, "nodes": [4], "phase": "forward"},
-        ],
-    })
+    cfg = tiny_config(
+        "strategy=bamboo",
+        **{
+            "cluster.nodes": 4,
+            "job.steps": 100,
+            "strategy.pipeline_depth": 2,
+            "checkpoint.every_steps": 4,
+            "failures.kind": "explicit",
+            "failures.events": [
+                {"action": "remove", "step": 3, "nodes": [1], "phase": "allreduce"},
+                {"action": "join", "step": 5, "count": 1},
+                {"action": "remove", "step": 60, "nodes": [2, 3]},
+                {"action": "remove", "step": 80, "nodes": [4], "phase": "forward"},
+            ],
+        },
+    )
     run_dir = tmp_path_factory.mktemp("bamboo")
     outcome, summary = launch(cfg, run_dir)
     return cfg, outcome, summary, run_dir
@@ -116,7 +122,9 @@ def test_bamboo_fails_over_repairs_and_restarts_exactly(bamboo_run):
     assert failover["removed"] == [1] and failover["resume_step"] == 3
     assert repair["joined"] == [4] and repair["bytes_moved"] > 0
     assert restart["removed"] == [2, 3] and restart["resume_step"] % 4 == 0
-    killed_at = next(e for e in outcome_events(run_dir) if e["kind"] == "fault_injected" and e["nodes"] == "[2, 3]")["step"]  # noqa: E501
+    killed_at = next(e for e in outcome_events(run_dir) if e["kind"] == "fault_injected" and e["nodes"] == "[2, 3]")[
+        "step"
+    ]
     assert restart["rolled_back_steps"] == killed_at - restart["resume_step"] >= 0
     assert restart["joined"] == [] and outcome.steps[restart["resume_step"] - outcome.steps[0]["step"]]["nodes"] == 2
     assert last["removed"] == [4] and outcome.steps[-1]["nodes"] == 1  # node 0 runs both stages
@@ -141,14 +149,16 @@ def test_oobleck_beyond_f_restarts_from_its_checkpoint(tmp_path):
     layers, so the run restarts from step 4's checkpoint on the two survivors."""
     from oobleck.runtime.testing import two_pipelines_of_two_nodes
 
-    cfg = tiny_config(**{
-        "cluster.nodes": 4,
-        "job.fault_tolerance": 1,
-        "job.steps": 8,
-        "checkpoint.every_steps": 2,
-        "failures.kind": "explicit",
-        "failures.events": [{"action": "remove", "step": 5, "nodes": [0, 2]}],
-    })
+    cfg = tiny_config(
+        **{
+            "cluster.nodes": 4,
+            "job.fault_tolerance": 1,
+            "job.steps": 8,
+            "checkpoint.every_steps": 2,
+            "failures.kind": "explicit",
+            "failures.events": [{"action": "remove", "step": 5, "nodes": [0, 2]}],
+        }
+    )
     plan = two_pipelines_of_two_nodes()
     outcome, summary = launch(cfg, tmp_path / "run", initial_plan=plan)
     (restart,) = outcome.recoveries
@@ -162,7 +172,10 @@ def test_bad_strategy_settings_fail_before_any_process_starts(tmp_path):
         launch(tiny_config("strategy=varuna", "checkpoint=none"), tmp_path / "a")
     with pytest.raises(RunError, match="pipeline_depth=1"):
         launch(tiny_config("strategy=bamboo", **{"strategy.pipeline_depth": 1}), tmp_path / "b")
-    with pytest.raises(ConfigError, match=r"strategy.pipline_depth is not a config key; did you mean strategy.pipeline_depth\? \(settings of strategy=bamboo"):
+    with pytest.raises(
+        ConfigError,
+        match=r"strategy.pipline_depth is not a config key; did you mean strategy.pipeline_depth\? \(settings of strategy=bamboo",
+    ):
         launch(tiny_config("strategy=bamboo", "+strategy.pipline_depth=2"), tmp_path / "c")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
@@ -172,16 +185,19 @@ def test_bamboo_failover_in_the_optimizer_and_during_the_failover(tmp_path):
     predecessor and shadow holder applied it too), and stage 1 of pipeline 1 dies while that
     failover is being established: the second failover supersedes the first; both pipelines end
     on one node each, exactly."""
-    cfg = tiny_config("strategy=bamboo", **{
-        "cluster.nodes": 4,
-        "job.steps": 10,
-        "strategy.pipeline_depth": 2,
-        "failures.kind": "explicit",
-        "failures.events": [
-            {"action": "remove", "step": 3, "nodes": [1], "phase": "optimizer"},
-            {"action": "remove", "step": 3, "nodes": [3], "phase": "reconfigure"},
-        ],
-    })
+    cfg = tiny_config(
+        "strategy=bamboo",
+        **{
+            "cluster.nodes": 4,
+            "job.steps": 10,
+            "strategy.pipeline_depth": 2,
+            "failures.kind": "explicit",
+            "failures.events": [
+                {"action": "remove", "step": 3, "nodes": [1], "phase": "optimizer"},
+                {"action": "remove", "step": 3, "nodes": [3], "phase": "reconfigure"},
+            ],
+        },
+    )
     outcome, _ = launch(cfg, tmp_path / "run")
     assert_matches_reference(cfg, outcome, tmp_path / "run")
     (failover,) = outcome.recoveries
@@ -191,21 +207,29 @@ def test_bamboo_failover_in_the_optimizer_and_during_the_failover(tmp_path):
 
 
 def test_varuna_failures_in_the_forward_pass_and_the_all_reduce(tmp_path):
-    cfg = tiny_config("strategy=varuna", **{
-        "cluster.nodes": 3,
-        "job.steps": 12,
-        "checkpoint.every_steps": 2,
-        "failures.kind": "explicit",
-        "failures.events": [
-            {"action": "remove", "step": 3, "nodes": [1], "phase": "forward"},
-            {"action": "remove", "step": 8, "nodes": [2], "phase": "allreduce"},
-        ],
-    })
+    cfg = tiny_config(
+        "strategy=varuna",
+        **{
+            "cluster.nodes": 3,
+            "job.steps": 12,
+            "checkpoint.every_steps": 2,
+            "failures.kind": "explicit",
+            "failures.events": [
+                {"action": "remove", "step": 3, "nodes": [1], "phase": "forward"},
+                {"action": "remove", "step": 8, "nodes": [2], "phase": "allreduce"},
+            ],
+        },
+    )
     outcome, _ = launch(cfg, tmp_path / "run")
     assert_matches_reference(cfg, outcome, tmp_path / "run")
     # Step 7 commits with the checkpoint of step 8 after it, written in the background; node 2
     # dies in the next step's all-reduce, before or after writing its shards of it. The restart
     # resumes at the newest checkpoint that completed: 8, or 6 when 8 was abandoned.
-    abandoned = {int(e["checkpoint_step"]) for e in outcome_events(tmp_path / "run") if e["kind"] == "checkpoint_abandoned"}
+    abandoned = {
+        int(e["checkpoint_step"]) for e in outcome_events(tmp_path / "run") if e["kind"] == "checkpoint_abandoned"
+    }
     second = 6 if 8 in abandoned else 8
-    assert [(r["kind"], r["removed"], r["resume_step"]) for r in outcome.recoveries] == [("restart", [1], 2), ("restart", [2], second)]
+    assert [(r["kind"], r["removed"], r["resume_step"]) for r in outcome.recoveries] == [
+        ("restart", [1], 2),
+        ("restart", [2], second),
+    ]

@@ -49,7 +49,11 @@ def test_a_rank_without_a_fresh_beat_or_in_an_older_generation_did_not_answer():
 
 
 def test_a_wait_on_every_rank_blames_every_rank_that_is_not_waiting():
-    verdict = unanswered(beats(r0=waits(None, what="the commit decision of step 4"), r1=waits(None, waited=1.0), r2=computes()), GEN, TIMEOUT)
+    verdict = unanswered(
+        beats(r0=waits(None, what="the commit decision of step 4"), r1=waits(None, waited=1.0), r2=computes()),
+        GEN,
+        TIMEOUT,
+    )
     assert verdict is not None and verdict.culprits == (2,) and verdict.what == "the commit decision of step 4"
 
 
@@ -74,7 +78,9 @@ def test_parse_beat_takes_only_signed_well_formed_beats():
 
 def test_a_worker_heartbeat_carries_its_wait_and_stops_when_the_worker_does():
     store = _store()
-    client = dist.TCPStore("127.0.0.1", store.port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=10))
+    client = dist.TCPStore(
+        "127.0.0.1", store.port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=10)
+    )
     key = keys.heartbeat(1, 0, 0)
     liveness = Liveness(client, key, SECRET, interval_s=0.05)
     try:

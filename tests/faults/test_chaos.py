@@ -42,8 +42,8 @@ import pytest
 
 from oobleck.checkpoint import checkpoint_root, latest_valid, restore_layer
 from oobleck.elastic.job import launch
-from oobleck.errors import EXIT_REQUEUE, Stopped
 from oobleck.elastic.local import node_processes, run_processes
+from oobleck.errors import EXIT_REQUEUE, Stopped
 from oobleck.runtime import keys
 from oobleck.runtime.reference import train_reference
 from oobleck.runtime.state import new_layer_state
@@ -174,7 +174,12 @@ class Chaos:
             if ledger.next_step > STEPS - 40:
                 return None  # leave the last steps to finish the run
             generation = ledger.generations.get(ledger.generation)
-            if c.recovery is not None or membership.pending() or generation is None or ledger.next_step < generation.resume_step + GAP:
+            if (
+                c.recovery is not None
+                or membership.pending()
+                or generation is None
+                or ledger.next_step < generation.resume_step + GAP
+            ):
                 continue
             try:  # the controller's thread may be adding a joining node to the table right now
                 alive = membership.alive()
@@ -194,7 +199,11 @@ class Chaos:
         agent, worker = processes["agent"][0], processes["workers"][0]
         if kind.startswith("strike_"):
             phase = kind.removeprefix("strike_")
-            strike = {"step": self.controller.ledger.next_step + 1, "phase": phase, "kind": self.rng.choice(["remove", "freeze"])}
+            strike = {
+                "step": self.controller.ledger.next_step + 1,
+                "phase": phase,
+                "kind": self.rng.choice(["remove", "freeze"]),
+            }
             store.set(keys.strike(victim), keys.sign(secret, json.dumps(strike)))
         elif kind == "kill_worker":
             os.kill(worker, signal.SIGKILL)
@@ -219,18 +228,20 @@ class Chaos:
 @pytest.fixture(scope="module")
 def chaos_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("chaos") / "run"
-    cfg = tiny_config(**{
-        "cluster.nodes": NODES,
-        "job.fault_tolerance": 1,
-        "job.steps": STEPS,
-        "job.warmup_steps": 5,
-        "cluster.heartbeat_interval_s": 0.25,
-        "cluster.heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S,
-        "runtime.reap_margin_s": 1.0,
-        "failures.kind": "explicit",
-        # joins are due at once and applied one batch at a time, each once the last is up
-        "failures.events": [{"action": "join", "count": JOIN_SIZE, "step": 1} for _ in range(JOINS)],
-    })
+    cfg = tiny_config(
+        **{
+            "cluster.nodes": NODES,
+            "job.fault_tolerance": 1,
+            "job.steps": STEPS,
+            "job.warmup_steps": 5,
+            "cluster.heartbeat_interval_s": 0.25,
+            "cluster.heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S,
+            "runtime.reap_margin_s": 1.0,
+            "failures.kind": "explicit",
+            # joins are due at once and applied one batch at a time, each once the last is up
+            "failures.events": [{"action": "join", "count": JOIN_SIZE, "step": 1} for _ in range(JOINS)],
+        }
+    )
     chaos = Chaos()
     started = time.monotonic()
     stop = None  # (exit code, message): not the exception, whose frames hold the controller
@@ -243,7 +254,9 @@ def chaos_run(tmp_path_factory):
             chaos.stop()
     seconds = time.monotonic() - started
     assert chaos.error is None, chaos.error
-    assert stop is not None and stop[0] == EXIT_REQUEUE, f"the run was not stopped by the loop ({stop}): it ran out of steps"
+    assert stop is not None and stop[0] == EXIT_REQUEUE, (
+        f"the run was not stopped by the loop ({stop}): it ran out of steps"
+    )
     outcome = chaos.controller.outcome
     summary = json.loads((run_dir / "summary.json").read_text())
     # Drop the run's last references (the store's server listens while its object lives).
@@ -255,7 +268,9 @@ def chaos_run(tmp_path_factory):
 
 def test_chaos_run_is_exact_and_long(chaos_run):
     cfg, outcome, summary, run_dir, chaos, seconds = chaos_run
-    print(f"chaos: {outcome.generations - 1} generation changes, {len(chaos.hits)} faults, {len(outcome.steps)} steps in {seconds:.0f} s")
+    print(
+        f"chaos: {outcome.generations - 1} generation changes, {len(chaos.hits)} faults, {len(outcome.steps)} steps in {seconds:.0f} s"
+    )
     assert outcome.generations - 1 >= GENERATIONS, (outcome.generations, chaos.hits)
     assert {kind for kind, _ in chaos.hits} == set(KINDS), chaos.hits
     steps = [row["step"] for row in outcome.steps]
@@ -263,7 +278,11 @@ def test_chaos_run_is_exact_and_long(chaos_run):
     assert all(r["replicas_identical"] for r in outcome.recoveries) and all(crcs for crcs in outcome.checksums.values())
     # The run stopped with a checkpoint after the loop: its state is the reference's at that step.
     checkpoint = latest_valid(checkpoint_root(cfg.checkpoint.dir, run_dir))
-    assert checkpoint is not None and chaos.stopped_at < checkpoint.step <= len(steps), (checkpoint, chaos.stopped_at, len(steps))
+    assert checkpoint is not None and chaos.stopped_at < checkpoint.step <= len(steps), (
+        checkpoint,
+        chaos.stopped_at,
+        len(steps),
+    )
     reference = train_reference(cfg, steps=checkpoint.step)
     # Every step's loss is the sharp check (tests/runtime/test_exactness.py: a lost or repeated
     # microbatch moves a loss by > 1e-3). Parameters drift further than in the short exactness runs:
@@ -296,13 +315,18 @@ def test_every_fault_became_a_failure_with_its_cause(chaos_run):
             assert any(text in row["reason"] for text in REASONS[kind]), (kind, row["reason"])
         if kind.startswith("freeze"):
             # caused from outside: the detection counts from the last heartbeat seen
-            assert row["detect_s"] >= HEARTBEAT_TIMEOUT_S - 2 * cfg.cluster.heartbeat_interval_s, (kind, row["detect_s"])
+            assert row["detect_s"] >= HEARTBEAT_TIMEOUT_S - 2 * cfg.cluster.heartbeat_interval_s, (
+                kind,
+                row["detect_s"],
+            )
     assert SURVIVOR not in removed
 
 
 def test_resources_stay_flat(chaos_run):
     _, outcome, _, _, chaos, _ = chaos_run
-    survivor = [p for _, ranks in sorted(outcome.probes.items()) for p in ranks.values() if tuple(p["worker"]) == (SURVIVOR, 0)]
+    survivor = [
+        p for _, ranks in sorted(outcome.probes.items()) for p in ranks.values() if tuple(p["worker"]) == (SURVIVOR, 0)
+    ]
     assert len({p["pid"] for p in survivor}) == 1, "the survivor was never restarted"
     for name, samples in (("survivor", survivor), ("controller", chaos.samples)):
         early, late = samples[2:9], samples[-7:]
@@ -318,19 +342,27 @@ def test_resources_stay_flat(chaos_run):
         # above the early ones).
         checks = (("own_threads", 8, 0), ("gloo_threads", 16, 1), ("fds", 12, 4), ("sockets", 10, 4))
         for key, slack, per_group in checks:
+
             def count(p, key=key):
                 return p["threads"] - p.get("gloo_threads", 0) if key == "own_threads" else p.get(key, 0)
 
             def net(p, key=key, per_group=per_group):  # live groups: held, parked, being destroyed
-                return count(p) - per_group * sum(p.get(k) or 0 for k in ("groups", "parked", "dropping"))  # the controller holds none
+                return count(p) - per_group * sum(
+                    p.get(k) or 0 for k in ("groups", "parked", "dropping")
+                )  # the controller holds none
 
             def brief(window, key=key):  # (count, held, parked, dropping[, the Python threads by name])
-                return [(count(p), p.get("groups"), p.get("parked"), p.get("dropping")) + ((p.get("python_threads"),) if key == "own_threads" else ()) for p in window]
+                return [
+                    (count(p), p.get("groups"), p.get("parked"), p.get("dropping"))
+                    + ((p.get("python_threads"),) if key == "own_threads" else ())
+                    for p in window
+                ]
 
             if name == "controller" and key == "gloo_threads":
                 continue  # the controller holds no groups
             assert min(map(net, late)) <= min(map(net, early)) + slack, (name, key, brief(early), brief(late))
         assert max(p["rss_kb"] for p in late) - max(p["rss_kb"] for p in early) < 40_000, (name, early, late)
+
     # Abandoned groups wait in the reaper until their peers release them or the group timeout
     # passes, so compare window means: a leak of one group per generation adds 15 to the late one.
     # Groups being destroyed (``dropping``) are not held: under load their destructors can queue
@@ -342,7 +374,10 @@ def test_resources_stay_flat(chaos_run):
     # A socket whose agent just died is in CLOSE-WAIT until the membership handles its EOF; one
     # still there CLOSE_WAIT_GRACE_S later was left behind.
     time.sleep(CLOSE_WAIT_GRACE_S if any(s["close_wait"] for s in chaos.samples) else 0)
-    assert max(s.get("close_wait_left", 0) for s in chaos.samples) == 0, ("a dead agent's socket was left in CLOSE-WAIT", chaos.samples)
+    assert max(s.get("close_wait_left", 0) for s in chaos.samples) == 0, (
+        "a dead agent's socket was left in CLOSE-WAIT",
+        chaos.samples,
+    )
 
 
 def test_nothing_is_left_behind(chaos_run):

@@ -15,14 +15,16 @@ from oobleck.runtime.testing import assert_matches_reference, tiny_config
 def test_removal_then_joins_end_bigger_and_exact(tmp_path):
     trace = tmp_path / "grow.csv"
     trace.write_text("0,add,a\n0,add,b\n0,add,c\n1000,remove,b\n2000,add,d\n2000,add,e\n")
-    cfg = tiny_config(**{
-        "cluster.nodes": 3,
-        "job.fault_tolerance": 1,
-        "job.steps": 120,
-        "failures.kind": "trace",
-        "failures.trace": str(trace),
-        "failures.seconds_per_trace_hour": 0.5,
-    })
+    cfg = tiny_config(
+        **{
+            "cluster.nodes": 3,
+            "job.fault_tolerance": 1,
+            "job.steps": 120,
+            "failures.kind": "trace",
+            "failures.trace": str(trace),
+            "failures.seconds_per_trace_hour": 0.5,
+        }
+    )
     outcome, _ = launch(cfg, tmp_path / "run")
     assert [r["removed"] for r in outcome.recoveries] == [[1], []]
     assert [r["joined"] for r in outcome.recoveries] == [[], [3, 4]]

@@ -26,9 +26,9 @@ import time
 import pytest
 
 from oobleck.elastic.job import launch
+from oobleck.elastic.local import run_processes
 from oobleck.runtime import keys
 from oobleck.runtime.comm import make_store
-from oobleck.elastic.local import run_processes
 from oobleck.runtime.testing import assert_matches_reference, tcp_states, tiny_config
 
 SEED = 18
@@ -40,7 +40,16 @@ ROUNDS = 40  # attacks (each one agent-port client and a few store writes)
 def hostile_lines(rng: random.Random, nodes: list[int]) -> list[bytes]:
     """The lines one attacking client sends (each ends with a newline)."""
     node = rng.choice(nodes)
-    fields = {"node": node, "pid": 4242, "host": "evil", "secret": "0" * 32, "time": 1.0, "local_rank": 0, "code": 0, "incarnation": 0}
+    fields = {
+        "node": node,
+        "pid": 4242,
+        "host": "evil",
+        "secret": "0" * 32,
+        "time": 1.0,
+        "local_rank": 0,
+        "code": 0,
+        "incarnation": 0,
+    }
     kind = rng.choice(["hello", "hb", "exit", "start", "restart", "kill", "shutdown", "nope"])
     message = {"type": kind, **{k: v for k, v in fields.items() if rng.random() < 0.8}}
     if rng.random() < 0.5:  # a field of the wrong type

@@ -69,7 +69,9 @@ class Freezer:
 
 
 def run_with_a_frozen_worker(tmp_path, target="workers", steps=10, **dotted):
-    cfg = tiny_config(**{"cluster.nodes": 3, "job.fault_tolerance": 1, "job.steps": steps, "failures.kind": "none", **dotted})
+    cfg = tiny_config(
+        **{"cluster.nodes": 3, "job.fault_tolerance": 1, "job.steps": steps, "failures.kind": "none", **dotted}
+    )
     freezer = Freezer(target)
     outcome, summary = launch(cfg, tmp_path / "run", on_start=freezer)
     assert freezer.frozen, "the run never reached the step to freeze at"

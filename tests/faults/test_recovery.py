@@ -18,7 +18,13 @@ from oobleck.elastic import controller as controller_module
 from oobleck.elastic.job import launch
 from oobleck.elastic.local import run_processes
 from oobleck.errors import RunError
-from oobleck.runtime.testing import assert_matches_reference, hand_plan, template, tiny_config, two_pipelines_of_two_nodes
+from oobleck.runtime.testing import (
+    assert_matches_reference,
+    hand_plan,
+    template,
+    tiny_config,
+    two_pipelines_of_two_nodes,
+)
 
 PHASE_EVENTS = [
     {"action": "remove", "step": 2, "nodes": [1], "phase": "forward"},
@@ -30,13 +36,15 @@ PHASE_EVENTS = [
 
 
 def phase_config():
-    return tiny_config(**{
-        "cluster.nodes": 7,
-        "job.fault_tolerance": 1,
-        "job.steps": 12,
-        "failures.kind": "explicit",
-        "failures.events": PHASE_EVENTS,
-    })
+    return tiny_config(
+        **{
+            "cluster.nodes": 7,
+            "job.fault_tolerance": 1,
+            "job.steps": 12,
+            "failures.kind": "explicit",
+            "failures.events": PHASE_EVENTS,
+        }
+    )
 
 
 def phase_plan():
@@ -93,13 +101,15 @@ def test_survivors_were_never_restarted(phase_run):
 def test_lost_layers_stop_cleanly(tmp_path):
     """Two 2-node pipelines; both first stages die at once: layers 0..2 have no live replica. The
     run stops in < 10 s with a message naming the lost layers, and leaves no process behind."""
-    cfg = tiny_config(**{
-        "cluster.nodes": 4,
-        "job.fault_tolerance": 1,
-        "job.steps": 8,
-        "failures.kind": "explicit",
-        "failures.events": [{"action": "remove", "step": 3, "nodes": [0, 2]}],
-    })
+    cfg = tiny_config(
+        **{
+            "cluster.nodes": 4,
+            "job.fault_tolerance": 1,
+            "job.steps": 8,
+            "failures.kind": "explicit",
+            "failures.events": [{"action": "remove", "step": 3, "nodes": [0, 2]}],
+        }
+    )
     plan = two_pipelines_of_two_nodes()
     seen: dict[str, float] = {}
     ids: list[str] = []
@@ -130,13 +140,15 @@ def test_failure_before_the_first_commit_seeds_instead_of_copying(tmp_path):
     and the survivors build what they now need themselves (no copies). Copying relied on every
     holder in the first plan having built its layers, which a worker slow to start (a loaded
     machine) may never have done: it was once asked to send a layer it did not hold."""
-    cfg = tiny_config(**{
-        "cluster.nodes": 4,
-        "job.fault_tolerance": 1,
-        "job.steps": 4,
-        "failures.kind": "explicit",
-        "failures.events": [{"action": "remove", "step": 0, "nodes": [1], "phase": "forward"}],
-    })
+    cfg = tiny_config(
+        **{
+            "cluster.nodes": 4,
+            "job.fault_tolerance": 1,
+            "job.steps": 4,
+            "failures.kind": "explicit",
+            "failures.events": [{"action": "remove", "step": 0, "nodes": [1], "phase": "forward"}],
+        }
+    )
     plan = two_pipelines_of_two_nodes()
     outcome, _ = launch(cfg, tmp_path / "run", initial_plan=plan)
     assert [(r["resume_step"], r["removed"], r["bytes_moved"]) for r in outcome.recoveries] == [(0, [1], 0)]
@@ -148,13 +160,15 @@ def test_every_replica_lost_before_the_first_commit_starts_over(tmp_path):
     """Both first stages die inside step 0: layers 0..2 have no live replica, but nothing has
     committed, so the run plans afresh on the two survivors instead of stopping (compare
     test_lost_layers_stop_cleanly, the same loss after step 2)."""
-    cfg = tiny_config(**{
-        "cluster.nodes": 4,
-        "job.fault_tolerance": 1,
-        "job.steps": 4,
-        "failures.kind": "explicit",
-        "failures.events": [{"action": "remove", "step": 0, "nodes": [0, 2], "phase": "forward"}],
-    })
+    cfg = tiny_config(
+        **{
+            "cluster.nodes": 4,
+            "job.fault_tolerance": 1,
+            "job.steps": 4,
+            "failures.kind": "explicit",
+            "failures.events": [{"action": "remove", "step": 0, "nodes": [0, 2], "phase": "forward"}],
+        }
+    )
     plan = two_pipelines_of_two_nodes()
     outcome, _ = launch(cfg, tmp_path / "run", initial_plan=plan)
     assert [(r["resume_step"], r["removed"], r["bytes_moved"]) for r in outcome.recoveries] == [(0, [0, 2], 0)]
@@ -164,14 +178,16 @@ def test_every_replica_lost_before_the_first_commit_starts_over(tmp_path):
 
 def test_frozen_node_is_caught_by_heartbeat_timeout(tmp_path):
     """SIGSTOP (not a kill): nothing exits, so only the missing heartbeats reveal it."""
-    cfg = tiny_config(**{
-        "cluster.nodes": 3,
-        "job.fault_tolerance": 1,
-        "job.steps": 6,
-        "cluster.heartbeat_timeout_s": 2.0,
-        "failures.kind": "explicit",
-        "failures.events": [{"action": "freeze", "step": 2, "nodes": [2]}],
-    })
+    cfg = tiny_config(
+        **{
+            "cluster.nodes": 3,
+            "job.fault_tolerance": 1,
+            "job.steps": 6,
+            "cluster.heartbeat_timeout_s": 2.0,
+            "failures.kind": "explicit",
+            "failures.events": [{"action": "freeze", "step": 2, "nodes": [2]}],
+        }
+    )
     outcome, _ = launch(cfg, tmp_path / "run")
     assert [row["step"] for row in outcome.steps] == list(range(6))
     (recovery,) = outcome.recoveries
@@ -187,15 +203,17 @@ def test_failures_at_random_times_lose_nothing(tmp_path):
     """Poisson failures (random victims at random moments, wherever the step happens to be) on 6
     nodes with f=2: three 2-node pipelines, so a shrunk pipeline fetches its missing layers in
     chunks from the two surviving replicas."""
-    cfg = tiny_config(**{
-        "cluster.nodes": 6,
-        "job.fault_tolerance": 2,
-        "job.steps": 50,
-        "failures.kind": "poisson",
-        "failures.mtbf_s": 0.7,
-        "failures.max_events": 2,
-        "failures.seed": 0,  # failures at 1.24 s and 2.13 s of training (steps take ~0.07 s)
-    })
+    cfg = tiny_config(
+        **{
+            "cluster.nodes": 6,
+            "job.fault_tolerance": 2,
+            "job.steps": 50,
+            "failures.kind": "poisson",
+            "failures.mtbf_s": 0.7,
+            "failures.max_events": 2,
+            "failures.seed": 0,  # failures at 1.24 s and 2.13 s of training (steps take ~0.07 s)
+        }
+    )
     outcome, _ = launch(cfg, tmp_path / "run")
     assert len([r for r in outcome.recoveries if r["removed"]]) == 2
     assert all(r["replicas_identical"] for r in outcome.recoveries)
@@ -218,7 +236,15 @@ def test_single_worker_death_is_noticed_by_its_agent(tmp_path, fork_workers):
 
     # The kill lands once 3 steps have committed, and no step commits without the dead worker
     # until the recovery: 20 steps leave the killer thread 17 to find it (it scans /proc at once).
-    cfg = tiny_config(**{"cluster.nodes": 3, "cluster.fork_workers": fork_workers, "job.fault_tolerance": 1, "job.steps": 20, "failures.kind": "none"})
+    cfg = tiny_config(
+        **{
+            "cluster.nodes": 3,
+            "cluster.fork_workers": fork_workers,
+            "job.fault_tolerance": 1,
+            "job.steps": 20,
+            "failures.kind": "none",
+        }
+    )
     holder: list = []
     original = controller_module.Controller.__init__
 
@@ -255,15 +281,17 @@ def test_a_strike_armed_for_a_reconfiguration_that_never_comes_is_reported(tmp_p
     ``schedule_not_finished`` event names it."""
     import pandas as pd
 
-    cfg = tiny_config(**{
-        "cluster.nodes": 2,  # the strike never fires, so no node is needed beyond f+1 pipelines
-        "job.fault_tolerance": 1,
-        "job.steps": 5,
-        "failures.kind": "explicit",
-        # armed a step ahead, once generation 0 runs (armed before it, it would strike while
-        # generation 0 forms)
-        "failures.events": [{"action": "remove", "step": 3, "nodes": [1], "phase": "reconfigure"}],
-    })
+    cfg = tiny_config(
+        **{
+            "cluster.nodes": 2,  # the strike never fires, so no node is needed beyond f+1 pipelines
+            "job.fault_tolerance": 1,
+            "job.steps": 5,
+            "failures.kind": "explicit",
+            # armed a step ahead, once generation 0 runs (armed before it, it would strike while
+            # generation 0 forms)
+            "failures.events": [{"action": "remove", "step": 3, "nodes": [1], "phase": "reconfigure"}],
+        }
+    )
     outcome, summary = launch(cfg, tmp_path / "run")
     assert outcome.recoveries == [] and [row["step"] for row in outcome.steps] == list(range(5))
     assert outcome.events_not_applied == 1 and summary["events_not_applied"] == 1

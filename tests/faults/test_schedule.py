@@ -18,7 +18,10 @@ def failures(**fields):
 def test_none_and_explicit():
     assert build_schedule(failures(kind="none"), nodes=4, steps=10) == ()
     events = build_schedule(
-        failures(kind="explicit", events=[{"action": "remove", "step": 3, "count": 2}, {"action": "join", "time_s": 1.5, "nodes": [4]}]),
+        failures(
+            kind="explicit",
+            events=[{"action": "remove", "step": 3, "count": 2}, {"action": "join", "time_s": 1.5, "nodes": [4]}],
+        ),
         nodes=4,
         steps=10,
     )
@@ -81,7 +84,11 @@ def test_trace_smaller_than_cluster_is_refused(tmp_path):
 
 
 def test_counts_follow_the_nodes_alive_at_each_event():
-    events = [{"action": "remove", "step": 1, "count": 3}, {"action": "join", "step": 2, "count": 2}, {"action": "freeze", "step": 3, "count": 3}]
+    events = [
+        {"action": "remove", "step": 1, "count": 3},
+        {"action": "join", "step": 2, "count": 2},
+        {"action": "freeze", "step": 3, "count": 3},
+    ]
     assert len(build_schedule(failures(kind="explicit", events=events), nodes=4, steps=10)) == 3
     events[-1]["count"] = 4  # 4 - 3 + 2 = 3 nodes are alive at the third event
     with pytest.raises(ConfigError, match=r"failures.events\[2\].count=4 strikes more nodes than the 3 alive"):
@@ -104,12 +111,18 @@ def test_settings_are_checked_whatever_the_kind(fields, message):
 
 
 def test_a_raise_at_any_phase_strikes_at_the_steps_first():
-    (event,) = build_schedule(failures(kind="explicit", events=[{"action": "raise", "step": 2, "nodes": [1]}]), nodes=4, steps=10)
+    (event,) = build_schedule(
+        failures(kind="explicit", events=[{"action": "raise", "step": 2, "nodes": [1]}]), nodes=4, steps=10
+    )
     assert event.kind is FaultKind.RAISE and event.phase is Phase.FORWARD and event.armed
 
 
 def test_freeze_flag_still_means_action_freeze(caplog):
-    (event,) = build_schedule(failures(kind="explicit", events=[{"action": "remove", "step": 1, "nodes": [2], "freeze": True}]), nodes=4, steps=10)
+    (event,) = build_schedule(
+        failures(kind="explicit", events=[{"action": "remove", "step": 1, "nodes": [2], "freeze": True}]),
+        nodes=4,
+        steps=10,
+    )
     assert event.kind is FaultKind.FREEZE and event.kind.signal.name == "SIGSTOP"
     assert "failures.events[0].freeze=true is deprecated; write action=freeze" in caplog.text
 

@@ -26,13 +26,15 @@ EVENTS = [
 
 
 def test_recovery_keeps_f_plus_one_pipelines_and_reports_the_drop(tmp_path, capsys):
-    cfg = tiny_config(**{
-        "cluster.nodes": 6,
-        "job.fault_tolerance": 2,
-        "job.steps": 34,
-        "failures.kind": "explicit",
-        "failures.events": EVENTS,
-    })
+    cfg = tiny_config(
+        **{
+            "cluster.nodes": 6,
+            "job.fault_tolerance": 2,
+            "job.steps": 34,
+            "failures.kind": "explicit",
+            "failures.events": EVENTS,
+        }
+    )
     run_dir = tmp_path / "run"
     outcome, summary = launch(cfg, run_dir)
     assert_matches_reference(cfg, outcome, run_dir)
@@ -49,7 +51,11 @@ def test_recovery_keeps_f_plus_one_pipelines_and_reports_the_drop(tmp_path, caps
     events = pd.read_csv(run_dir / "events.csv")
     reported = events[events["kind"] == "fault_tolerance_reduced"]
     assert list(zip(reported["tolerated"], reported["wanted"])) == [(d["tolerated"], 2) for d in drops]
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("oobleck: warning: the plan now survives")]
+    lines = [
+        line
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("oobleck: warning: the plan now survives")
+    ]
     assert lines == [
         f"oobleck: warning: the plan now survives only {d['tolerated']} simultaneous node failure(s), not job.fault_tolerance=2"
         for d in drops

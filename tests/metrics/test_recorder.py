@@ -8,8 +8,8 @@ from omegaconf import OmegaConf
 
 from oobleck.errors import RunError
 from oobleck.metrics import RunRecorder, format_table
-from oobleck.metrics.recorder import printed_summary
 from oobleck.metrics.offline import find_offline_runs, read_offline_run
+from oobleck.metrics.recorder import printed_summary
 from oobleck.metrics.wandb_run import RUN_IDS_FILE, SweepJob, failures_label, run_identity, typed_frame
 from oobleck.runtime.testing import config_section
 
@@ -55,13 +55,38 @@ def _record(run_dir, steps=range(20), *, resume=False, wandb=None):
     for step in steps:
         if step == 8:
             recorder.event("fault_injected", nodes=[0], fault="kill", step=8, time_s=1.0 + 0.1 * step)
-            recorder.event("reconfiguration", generation=1, reason="failure", removed=[0], joined=[], resume_step=8,
-                           detect_s=0.002, plan_s=0.001, groups_s=0.05, state_copy_s=0.0, bytes_moved=4096,
-                           first_step_s=0.2, total_s=0.4, replicas_identical=True, time_s=1.0 + 0.1 * step + 0.4)
-        recorder.step(step=step, samples=32, samples_per_s=320.0, loss=5.0 - 0.01 * step, generation=int(step >= 8),
-                      pipelines=4 - int(step >= 8), attempts=1 + int(step == 8), step_time_s=0.1, nodes=4 - int(step >= 8),
-                      time_s=1.1 + 0.1 * step)
-    return recorder.finish(steps=len(list(steps)), samples=32 * len(list(steps)), recoveries=1, median_samples_per_s=320.0)
+            recorder.event(
+                "reconfiguration",
+                generation=1,
+                reason="failure",
+                removed=[0],
+                joined=[],
+                resume_step=8,
+                detect_s=0.002,
+                plan_s=0.001,
+                groups_s=0.05,
+                state_copy_s=0.0,
+                bytes_moved=4096,
+                first_step_s=0.2,
+                total_s=0.4,
+                replicas_identical=True,
+                time_s=1.0 + 0.1 * step + 0.4,
+            )
+        recorder.step(
+            step=step,
+            samples=32,
+            samples_per_s=320.0,
+            loss=5.0 - 0.01 * step,
+            generation=int(step >= 8),
+            pipelines=4 - int(step >= 8),
+            attempts=1 + int(step == 8),
+            step_time_s=0.1,
+            nodes=4 - int(step >= 8),
+            time_s=1.1 + 0.1 * step,
+        )
+    return recorder.finish(
+        steps=len(list(steps)), samples=32 * len(list(steps)), recoveries=1, median_samples_per_s=320.0
+    )
 
 
 def test_offline_wandb_run_holds_what_a_dashboard_needs(tmp_path):
@@ -91,8 +116,10 @@ def test_offline_wandb_run_holds_what_a_dashboard_needs(tmp_path):
     assert run.column("event/fault_injected") == [1]
     # ... and a typed table: numbers are numbers, lists are JSON text, flags are booleans.
     table = run.table("events")
-    types = {name: {t["wb_type"] for t in spec["params"]["allowed_types"]} - {"none"}
-             for name, spec in table["column_types"]["params"]["type_map"].items()}
+    types = {
+        name: {t["wb_type"] for t in spec["params"]["allowed_types"]} - {"none"}
+        for name, spec in table["column_types"]["params"]["type_map"].items()
+    }
     assert types["time_s"] == {"number"} and types["total_s"] == {"number"} and types["bytes_moved"] == {"number"}
     assert types["kind"] == {"string"} and types["removed"] == {"string"} and types["replicas_identical"] == {"boolean"}
     rows = [dict(zip(table["columns"], row)) for row in table["data"]]
@@ -125,22 +152,46 @@ def test_identity_rules():
     sweep = SweepJob(num=3, override_dirname="strategy=varuna", sweep_dir="/x/multirun/2026-12-01_10-00-00")
     common = {"strategy": "varuna", "model": "gpt3_tiny", "nodes": 4, "failures": "remove1@8"}
     alone = run_identity(**common, experiment="default", group=None)
-    assert (alone.name, alone.group, alone.job_type) == ("varuna-gpt3_tiny-n4-remove1@8", "gpt3_tiny-n4-remove1@8", "varuna")
+    assert (alone.name, alone.group, alone.job_type) == (
+        "varuna-gpt3_tiny-n4-remove1@8",
+        "gpt3_tiny-n4-remove1@8",
+        "varuna",
+    )
     swept = run_identity(**common, experiment="default", group=None, sweep=sweep)
     assert swept.name.endswith("-j3") and swept.group == "sweep-2026-12-01_10-00-00"
     assert run_identity(**common, experiment="paper_spot", group=None, sweep=sweep).group == "paper_spot"
     named = run_identity(**common, experiment="paper_spot", group="mine", tags=["x" * 80])
     assert named.group == "mine" and "experiment=paper_spot" in named.tags and max(map(len, named.tags)) == 64
-    sim = run_identity(strategy="bamboo", model="gpt3_6_7b", nodes=30, failures="spot/ec2_p3_scaled",
-                       experiment="paper_spot", group=None, simulated=True)
+    sim = run_identity(
+        strategy="bamboo",
+        model="gpt3_6_7b",
+        nodes=30,
+        failures="spot/ec2_p3_scaled",
+        experiment="paper_spot",
+        group=None,
+        simulated=True,
+    )
     assert sim.name == "sim-bamboo-gpt3_6_7b-n30-spot-ec2_p3_scaled" and "simulation" in sim.tags
 
 
 def test_failure_labels():
     assert failures_label({"kind": "none"}) == "none"
-    assert failures_label({"kind": "explicit", "events": [{"action": "remove", "step": 8, "nodes": [1, 2]},
-                                                           {"action": "join", "time_s": 2.5, "count": 1}]}) == "remove2@8+join1@2.5s"
-    assert failures_label({"kind": "explicit", "events": [{"action": "remove", "step": s} for s in range(5)]}) == "explicit5"
+    assert (
+        failures_label(
+            {
+                "kind": "explicit",
+                "events": [
+                    {"action": "remove", "step": 8, "nodes": [1, 2]},
+                    {"action": "join", "time_s": 2.5, "count": 1},
+                ],
+            }
+        )
+        == "remove2@8+join1@2.5s"
+    )
+    assert (
+        failures_label({"kind": "explicit", "events": [{"action": "remove", "step": s} for s in range(5)]})
+        == "explicit5"
+    )
     assert failures_label({"kind": "poisson", "mtbf_s": 60.0}) == "mtbf60s"
     assert failures_label({"kind": "trace", "trace": "synthetic/10m"}) == "synthetic/10m"
 
@@ -148,7 +199,11 @@ def test_failure_labels():
 def test_typed_frame_types_each_column_by_its_values():
     frame = typed_frame([{"a": 1, "b": "x", "c": [1], "d": True}, {"a": None, "b": 2, "d": None}], ["a", "b", "c", "d"])
     assert str(frame["a"].dtype) == "float64" and frame["a"].isna().tolist() == [False, True]
-    assert frame["b"].tolist() == ["x", "2"] and frame["c"].tolist() == ["[1]", None] and frame["d"].tolist() == [True, None]
+    assert (
+        frame["b"].tolist() == ["x", "2"]
+        and frame["c"].tolist() == ["[1]", None]
+        and frame["d"].tolist() == [True, None]
+    )
 
 
 def test_a_corrupt_run_file_is_named(tmp_path):
@@ -170,8 +225,13 @@ def test_format_table_flattens():
 
 
 def test_printed_summary_shows_one_line_of_phase_shares():
-    summary = {"steps": 3, "phase_seconds": {"0:0": {"pipeline_1f1b": 3.0, "grad_allreduce": 1.0, "redundant_forward": 0.0},
-                                             "1:0": {"pipeline_1f1b": 3.0, "grad_allreduce": 1.0, "redundant_forward": 0.0}}}
+    summary = {
+        "steps": 3,
+        "phase_seconds": {
+            "0:0": {"pipeline_1f1b": 3.0, "grad_allreduce": 1.0, "redundant_forward": 0.0},
+            "1:0": {"pipeline_1f1b": 3.0, "grad_allreduce": 1.0, "redundant_forward": 0.0},
+        },
+    }
     printed = printed_summary(summary)
     assert printed == {"steps": 3, "phase_share": "pipeline_1f1b 75%, grad_allreduce 25%"}
     assert "phase_seconds" in summary and printed_summary({"steps": 3}) == {"steps": 3}

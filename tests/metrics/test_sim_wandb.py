@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from analysis.dashboards import SIM_EVENTS, SIM_REACTIONS, paper_workspace, spec
+from oobleck.config import compose_config
 from oobleck.metrics.offline import find_offline_runs
 from oobleck.metrics.simulation import SIM_TIME
-from oobleck.config import compose_config
 from oobleck.simulate import run as simulate
 
 # wandb's service writes the run file after finish() returns: a hang guard, not a speed target.
@@ -29,11 +29,20 @@ def simulated(tmp_path_factory):
     trace = root / "short.csv"
     trace.write_text("\n".join(TRACE) + "\n")
     cfg = _compose(
-        "experiment=paper_spot", "sim.models=[gpt2_small]", f"sim.traces=[{trace}]", "sim.duration_h=1.5", "sim.trace_starts=1",
-        "sim.timeline_bin_s=600", "logger.progress_bar=false", "logger.wandb.mode=offline",
+        "experiment=paper_spot",
+        "sim.models=[gpt2_small]",
+        f"sim.traces=[{trace}]",
+        "sim.duration_h=1.5",
+        "sim.trace_starts=1",
+        "sim.timeline_bin_s=600",
+        "logger.progress_bar=false",
+        "logger.wandb.mode=offline",
     )
     simulate(cfg, root / "run")
-    runs = {(r.config.get("sim_run") or {}).get("strategy", r.job_type): r for r in find_offline_runs(root / "run", complete_within_s=FINISH_S)}
+    runs = {
+        (r.config.get("sim_run") or {}).get("strategy", r.job_type): r
+        for r in find_offline_runs(root / "run", complete_within_s=FINISH_S)
+    }
     return root / "run", "short", runs  # a trace file is named by its stem
 
 
@@ -45,7 +54,9 @@ def test_one_run_per_strategy_grouped_by_experiment(simulated):
         run = runs[strategy]
         assert run.group == "paper_spot" and run.job_type == strategy
         assert run.name == f"sim-{strategy}-gpt2_small-n8-{trace}"
-        assert {"simulation", strategy, "gpt2_small", "nodes=8", f"failures={trace}", "experiment=paper_spot"} <= set(run.tags)
+        assert {"simulation", strategy, "gpt2_small", "nodes=8", f"failures={trace}", "experiment=paper_spot"} <= set(
+            run.tags
+        )
         # The same config keys a real run has, so one dashboard groups and filters both.
         assert run.config["strategy"]["name"] == strategy and run.config["model"]["name"] == "gpt2_small"
         assert run.config["failures"] == {"kind": "trace", "trace": trace}
@@ -83,8 +94,14 @@ def test_artifacts_hold_each_runs_rows_and_the_figures(simulated):
     assert set(rows["strategy"]) == {"varuna"} and len(rows) > 1
     assert pd.read_csv(files["sim_summary.csv"])["strategy"].tolist() == ["varuna"]
     outputs = runs["figures"].artifact("sim-outputs").files
-    assert {"sim_summary.csv", "summary.json", "throughput_over_time.png", "throughput_over_time.pdf",
-            "effective_time_breakdown.pdf", ".hydra/config.yaml"} - {".hydra/config.yaml"} <= set(outputs)
+    assert {
+        "sim_summary.csv",
+        "summary.json",
+        "throughput_over_time.png",
+        "throughput_over_time.pdf",
+        "effective_time_breakdown.pdf",
+        ".hydra/config.yaml",
+    } - {".hydra/config.yaml"} <= set(outputs)
     assert runs["figures"].group == "paper_spot" and runs["figures"].job_type == "figures"
     assert any(k.startswith("figures/") for row in runs["figures"].history for k in row)
 
@@ -95,9 +112,14 @@ def test_paper_workspace_refers_to_what_the_runs_log(simulated):
     section = view["spec"]["section"]
     filters = section["runSets"][0]["filters"]["filters"]
     assert {(f["key"]["name"], f["op"], str(f["value"])) for f in filters} == {
-        ("group", "=", "paper_spot"), ("tags", "IN", "['simulation']"), ("jobType", "!=", "figures")}
+        ("group", "=", "paper_spot"),
+        ("tags", "IN", "['simulation']"),
+        ("jobType", "!=", "figures"),
+    }
     assert section["settings"]["xAxis"] == SIM_TIME
-    logged = {k for r in runs.values() for row in r.history for k in row} | {k for r in runs.values() for k in r.summary}
+    logged = {k for r in runs.values() for row in r.history for k in row} | {
+        k for r in runs.values() for k in r.summary
+    }
     # Reactions this short trace does not provoke (failover without a repair, OOM, stop) are
     # still keys the simulator logs when they happen: markers named after the engine's kinds.
     possible = {f"event/{k}" for k in SIM_EVENTS} | {f"event/{k}/downtime_s" for k in SIM_REACTIONS}

@@ -42,7 +42,9 @@ def _batch(cfg, b=3, seed=0):
 
 
 def _digest(module) -> dict[str, str]:
-    return {n: hashlib.sha256(p.detach().contiguous().numpy().tobytes()).hexdigest() for n, p in module.state_dict().items()}
+    return {
+        n: hashlib.sha256(p.detach().contiguous().numpy().tobytes()).hexdigest() for n, p in module.state_dict().items()
+    }
 
 
 def test_layer_count_and_names():
@@ -114,8 +116,14 @@ def test_tied_parameters_start_identical_and_reference_shares_one_tensor():
 def test_init_depends_on_seed_and_index():
     cfg = _tiny()
     assert _digest(build_layer(cfg, 1, SEED)) == _digest(build_layer(cfg, 1, SEED))
-    assert _digest(build_layer(cfg, 1, SEED))["attn.c_attn.weight"] != _digest(build_layer(cfg, 2, SEED))["attn.c_attn.weight"]
-    assert _digest(build_layer(cfg, 1, SEED))["attn.c_attn.weight"] != _digest(build_layer(cfg, 1, SEED + 1))["attn.c_attn.weight"]
+    assert (
+        _digest(build_layer(cfg, 1, SEED))["attn.c_attn.weight"]
+        != _digest(build_layer(cfg, 2, SEED))["attn.c_attn.weight"]
+    )
+    assert (
+        _digest(build_layer(cfg, 1, SEED))["attn.c_attn.weight"]
+        != _digest(build_layer(cfg, 1, SEED + 1))["attn.c_attn.weight"]
+    )
     # Global RNG state must not leak into the init.
     torch.manual_seed(99)
     first = _digest(build_layer(cfg, 2, SEED))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 import math
 
-from oobleck.planning.cost import pipeline_iteration_time, pipeline_time
-from oobleck.planning.plan import StageSpec
+from oobleck.planning.outputs import StageSpec
+from oobleck.planning.pipeline_cost import pipeline_iteration_time, pipeline_time
 from oobleck.planning.templates import stage_memories_of, stage_seconds_of
 
 
@@ -143,7 +143,9 @@ def brute_force_min_bytes(old, removed, alive, templates, sizes, layer_bytes):
 def coverable(templates, alive, microbatches, f):
     """(nodes a new plan uses, failures it keeps tolerating) by enumeration: the most pipelines
     up to f + 1, then the most nodes template sizes cover with that many pipelines (<= M)."""
-    counts = {n: {len(m) for m in multisets(templates.sizes, n, 1) if len(m) <= microbatches} for n in range(1, alive + 1)}
+    counts = {
+        n: {len(m) for m in multisets(templates.sizes, n, 1) if len(m) <= microbatches} for n in range(1, alive + 1)
+    }
     kept = min(f, max(max(c, default=0) for c in counts.values()) - 1)
     used = max(n for n, c in counts.items() if any(k >= kept + 1 for k in c))
     return used, kept

@@ -10,8 +10,8 @@ from test_plan_cli import _one_line_error, run_plan
 
 from oobleck.config import validate
 from oobleck.errors import ConfigError, PlanningError, ProfileError
+from oobleck.planning.inputs import ModelProfile
 from oobleck.planning.instantiate import MAX_MICROBATCHES, instantiate
-from oobleck.planning.profile import ModelProfile
 from oobleck.planning.synthetic import synthetic_profile
 
 
@@ -27,8 +27,14 @@ from oobleck.planning.synthetic import synthetic_profile
             ["cluster.intra_node_bandwidth_gbps=nan", "cluster.gpus_per_node=2"],
             "cluster.intra_node_bandwidth_gbps=nan must be a finite number of GB/s, at least 1e-09 (one byte per second)",
         ),
-        (["cluster.device_memory_gb=nan"], "cluster.device_memory_gb=nan must be a finite number of GB in (0, 9007199]"),
-        (["cluster.device_memory_gb=1e30"], "cluster.device_memory_gb=1e+30 must be a finite number of GB in (0, 9007199]"),
+        (
+            ["cluster.device_memory_gb=nan"],
+            "cluster.device_memory_gb=nan must be a finite number of GB in (0, 9007199]",
+        ),
+        (
+            ["cluster.device_memory_gb=1e30"],
+            "cluster.device_memory_gb=1e+30 must be a finite number of GB in (0, 9007199]",
+        ),
         (
             ["cluster.inter_node_bandwidth_gbps=1e-300"],
             "cluster.inter_node_bandwidth_gbps=1e-300 must be a finite number of GB/s, at least 1e-09 (one byte per second)",
@@ -65,9 +71,21 @@ def _profile_dict():
     "field,value,message",
     [
         ("forward_s", True, "layer 2 (block2): forward_s=True must be a positive number of seconds (at most 86400)"),
-        ("backward_s", 1e300, "layer 2 (block2): backward_s=1e+300 must be a positive number of seconds (at most 86400)"),
-        ("param_bytes", 10**30, f"layer 2 (block2): param_bytes={10**30} must be a non-negative integer of at most 2**53 bytes"),
-        ("output_bytes", True, "layer 2 (block2): output_bytes=True must be a non-negative integer of at most 2**53 bytes"),
+        (
+            "backward_s",
+            1e300,
+            "layer 2 (block2): backward_s=1e+300 must be a positive number of seconds (at most 86400)",
+        ),
+        (
+            "param_bytes",
+            10**30,
+            f"layer 2 (block2): param_bytes={10**30} must be a non-negative integer of at most 2**53 bytes",
+        ),
+        (
+            "output_bytes",
+            True,
+            "layer 2 (block2): output_bytes=True must be a non-negative integer of at most 2**53 bytes",
+        ),
         ("activation_bytes", 1.5, "layer 2 (block2): activation_bytes=1.5 must be a non-negative integer"),
     ],
     ids=["forward-true", "backward-1e300", "bytes-1e30", "bytes-true", "bytes-float"],
@@ -85,7 +103,10 @@ def test_bad_profile_values(tmp_path, field, value, message):
 def test_profile_files_that_are_not_profiles(tmp_path):
     with pytest.raises(ProfileError) as error:
         ModelProfile.load(tmp_path)
-    assert str(error.value) == f"profile path {tmp_path} is a directory; give the profile JSON file written by python -m oobleck.profile"
+    assert (
+        str(error.value)
+        == f"profile path {tmp_path} is a directory; give the profile JSON file written by python -m oobleck.profile"
+    )
     latin = tmp_path / "latin1.json"
     latin.write_bytes(json.dumps(_profile_dict()).replace("gpt3_tiny", "gpt3_tiny\u00e9").encode("latin-1"))
     with pytest.raises(ProfileError, match=r"latin1.json: not UTF-8 text \(byte \d+\), so not a profile JSON"):
@@ -111,7 +132,10 @@ def test_profile_files_that_are_not_profiles(tmp_path):
             "cluster.nodes=abc: Value 'abc' of type 'str' could not be converted to Integer; "
             "set cluster.nodes=<int> (python -m oobleck.plan --cfg job shows every key)",
         ),
-        ("model=nosuch", "Could not find 'model/nosuch'; Available options in 'model': bert_large, gpt2_medium, gpt2_small, gpt3_1_3b,"),
+        (
+            "model=nosuch",
+            "Could not find 'model/nosuch'; Available options in 'model': bert_large, gpt2_medium, gpt2_small, gpt3_1_3b,",
+        ),
     ],
     ids=["float-for-int", "text-for-int", "missing-option"],
 )
@@ -122,4 +146,6 @@ def test_hydra_errors_are_one_line(tmp_path, override, message):
 def test_non_utf8_profile_through_the_cli(tmp_path):
     path = tmp_path / "latin1.json"
     path.write_bytes(b"\xff\xfe{}")
-    _one_line_error(run_plan(tmp_path, "profile.source=file", f"profile.path={path}"), f"{path}: not UTF-8 text (byte 0)")
+    _one_line_error(
+        run_plan(tmp_path, "profile.source=file", f"profile.path={path}"), f"{path}: not UTF-8 text (byte 0)"
+    )

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from planning_brute import brute_force_distribution, brute_force_instantiation
 
 from oobleck.errors import PlanningError
-from oobleck.planning.cost import pipeline_iteration_time, pipeline_time
 from oobleck.planning.instantiate import build_plan, distribute_microbatches, instantiate
-from oobleck.planning.plan import PipelineTemplate, StageSpec
+from oobleck.planning.outputs import PipelineTemplate, StageSpec
+from oobleck.planning.pipeline_cost import pipeline_iteration_time, pipeline_time
 from oobleck.planning.synthetic import synthetic_profile
 from oobleck.planning.templates import TemplateSet, generate_templates
 
@@ -33,7 +33,10 @@ def test_distribution_matches_brute_force(stage_seconds, extra):
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.lists(non_dyadic, min_size=1, max_size=5), min_size=1, max_size=3), st.integers(min_value=0, max_value=6))
+@given(
+    st.lists(st.lists(non_dyadic, min_size=1, max_size=5), min_size=1, max_size=3),
+    st.integers(min_value=0, max_value=6),
+)
 def test_distribution_matches_brute_force_on_rounding_times(stage_seconds, extra):
     total = len(stage_seconds) + extra  # often fewer microbatches than stages
     split = distribute_microbatches(stage_seconds, total)
@@ -52,7 +55,11 @@ def hand_templates(times_by_nodes: dict[int, list[float]]) -> TemplateSet:
         m = 4 * len(w)
         templates[n] = PipelineTemplate(n, stages, tuple(w), (0.0,) * len(w), m, pipeline_iteration_time(w, m))
     return TemplateSet(
-        min_nodes=min(templates), max_nodes=max(templates), templates=templates, num_layers=layers, layer_param_bytes=(0,) * layers
+        min_nodes=min(templates),
+        max_nodes=max(templates),
+        templates=templates,
+        num_layers=layers,
+        layer_param_bytes=(0,) * layers,
     )
 
 
@@ -60,7 +67,11 @@ def test_reported_cases_are_optimal():
     # Issue 12: a stale bound in the finishing-time search gave 3 + 1 nodes at 6.0 s.
     templates = hand_templates({1: [0.1], 2: [4, 1], 3: [1, 4, 1]})
     plan = instantiate(templates, range(4), 2, 1, 1)
-    assert plan.predicted_iteration_s == 5.0 == build_plan(templates, [2, 2], list(range(4)), 2, 1, 1).predicted_iteration_s
+    assert (
+        plan.predicted_iteration_s
+        == 5.0
+        == build_plan(templates, [2, 2], list(range(4)), 2, 1, 1).predicted_iteration_s
+    )
     assert sorted(len(p.nodes) for p in plan.pipelines) == [2, 2]
     # time(3) rounds to 3.1999999999999997 while a separately computed threshold said 3.2.
     plan = instantiate(hand_templates({3: [2.0, 0.1, 0.5]}), range(3), 3, 1, 0)

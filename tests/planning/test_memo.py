@@ -59,7 +59,9 @@ def _replay(trace, templates, clear: bool) -> list:
         except PlanningError as error:  # beyond in-place: a fresh plan on the survivors
             if clear:
                 templates.memo.clear()
-            plan = instantiate(templates, sorted(alive), BATCH, MICROBATCH, min(F, len(alive) // templates.min_nodes - 1))
+            plan = instantiate(
+                templates, sorted(alive), BATCH, MICROBATCH, min(F, len(alive) // templates.min_nodes - 1)
+            )
             standby = tuple(sorted(alive - set(plan.nodes)))
             results.append((str(error), plan))
     return results
@@ -87,7 +89,11 @@ def test_memoised_search_equals_uncached_search_per_node_count(trace_templates):
     for nodes, pipelines, fixed in questions:
         first = _best_multiset(templates, nodes, M, pipelines, sync, fixed)
         again = _best_multiset(templates, nodes, M, pipelines, sync, fixed)
-        assert first == again == _search_multiset(templates, nodes, M, pipelines, sync, fixed), (nodes, pipelines, fixed)
+        assert first == again == _search_multiset(templates, nodes, M, pipelines, sync, fixed), (
+            nodes,
+            pipelines,
+            fixed,
+        )
         if first is not None:
             first[1].append(-1)  # a caller changing its copy leaves the memo alone
             assert _best_multiset(templates, nodes, M, pipelines, sync, fixed)[1] == again[1]
@@ -113,4 +119,3 @@ def test_plan_tables_are_copies(trace_templates):
     holders[0] = ()
     assert plan.layer_holders()[0] and plan.assignments() == plan.assignments()
     assert plan == dataclasses.replace(plan)  # the cached tables are not fields
-

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from oobleck.planning.plan import ExecutionPlan
+from oobleck.planning.outputs import ExecutionPlan
 from oobleck.planning.synthetic import synthetic_profile
 from oobleck.planning.templates import TemplateSet
 
@@ -34,7 +34,13 @@ def run_plan(tmp_path: Path, *overrides: str, env_extra: dict[str, str] | None =
 def tiny_profile(tmp_path_factory) -> Path:
     # gpt3_tiny as the layered model sees it: 6 layers, profiled at job.microbatch_size=2.
     profile = synthetic_profile(
-        6, seed=0, model="gpt3_tiny", microbatch_size=2, param_bytes=200_000, activation_bytes=100_000, output_bytes=10_000
+        6,
+        seed=0,
+        model="gpt3_tiny",
+        microbatch_size=2,
+        param_bytes=200_000,
+        activation_bytes=100_000,
+        output_bytes=10_000,
     )
     return profile.save(tmp_path_factory.mktemp("profile") / "tiny.json")
 
@@ -94,7 +100,10 @@ def test_a_measurement_this_cpu_cannot_finish_is_refused_before_it_starts(tmp_pa
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["job.fault_tolerance=3", "cluster.device_memory_gb=0.0035"], "f=3 needs 4 pipelines of at least n0=2 nodes = 8 nodes; cluster.nodes=4"),
+        (
+            ["job.fault_tolerance=3", "cluster.device_memory_gb=0.0035"],
+            "f=3 needs 4 pipelines of at least n0=2 nodes = 8 nodes; cluster.nodes=4",
+        ),
         (["job.global_batch_size=33"], "is not divisible by job.microbatch_size=2"),
         (["job.global_batch_size=4", "job.fault_tolerance=2"], "fewer than the f+1=3 pipelines"),
     ],
@@ -107,8 +116,14 @@ def test_bad_input_is_one_line(tmp_path, tiny_profile, overrides, message):
 
 def test_one_microbatch_per_pipeline_plans(tmp_path, tiny_profile):
     # Issue 12: 5 nodes, f=0, global batch 2 (one microbatch) once raised "no combination ...".
-    result = run_plan(tmp_path, "profile.source=file", f"profile.path={tiny_profile}", "cluster.nodes=5",
-                      "job.fault_tolerance=0", "job.global_batch_size=2")
+    result = run_plan(
+        tmp_path,
+        "profile.source=file",
+        f"profile.path={tiny_profile}",
+        "cluster.nodes=5",
+        "job.fault_tolerance=0",
+        "job.global_batch_size=2",
+    )
     assert result.returncode == 0, result.stderr
     plan = ExecutionPlan.from_dict(json.loads((tmp_path / "run" / "plan.json").read_text())["plan"])
     assert plan.nodes == (0, 1, 2, 3, 4) and sum(p.microbatches for p in plan.pipelines) == 1
@@ -122,4 +137,3 @@ def test_bad_profile_is_one_line(tmp_path):
     path.write_text(json.dumps(data))
     result = run_plan(tmp_path, "profile.source=file", f"profile.path={path}")
     _one_line_error(result, "forward_s=-1.0 must be a positive number of seconds")
-

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-
 from collections.abc import Sequence
 
 import pytest
@@ -13,10 +12,10 @@ from hypothesis import strategies as st
 from planning_brute import brute_force_min_bytes, coverable
 
 from oobleck.errors import PlanningError
-from oobleck.planning.cost import copy_seconds
+from oobleck.planning.inputs import LayerProfile, ModelProfile
 from oobleck.planning.instantiate import build_plan, instantiate
-from oobleck.planning.profile import LayerProfile, ModelProfile
-from oobleck.planning.plan import ReconfigurationPlan, StageSpec, tolerated_failures
+from oobleck.planning.outputs import ReconfigurationPlan, StageSpec, tolerated_failures
+from oobleck.planning.pipeline_cost import copy_seconds
 from oobleck.planning.reconfigure import check_fault_tolerance, reconfigure
 from oobleck.planning.synthetic import synthetic_profile
 from oobleck.planning.templates import TemplateSet, generate_templates, make_template
@@ -297,7 +296,11 @@ def test_reconfigured_plan_is_as_good_as_a_fresh_one(case):
     nodes, unless the extra copying of the fresh plan costs more than it saves over the horizon;
     always valid, on as many nodes as template sizes can cover, placed to copy the least."""
     profile = synthetic_profile(
-        case["layers"], seed=case["seed"], jitter=0.6, param_bytes=case["param_bytes"], output_bytes=case["output_bytes"]
+        case["layers"],
+        seed=case["seed"],
+        jitter=0.6,
+        param_bytes=case["param_bytes"],
+        output_bytes=case["output_bytes"],
     )
     spec = cluster(case["nodes"] + 2, case["gpus"], memory=4e9, inter=1e9)
     f, M, H = case["f"], case["microbatches"], case["horizon"]
@@ -327,11 +330,16 @@ def test_reconfigured_plan_is_as_good_as_a_fresh_one(case):
         return copy_seconds(((t.source[0], t.target[0], t.nbytes) for t in r.transfers), templates.inter_node_bandwidth)
 
     slower = H * (result.new.predicted_iteration_s - fresh.predicted_iteration_s)
-    assert result.new.predicted_iteration_s <= 1.03 * fresh.predicted_iteration_s or slower <= copying(eager) - copying(result)
+    assert result.new.predicted_iteration_s <= 1.03 * fresh.predicted_iteration_s or slower <= copying(eager) - copying(
+        result
+    )
     # The decision is the cost model's: nothing cheaper over the horizon among the candidates.
     lazy = reconfigure(plan, templates, removed=removed, joined=joined, replan_horizon_steps=0, fault_tolerance=f)
     for other in (eager, lazy):
-        assert H * result.new.predicted_iteration_s + copying(result) <= H * other.new.predicted_iteration_s + copying(other) + 1e-9
+        assert (
+            H * result.new.predicted_iteration_s + copying(result)
+            <= H * other.new.predicted_iteration_s + copying(other) + 1e-9
+        )
     if len(alive) <= 6:
         sizes = [len(p.nodes) for p in result.new.pipelines]
         layer_bytes = templates.layer_param_bytes

@@ -10,10 +10,11 @@ import warnings
 
 import pytest
 import torch
+
 from oobleck.config import compose_config
 from oobleck.errors import ProfileError
 from oobleck.models import load_model_config, num_layers, parameter_count
-from oobleck.planning.profile import ModelProfile
+from oobleck.planning.inputs import ModelProfile
 from oobleck.profiling import (
     ProfileCacheWarning,
     analytic_profile,
@@ -56,7 +57,9 @@ def test_measured_profile_is_real_and_consistent(tiny_profile):
 
 def test_measured_profile_grows_with_model_size(tiny_profile):
     """A 4x wider model (16x the block FLOPs) is slower per block and bigger in every size."""
-    wide = measure_profile(load_model_config("gpt3_tiny", n_embd=256, n_layer=2), 2, "cpu", warmup=1, repeats=3, seed=0, threads=1)
+    wide = measure_profile(
+        load_model_config("gpt3_tiny", n_embd=256, n_layer=2), 2, "cpu", warmup=1, repeats=3, seed=0, threads=1
+    )
     small, big = tiny_profile.layers[1], wide.layers[1]
     assert big.forward_s + big.backward_s > small.forward_s + small.backward_s
     assert big.param_bytes > 10 * small.param_bytes
@@ -164,8 +167,17 @@ def test_sources_and_file_checks(tmp_path, tiny_profile):
 def test_cli_writes_profile_and_reports_errors(tmp_path):
     run_dir = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "oobleck.profile", *FAST, f"hydra.run.dir={run_dir}", f"profile.cache_dir={tmp_path}/cache"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "oobleck.profile",
+            *FAST,
+            f"hydra.run.dir={run_dir}",
+            f"profile.cache_dir={tmp_path}/cache",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     profile = ModelProfile.load(run_dir / "profile.json")
@@ -173,9 +185,17 @@ def test_cli_writes_profile_and_reports_errors(tmp_path):
     assert "block3" in result.stdout and "total" in result.stdout
 
     bad = subprocess.run(
-        [sys.executable, "-m", "oobleck.profile", "profile.source=file", f"profile.path={tmp_path}/missing.json",
-         f"hydra.run.dir={run_dir}"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "oobleck.profile",
+            "profile.source=file",
+            f"profile.path={tmp_path}/missing.json",
+            f"hydra.run.dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1].startswith("oobleck.profile: error:") and "missing.json" in bad.stderr

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import threading
 import traceback
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 
-from oobleck.planning.plan import ExecutionPlan, ReconfigurationPlan
+from oobleck.planning.outputs import ExecutionPlan, ReconfigurationPlan
 from oobleck.runtime import keys
 from oobleck.runtime.backend import GlooBackend
 from oobleck.runtime.comm import AbortWatch, Communicator, Waiter
@@ -30,7 +31,7 @@ def run_ranks(
     store: dist.TCPStore,
     generation: int,
     tied_layers: tuple[int, ...] = (),
-    reconfiguration: Optional[ReconfigurationPlan] = None,
+    reconfiguration: ReconfigurationPlan | None = None,
 ) -> list[Any]:
     backend = GlooBackend(dist.ProcessGroupGloo.create_device(hostname="127.0.0.1"))
     workers = [a.worker for a in plan.assignments()]
@@ -44,9 +45,14 @@ def run_ranks(
             watch = AbortWatch("127.0.0.1", store.port, TIMEOUT_S)
             watch.watch(generation)
             comm = Communicator(
-                generation, topology.rank, group_specs(topology, reconfiguration), host="127.0.0.1", port=store.port,
-                timeout_s=TIMEOUT_S, waiter=Waiter(watch, TIMEOUT_S, 5.0, backend),
-            )  # fmt: skip
+                generation,
+                topology.rank,
+                group_specs(topology, reconfiguration),
+                host="127.0.0.1",
+                port=store.port,
+                timeout_s=TIMEOUT_S,
+                waiter=Waiter(watch, TIMEOUT_S, 5.0, backend),
+            )
             comm.build()
             results[index] = body(topology, comm)
             comm.release()

@@ -20,8 +20,8 @@ import pytest
 
 from oobleck.elastic.job import launch
 from oobleck.runtime.reference import train_reference
-
 from oobleck.runtime.testing import assert_matches_reference, hand_plan, template, tiny_config
+
 
 @pytest.fixture(scope="module")
 def reference():
@@ -35,7 +35,11 @@ def test_heterogeneous_pipelines_of_two_and_three_nodes(run_dir, reference):
             (template([(0, 3, 0, 0, 1), (3, 6, 1, 0, 1)]), (0, 1), 3),
             (template([(0, 2, 0, 0, 1), (2, 4, 1, 0, 1), (4, 6, 2, 0, 1)]), (2, 3, 4), 5),
         ],
-        batch=16, micro=2, layers=6, f=1, gpus=1,
+        batch=16,
+        micro=2,
+        layers=6,
+        f=1,
+        gpus=1,
     )
     outcome, summary = launch(cfg, run_dir, initial_plan=plan)
     assert_matches_reference(cfg, outcome, run_dir, reference)
@@ -51,7 +55,11 @@ def test_two_gpus_per_node_with_sharded_stage(run_dir, reference):
             (template([(0, 6, 0, 0, 2)]), (0,), 4),
             (template([(0, 4, 0, 0, 1), (4, 6, 0, 1, 1)]), (1,), 4),
         ],
-        batch=16, micro=2, layers=6, f=1, gpus=2,
+        batch=16,
+        micro=2,
+        layers=6,
+        f=1,
+        gpus=2,
     )
     outcome, _ = launch(cfg, run_dir, initial_plan=plan)
     assert_matches_reference(cfg, outcome, run_dir, reference)
@@ -61,7 +69,11 @@ def test_single_pipeline_of_four_stages(run_dir, reference):
     cfg = tiny_config(**{"cluster.nodes": 4, "job.fault_tolerance": 0})
     plan = hand_plan(
         [(template([(0, 2, 0, 0, 1), (2, 3, 1, 0, 1), (3, 4, 2, 0, 1), (4, 6, 3, 0, 1)]), (0, 1, 2, 3), 8)],
-        batch=16, micro=2, layers=6, f=0, gpus=1,
+        batch=16,
+        micro=2,
+        layers=6,
+        f=0,
+        gpus=1,
     )
     outcome, _ = launch(cfg, run_dir, initial_plan=plan)
     assert_matches_reference(cfg, outcome, run_dir, reference)

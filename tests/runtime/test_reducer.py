@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from inprocess import run_ranks
 
 from oobleck.data import GlobalBatchSampler, build_dataset
 from oobleck.models.spec import model_spec
 from oobleck.runtime.executor import StepContext, run_schedule, sync_gradients
 from oobleck.runtime.state import layer_state
 from oobleck.runtime.testing import hand_plan, template, tiny_config
-
-from inprocess import run_ranks
 
 BUCKET_BYTES = 64 << 10  # gpt3_tiny's blocks are ~200 KB: several buckets per group
 
@@ -29,26 +28,39 @@ def reduce_once(overlap: bool, generation: int, store: dist.TCPStore) -> list[di
     job = cfg.job
     spec = model_spec(cfg.model, int(job.seed))
     everything = template([(0, spec.num_layers, 0, 0, 1)])
-    plan = hand_plan([(everything, (0,), 4), (everything, (1,), 4)], batch=16, micro=2, layers=spec.num_layers, f=1, gpus=1)
+    plan = hand_plan(
+        [(everything, (0,), 4), (everything, (1,), 4)], batch=16, micro=2, layers=spec.num_layers, f=1, gpus=1
+    )
     dataset = build_dataset(job, cfg.model)
     sampler = GlobalBatchSampler(len(dataset), int(job.global_batch_size), int(job.seed))
 
     def rank(topology, comm) -> dict:
         layers = {i: layer_state(spec, job, i, "cpu") for i in topology.assignment.layers}
         ctx = StepContext(
-            topology=topology, comm=comm, layers=layers, spec=spec, dataset=dataset, sampler=sampler,
-            global_batch_size=int(job.global_batch_size), bucket_bytes=BUCKET_BYTES, overlap_grad_reduce=overlap,
-        )  # fmt: skip
+            topology=topology,
+            comm=comm,
+            layers=layers,
+            spec=spec,
+            dataset=dataset,
+            sampler=sampler,
+            global_batch_size=int(job.global_batch_size),
+            bucket_bytes=BUCKET_BYTES,
+            overlap_grad_reduce=overlap,
+        )
         run_schedule(ctx, 0)
         launched_in_backward = ctx.reducer.launched
         sync_gradients(ctx)
-        grads = {(i, name): p.grad.clone() for i, layer in layers.items() for name, p in layer.module.named_parameters()}
+        grads = {
+            (i, name): p.grad.clone() for i, layer in layers.items() for name, p in layer.module.named_parameters()
+        }
         # backward accumulated into the buckets themselves: every concatenated bucket's
         # parameters' gradients are still views of its one flat tensor after the reduction
         views = all(
             p.grad.untyped_storage().data_ptr() == b.flat.untyped_storage().data_ptr()
-            for b in ctx.reducer.order if not b.tied for p in b.params
-        )  # fmt: skip
+            for b in ctx.reducer.order
+            if not b.tied
+            for p in b.params
+        )
         ctx.close()
         assert not any(p._post_accumulate_grad_hooks for layer in layers.values() for p in layer.params)
         assert all(p.grad is None for layer in layers.values() for p in layer.params)  # buckets let go

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from inprocess import run_ranks
 
 from oobleck.models.spec import model_spec
-from oobleck.planning.plan import LayerTransfer, ReconfigurationPlan
+from oobleck.planning.outputs import LayerTransfer, ReconfigurationPlan
 from oobleck.runtime.state import layer_checksum, layer_state
 from oobleck.runtime.testing import hand_plan, template, tiny_config
 from oobleck.runtime.transfer import PreparedLayers, incoming_layers, transfer_state
-
-from inprocess import run_ranks
 
 COMMITTED = 3
 
@@ -41,7 +40,14 @@ def test_a_layer_split_over_two_sources_arrives_bit_for_bit(shared_store, prepar
     job = cfg.job
     spec = model_spec(cfg.model, int(job.seed))
     everything = template([(0, spec.num_layers, 0, 0, 1)])
-    plan = hand_plan([(everything, (n,), 8 // 3 + (n < 8 % 3)) for n in range(3)], batch=16, micro=2, layers=spec.num_layers, f=2, gpus=1)
+    plan = hand_plan(
+        [(everything, (n,), 8 // 3 + (n < 8 % 3)) for n in range(3)],
+        batch=16,
+        micro=2,
+        layers=spec.num_layers,
+        f=2,
+        gpus=1,
+    )
     transfers = (
         LayerTransfer(layer=0, source=(0, 0), target=(2, 0), chunk=0, chunks=1, nbytes=0),
         LayerTransfer(layer=1, source=(0, 0), target=(2, 0), chunk=0, chunks=2, nbytes=0),
@@ -62,10 +68,13 @@ def test_a_layer_split_over_two_sources_arrives_bit_for_bit(shared_store, prepar
         ahead = PreparedLayers(incoming, empty) if prepared else None
         moved = transfer_state(
             topology, comm, reconfiguration, layers, ahead.take if ahead else empty, committed=COMMITTED, generation=0
-        )  # fmt: skip
+        )
         if topology.rank == 2:  # the copy landed in the buffers made for it, one per layer
             assert sorted(id(layer) for layer in layers.values()) == sorted(id(layer) for layer in made)
-        states = {i: (layer.flat.clone(), [layer.optimizer.state[p]["step"].item() for p in layer.params]) for i, layer in layers.items()}
+        states = {
+            i: (layer.flat.clone(), [layer.optimizer.state[p]["step"].item() for p in layer.params])
+            for i, layer in layers.items()
+        }
         return moved, states, {i: layer_checksum(layer) for i, layer in layers.items()}
 
     (out0, src0, hash0), (out1, src1, hash1), (got, dst, hash2) = run_ranks(

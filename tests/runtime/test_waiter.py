@@ -59,11 +59,11 @@ def make_waiter(store):
     """Waiters watching the given generation; their watcher threads are ended after the test."""
     watches: list[AbortWatch] = []
 
-    def make(generation: int, timeout_s: float = 10.0, grace_s: float = 5.0, backend=NcclBackend()) -> Waiter:
+    def make(generation: int, timeout_s: float = 10.0, grace_s: float = 5.0, backend=None) -> Waiter:
         watch = AbortWatch("127.0.0.1", store.port, timeout_s)
         watch.watch(generation)
         watches.append(watch)
-        return Waiter(watch, timeout_s, peer_grace_s=grace_s, backend=backend)
+        return Waiter(watch, timeout_s, peer_grace_s=grace_s, backend=backend or NcclBackend())
 
     yield make
     for watch in watches:
@@ -130,7 +130,9 @@ def test_a_gloo_work_still_completes_through_its_future(store, make_waiter):
 
 def test_an_abort_watch_whose_store_is_gone_ends_as_an_abort():
     """Without it the watch retried a wait that fails at once (a busy loop) until the process exited."""
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10), use_libuv=True)
+    server = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10), use_libuv=True
+    )
     watch = AbortWatch("127.0.0.1", server.port, 10.0)
     watch.watch(3)
     assert not watch.aborted.wait(0.3)

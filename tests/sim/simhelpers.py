@@ -5,7 +5,7 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from oobleck.config import CONF_DIR
-from oobleck.planning.profile import ClusterSpec
+from oobleck.planning.inputs import ClusterSpec
 from oobleck.planning.synthetic import synthetic_profile
 from oobleck.strategy import Strategy, StrategyContext, build_strategy
 

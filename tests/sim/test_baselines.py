@@ -10,7 +10,7 @@ from simhelpers import make_strategy
 from baselines.bamboo.policy import FAILED, balanced_partition
 from oobleck.faults.trace import parse_trace
 from oobleck.planning.instantiate import _Sync, plan_iteration_time
-from oobleck.sim.costs import checkpoint_cost, restore_s
+from oobleck.recovery_costs import checkpoint_cost, restore_s
 from oobleck.sim.engine import decision_downtime, simulate
 from oobleck.strategy import Kind, RunState
 
@@ -24,7 +24,9 @@ def _start(n: int) -> list[str]:
 
 
 def _change(layout, alive, removed=(), joined=(), step=5, checkpoint_step=None):
-    return RunState(layout, tuple(sorted(alive)), tuple(removed), tuple(joined), step=step, checkpoint_step=checkpoint_step)
+    return RunState(
+        layout, tuple(sorted(alive)), tuple(removed), tuple(joined), step=step, checkpoint_step=checkpoint_step
+    )
 
 
 # ----- Varuna ---------------------------------------------------------------------------------
@@ -42,16 +44,21 @@ def test_varuna_morphs_to_the_fastest_homogeneous_layout(context):
         for size, template in templates.templates.items():
             pipelines = nodes // size
             if pipelines:
-                split = [context.num_microbatches // pipelines + (i < context.num_microbatches % pipelines) for i in range(pipelines)]
+                split = [
+                    context.num_microbatches // pipelines + (i < context.num_microbatches % pipelines)
+                    for i in range(pipelines)
+                ]
                 times.append(plan_iteration_time([template] * pipelines, split, sync)[0])
         assert layout.iteration_s == pytest.approx(min(times))
 
 
 def test_varuna_loses_exactly_the_work_since_the_last_checkpoint(context):
     strategy = make_strategy(
-        context, "varuna", checkpoint_every_steps=4,
+        context,
+        "varuna",
+        checkpoint_every_steps=4,
         costs={"checkpoint_async": False, "storage_read_gbps": 1e9, "restart_fixed_s": 30.0},
-    )  # fmt: skip
+    )
     start = strategy.start(list(range(8))).layout
     victim = start.nodes[0]
     failure_s = 200.0
@@ -69,7 +76,9 @@ def test_varuna_loses_exactly_the_work_since_the_last_checkpoint(context):
 def test_varuna_restarts_from_the_checkpoint_ignores_idle_nodes_and_morphs_on_a_useful_join(context):
     strategy = make_strategy(context, "varuna")
     layout = strategy.start(list(range(7))).layout
-    lost = strategy.on_change(_change(layout, [n for n in range(7) if n != layout.nodes[0]], [layout.nodes[0]], step=9, checkpoint_step=5))
+    lost = strategy.on_change(
+        _change(layout, [n for n in range(7) if n != layout.nodes[0]], [layout.nodes[0]], step=9, checkpoint_step=5)
+    )
     assert lost.kind is Kind.RESTART and lost.rollback_to_step == 5 and not lost.checkpoint_first
     no_checkpoint = strategy.on_change(_change(layout, range(1, 7), [0], step=3))
     assert no_checkpoint.kind is Kind.RESTART and no_checkpoint.rollback_to_step == 0  # from the initial state
@@ -87,7 +96,12 @@ def test_varuna_restarts_from_the_checkpoint_ignores_idle_nodes_and_morphs_on_a_
         written = checkpoint_cost(layout.plan, context.profile, costs, link)
         read = restore_s(grown.layout.plan, context.profile, costs, link)
         assert dict(parts) == pytest.approx(
-            {"checkpoint": written.snapshot_s + written.write_s, "restart": costs.restart_fixed_s, "load": read, "warmup": costs.restart_warmup_s}
+            {
+                "checkpoint": written.snapshot_s + written.write_s,
+                "restart": costs.restart_fixed_s,
+                "load": read,
+                "warmup": costs.restart_warmup_s,
+            }
         )
         assert downtime == pytest.approx(sum(dict(parts).values()))
     else:
@@ -152,7 +166,9 @@ def test_bamboo_fails_over_then_restarts_on_adjacent_failures(context):
     assert len(restart.layout.state.pipelines) == 6 // 4  # fixed depth: floor(6 / 4) pipelines
     # A non-adjacent second failure in the other pipeline is just another failover (or rebalance).
     second = state.pipelines[1]
-    other = strategy.on_change(_change(failover.layout, [n for n in range(8) if n not in (first[1], second[3])], [second[3]]))
+    other = strategy.on_change(
+        _change(failover.layout, [n for n in range(8) if n not in (first[1], second[3])], [second[3]])
+    )
     assert other.kind in (Kind.FAILOVER, Kind.RECONFIGURE)
 
 

@@ -16,7 +16,14 @@ REPO = Path(__file__).resolve().parents[2]
 def _simulate(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     return subprocess.run(
-        [sys.executable, "-m", "oobleck.simulate", f"hydra.run.dir={tmp_path / 'run'}", "logger.progress_bar=false", *overrides],
+        [
+            sys.executable,
+            "-m",
+            "oobleck.simulate",
+            f"hydra.run.dir={tmp_path / 'run'}",
+            "logger.progress_bar=false",
+            *overrides,
+        ],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -48,7 +55,9 @@ def test_cli_simulates_every_strategy_on_a_short_trace(tmp_path: Path):
     assert "inf" not in (run / "sim_summary.csv").read_text()
     ratios = pd.read_csv(run / "sim_ratios.csv")
     assert sorted(ratios["baseline"]) == ["bamboo", "varuna"] and (ratios["starts"] == 2).all()
-    assert (ratios["ratio_min"] <= ratios["ratio_median"]).all() and (ratios["ratio_median"] <= ratios["ratio_max"]).all()
+    assert (ratios["ratio_min"] <= ratios["ratio_median"]).all() and (
+        ratios["ratio_median"] <= ratios["ratio_max"]
+    ).all()
     events = pd.read_csv(run / "sim_events.csv")
     failures = events[events["kind"] == "failure"].groupby(["strategy", "start"]).size()
     assert (failures == 2).all() and len(failures) == 6

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 import pytest
 
 from oobleck.faults.trace import parse_trace
+from oobleck.planning.inputs import ClusterSpec
 from oobleck.planning.layouts import even_split
-from oobleck.planning.plan import ExecutionPlan, PipelineInstance, PipelineTemplate, StageSpec
-from oobleck.planning.profile import ClusterSpec
+from oobleck.planning.outputs import ExecutionPlan, PipelineInstance, PipelineTemplate, StageSpec
 from oobleck.planning.synthetic import synthetic_profile
-from oobleck.sim.costs import CostConstants
+from oobleck.recovery_costs import CostConstants
 from oobleck.sim.engine import BREAKDOWN, simulate
 from oobleck.strategy import Decision, Kind, Layout, Strategy, StrategyConfig, StrategyContext
 
@@ -26,9 +26,13 @@ def round_costs(**changes) -> CostConstants:
     """Synchronous checkpoints of 2.5 s snapshot + 2.5 s write; restarts of 20 s (reading the
     checkpoint back is instant); starts free unless ``changes`` say otherwise."""
     values = dict(
-        checkpoint_async=False, host_copy_gbps=CHECKPOINT_GB / 2.5, storage_write_gbps=CHECKPOINT_GB / 2.5,
-        storage_read_gbps=1e9, restart_fixed_s=20.0, reconfigure_fixed_s=1.0,
-    )  # fmt: skip
+        checkpoint_async=False,
+        host_copy_gbps=CHECKPOINT_GB / 2.5,
+        storage_write_gbps=CHECKPOINT_GB / 2.5,
+        storage_read_gbps=1e9,
+        restart_fixed_s=20.0,
+        reconfigure_fixed_s=1.0,
+    )
     return CostConstants(**{**values, **changes})
 
 
@@ -37,13 +41,20 @@ class RoundNumbers(Strategy):
     any removal rolls back and restarts in 20 s; joins are absorbed by a 1 s reconfiguration."""
 
     def __init__(self, interval: int = 3, costs: CostConstants | None = None) -> None:
-        config = StrategyConfig(_target_="test_engine.RoundNumbers", name="round", checkpoint_every_steps=interval, costs=costs or round_costs())
+        config = StrategyConfig(
+            _target_="test_engine.RoundNumbers",
+            name="round",
+            checkpoint_every_steps=interval,
+            costs=costs or round_costs(),
+        )
         context = StrategyContext(PROFILE, ClusterSpec(8, 1, 1e9, 1e10, 1e9), 1, 1, 0)
         super().__init__(config, context)
 
     def _layout(self, nodes: Sequence[int]) -> Layout:
         split = even_split(1, len(nodes))
-        pipelines = tuple(PipelineInstance(i, ONE_STAGE, (n,), m, sum(split[:i]), 10.0) for i, (n, m) in enumerate(zip(nodes, split)))
+        pipelines = tuple(
+            PipelineInstance(i, ONE_STAGE, (n,), m, sum(split[:i]), 10.0) for i, (n, m) in enumerate(zip(nodes, split))
+        )
         plan = ExecutionPlan(pipelines, 1, 1, 1, 0, 1, 10.0)
         return Layout(plan=plan, iteration_s=10.0, description=f"{len(nodes)} nodes")
 
@@ -61,7 +72,9 @@ def _trace(text: str):
 
 
 def test_rollback_loses_exactly_the_work_since_the_last_checkpoint():
-    result = simulate(RoundNumbers(), _trace("0,add,a\n0,add,b\n95000,remove,b\n"), duration_s=200.0, charge_start=False)
+    result = simulate(
+        RoundNumbers(), _trace("0,add,a\n0,add,b\n95000,remove,b\n"), duration_s=200.0, charge_start=False
+    )
     s = result.summary
     # Before the removal: 2 checkpointed cycles (6 iterations), 2 more iterations and 5 s in flight.
     # After: restart 20 s, then 115..200 s: 7 iterations (6 checkpointed), 5 s in flight at the end.
@@ -100,7 +113,10 @@ def test_breakdown_sums_to_alive_node_seconds_and_segments_tile_time():
 def test_a_second_restart_during_a_restart_starts_over():
     # The second removal comes 10 s into the first 20 s restart: recovery restarts from there.
     result = simulate(
-        RoundNumbers(), _trace("0,add,a\n0,add,b\n0,add,c\n40000,remove,a\n50000,remove,b\n"), duration_s=100.0, charge_start=False
+        RoundNumbers(),
+        _trace("0,add,a\n0,add,b\n0,add,c\n40000,remove,a\n50000,remove,b\n"),
+        duration_s=100.0,
+        charge_start=False,
     )
     restarts = [e for e in result.events if e["kind"] == "restart"]
     assert [e["time_s"] for e in restarts] == [40, 50]
@@ -138,7 +154,10 @@ def test_an_asynchronous_checkpoint_is_durable_only_once_written():
     costs = round_costs(checkpoint_async=True, storage_write_gbps=CHECKPOINT_GB / 12.0)
     for failure_s, lost in ((40, 3), (50, 1)):
         result = simulate(
-            RoundNumbers(costs=costs), _trace(f"0,add,a\n0,add,b\n{failure_s * 1000},remove,b\n"), duration_s=100.0, charge_start=False
+            RoundNumbers(costs=costs),
+            _trace(f"0,add,a\n0,add,b\n{failure_s * 1000},remove,b\n"),
+            duration_s=100.0,
+            charge_start=False,
         )
         # At 40 s the checkpoint's 3 iterations are lost (its write is in flight); at 50 s only the
         # iteration after it.

@@ -44,7 +44,12 @@ def test_reconfiguration_cost_is_fixed_plus_bytes_over_bandwidth(context):
     victim = layout.plan.pipelines[0].nodes[0]
     alive = tuple(n for n in range(8) if n != victim)
     decision = strategy.on_change(RunState(layout, alive, (victim,), (), step=5))
-    plan = reconfigure(layout.plan, context.templates(), removed=[victim], layer_param_bytes=[l.param_bytes for l in context.profile.layers])
+    plan = reconfigure(
+        layout.plan,
+        context.templates(),
+        removed=[victim],
+        layer_param_bytes=[l.param_bytes for l in context.profile.layers],
+    )
     assert decision.kind is Kind.RECONFIGURE and decision.layout.plan == plan.new
     assert decision.transfers == plan.transfers
     into, out = defaultdict(float), defaultdict(float)
@@ -82,7 +87,7 @@ def test_before_the_first_commit_the_survivors_start_over_on_what_they_can_host(
     lost): two survivors cannot host f+1=2 pipelines of n0=2 nodes, so the run starts over on one
     pipeline and says it now tolerates no failure; one survivor cannot hold the model, and the
     refusal names the survivors, not a cluster.nodes value the user never set."""
-    from oobleck.planning.plan import tolerated_failures
+    from oobleck.planning.outputs import tolerated_failures
 
     strategy = _oobleck(context)
     layout = strategy.start(list(range(8))).layout

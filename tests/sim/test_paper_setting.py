@@ -6,9 +6,9 @@ import pytest
 from simhelpers import make_strategy
 
 from oobleck.models import load_model_config, num_layers, parameter_count
-from oobleck.planning.profile import GB, ClusterSpec
+from oobleck.planning.inputs import GB, ClusterSpec
 from oobleck.profiling import analytic_profile, load_gpu_config
-from oobleck.sim.costs import CheckpointCost, CostConstants, checkpoint_cost, restore_s
+from oobleck.recovery_costs import CheckpointCost, CostConstants, checkpoint_cost, restore_s
 from oobleck.strategy import Kind, StrategyContext
 
 
@@ -87,7 +87,7 @@ def test_checkpoint_and_restore_are_bytes_over_bandwidths(context):
     cost = checkpoint_cost(plan, context.profile, costs, context.cluster.inter_node_bandwidth)
     # Every layer once (12 B per parameter: parameters and two Adam moments), writers spread.
     assert cost.nbytes == pytest.approx(context.profile.param_bytes * 3)
-    from oobleck.planning.checkpoint_writers import assign_checkpoint_writers
+    from oobleck.checkpoint.assignment import assign_checkpoint_writers
 
     sizes = {i: layer.param_bytes * 3 for i, layer in enumerate(context.profile.layers)}
     writers = assign_checkpoint_writers(plan.layer_holders(), sizes)
@@ -105,7 +105,9 @@ def test_checkpoint_and_restore_are_bytes_over_bandwidths(context):
     sync = CostConstants(checkpoint_async=False)
     assert piece.pause_s(sync, 10.0) == 8.5 and piece.durable_after_s(sync) == 0.0
     # Without a storage bandwidth the node's own link carries it.
-    assert checkpoint_cost(plan, context.profile, CostConstants(), 2 * GB).write_s == pytest.approx(max(per_node.values()) / (2 * GB))
+    assert checkpoint_cost(plan, context.profile, CostConstants(), 2 * GB).write_s == pytest.approx(
+        max(per_node.values()) / (2 * GB)
+    )
 
 
 def test_bad_cost_constants_are_named():

@@ -23,7 +23,12 @@ def test_a_shifted_start_begins_with_the_nodes_alive_there():
     trace = parse_trace(TEXT, origin="t.csv")
     shifted = shifted_trace(trace, 1000.0)  # 1000 s in: a, c, d alive
     assert [(e.time_ms, e.kind, e.node) for e in shifted.events] == [
-        (0, JOIN, "a"), (0, JOIN, "c"), (0, JOIN, "d"), (200000, REMOVE, "a"), (800000, REMOVE, "d")]
+        (0, JOIN, "a"),
+        (0, JOIN, "c"),
+        (0, JOIN, "d"),
+        (200000, REMOVE, "a"),
+        (800000, REMOVE, "d"),
+    ]
     assert shifted.name == trace.name and shifted_trace(trace, 0.0) is trace
     # Spacing: the median time between changes (600, 300, 300, 600 s -> 450 s) over the starts.
     assert start_offsets(trace, 3) == pytest.approx([0.0, 150.0, 300.0])
@@ -40,21 +45,31 @@ def test_shared_decisions_change_nothing(context, name):
     memo = DecisionMemo()
     plain = simulate(make_strategy(context, name, checkpoint_every_steps=7), trace, node_creation_s=45.0)
     for _ in range(2):
-        shared = simulate(Memoized(make_strategy(context, name, checkpoint_every_steps=7), memo), trace, node_creation_s=45.0, cache=memo.costs)
+        shared = simulate(
+            Memoized(make_strategy(context, name, checkpoint_every_steps=7), memo),
+            trace,
+            node_creation_s=45.0,
+            cache=memo.costs,
+        )
         assert shared.summary == plain.summary
         assert shared.events == plain.events
     assert memo.hits > 0  # the second replay reused the first one's decisions
 
 
 def _summary(rows):
-    frame = pd.DataFrame(rows, columns=["model", "trace", "start", "strategy", "throughput", "oom", "no_durable_progress"])
+    frame = pd.DataFrame(
+        rows, columns=["model", "trace", "start", "strategy", "throughput", "oom", "no_durable_progress"]
+    )
     return add_speedups(frame)
 
 
 def test_ratios_are_paired_by_start_and_never_inf():
     rows = []
     for start, (ours, varuna) in enumerate([(10.0, 5.0), (10.0, 2.0), (12.0, 0.0)]):
-        rows += [("m", "t", start, "oobleck", ours, False, False), ("m", "t", start, "varuna", varuna, False, varuna == 0.0)]
+        rows += [
+            ("m", "t", start, "oobleck", ours, False, False),
+            ("m", "t", start, "varuna", varuna, False, varuna == 0.0),
+        ]
         rows += [("m", "t", start, "bamboo", 0.0, True, True)]
     summary = _summary(rows)
     ours = summary[summary["strategy"] == "oobleck"]
@@ -64,7 +79,12 @@ def test_ratios_are_paired_by_start_and_never_inf():
     assert not any(math.isinf(v) for v in summary["speedup_vs_varuna"].dropna())
     ranges = speedup_ranges(summary).set_index("baseline")
     varuna = ranges.loc["varuna"]
-    assert (varuna["ratio_median"], varuna["ratio_min"], varuna["ratio_max"], varuna["ratio_starts"]) == (3.5, 2.0, 5.0, 2)
+    assert (varuna["ratio_median"], varuna["ratio_min"], varuna["ratio_max"], varuna["ratio_starts"]) == (
+        3.5,
+        2.0,
+        5.0,
+        2,
+    )
     assert varuna["baseline_no_durable_progress_starts"] == 1 and varuna["note"] == "no progress"
     assert ranges.loc["bamboo", "baseline_oom"] and math.isnan(ranges.loc["bamboo", "ratio_median"])
 

@@ -47,7 +47,9 @@ def _write_run(cfg, run_dir: Path, *, slowdown: float, failure_step: int | None 
             victim = layout.nodes[-1]
             # As the controller writes it: ``node`` (read back as a float column with gaps).
             events.append({"time_s": t, "kind": "failure", "generation": 0, "step": step, "node": victim})
-            decision = strategy.on_change(RunState(layout, tuple(n for n in layout.nodes if n != victim), (victim,), (), step=step))
+            decision = strategy.on_change(
+                RunState(layout, tuple(n for n in layout.nodes if n != victim), (victim,), (), step=step)
+            )
             layout = decision.layout
             recovery = (decision_downtime(decision, strategy)[0] + layout.iteration_s) * slowdown
             t += recovery
@@ -57,7 +59,9 @@ def _write_run(cfg, run_dir: Path, *, slowdown: float, failure_step: int | None 
         t += layout.iteration_s * slowdown
         rows.append({"step": step, "time_s": t, "samples": 64, "generation": 0 if not events else 1})
     pd.DataFrame(rows).to_csv(run_dir / "metrics.csv", index=False)
-    pd.DataFrame(events, columns=["time_s", "kind", "generation", "step", "node", "total_s"]).to_csv(run_dir / "events.csv", index=False)
+    pd.DataFrame(events, columns=["time_s", "kind", "generation", "step", "node", "total_s"]).to_csv(
+        run_dir / "events.csv", index=False
+    )
     return run_dir
 
 
@@ -101,7 +105,7 @@ def test_run_dirs_without_what_validation_needs_are_named(tmp_path: Path, make_c
 
 def test_runtime_overhead_model_and_fit(tmp_path: Path):
     from oobleck.errors import ConfigError
-    from oobleck.sim.costs import RuntimeOverhead, StepShape, fit_step_model, step_model
+    from oobleck.recovery_costs import RuntimeOverhead, StepShape, fit_step_model, step_model
 
     # The step is the longer of the critical path and the CPU every worker needs over the cores.
     shape = StepShape(planner_s=0.02, busiest_microbatches=4, stage_microbatches=10, workers=5, compute_s=0.1)
@@ -137,14 +141,16 @@ def test_runtime_overhead_model_and_fit(tmp_path: Path):
     with pytest.raises(ValueError, match="positive"):
         fit_step_model([(shapes[0], 0.0)], 2)
 
-    runtime = RuntimeOverhead(per_microbatch_s=0.002, per_step_s=0.01, cores=2, reconfigure_fixed_s=0.1, warmup_s=0.02, source="x")
+    runtime = RuntimeOverhead(
+        per_microbatch_s=0.002, per_step_s=0.01, cores=2, reconfigure_fixed_s=0.1, warmup_s=0.02, source="x"
+    )
     assert runtime.step_s(StepShape(0.02, 4, 4, 2, 0.0)) == pytest.approx(0.038)
     runtime.save(tmp_path / "o.json")
     assert RuntimeOverhead.load(tmp_path / "o.json") == runtime
     # A failover's fixed part is measured apart from a reconfiguration's (it plans nothing).
     from dataclasses import replace
 
-    from oobleck.sim.costs import CostConstants
+    from oobleck.recovery_costs import CostConstants
 
     assert runtime.costs(CostConstants(), 2).failover_s == 0.1
     assert replace(runtime, failover_fixed_s=0.03).costs(CostConstants(), 2).failover_s == 0.03
@@ -154,7 +160,7 @@ def test_runtime_overhead_model_and_fit(tmp_path: Path):
 
 
 def test_a_zero_overhead_prediction_is_the_planner(tmp_path: Path, make_config):
-    from oobleck.sim.costs import RuntimeOverhead
+    from oobleck.recovery_costs import RuntimeOverhead
 
     # No overhead, cores to spare, and the reconfiguration's fixed part the planner model's own.
     runtime = RuntimeOverhead(per_microbatch_s=0.0, per_step_s=0.0, cores=1000, reconfigure_fixed_s=2.0, warmup_s=0.0)
@@ -170,7 +176,7 @@ def test_bamboo_exposure_is_fitted_where_the_steps_show_it(context):
 
     from simhelpers import make_strategy
 
-    from oobleck.sim.costs import step_model
+    from oobleck.recovery_costs import step_model
     from oobleck.sim.validate import _fit_exposure, step_shape
 
     strategy = make_strategy(context, "bamboo", pipeline_depth=4)
@@ -178,7 +184,8 @@ def test_bamboo_exposure_is_fitted_where_the_steps_show_it(context):
     terms = {"per_microbatch_s": 0.001, "per_step_s": 0.002, "per_worker_s": 0.0, "compute_scale": 1.0}
     shape = step_shape(layout, context.profile)
     assert shape.compute_s > sum(  # the CPU runs the redundant forward whether or not it is exposed
-        (context.profile.layers[layer].forward_s + context.profile.layers[layer].backward_s) * layout.plan.pipelines[a.pipeline].microbatches
+        (context.profile.layers[layer].forward_s + context.profile.layers[layer].backward_s)
+        * layout.plan.pipelines[a.pipeline].microbatches
         for a in layout.plan.assignments()
         for layer in a.layers
     )

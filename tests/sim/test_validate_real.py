@@ -54,7 +54,9 @@ def _fixed_profile(path: Path) -> Path:
 
     shape = analytic_profile(load_model_config("gpt3_tiny"), load_gpu_config("a100_40gb"), 2)
     scale = QUIET_MICROBATCH_S / sum(layer.forward_s + layer.backward_s for layer in shape.layers)
-    layers = [replace(layer, forward_s=layer.forward_s * scale, backward_s=layer.backward_s * scale) for layer in shape.layers]
+    layers = [
+        replace(layer, forward_s=layer.forward_s * scale, backward_s=layer.backward_s * scale) for layer in shape.layers
+    ]
     return replace(shape, layers=tuple(layers), device="cpu", source="synthetic").save(path)
 
 
@@ -65,10 +67,19 @@ def _run(run_dir: Path, nodes: int, steps: int, failure_step: int | None, *extra
     run_id = uuid.uuid4().hex[:12]
     env = dict(os.environ, OOBLECK_RUN_ID=run_id, WANDB_SILENT="true")
     command = [
-        sys.executable, "-m", "oobleck.run", f"hydra.run.dir={run_dir}", "logger.progress_bar=false",
-        "logger.wandb.mode=disabled", "profile.source=file", f"profile.path={profile}", f"cluster.nodes={nodes}", f"job.steps={steps}", *extra,
+        sys.executable,
+        "-m",
+        "oobleck.run",
+        f"hydra.run.dir={run_dir}",
+        "logger.progress_bar=false",
+        "logger.wandb.mode=disabled",
+        "profile.source=file",
+        f"profile.path={profile}",
+        f"cluster.nodes={nodes}",
+        f"job.steps={steps}",
+        *extra,
         "failures=none" if failure_step is None else f"failures.events=[{{action:remove,step:{failure_step},count:1}}]",
-    ]  # fmt: skip
+    ]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert run_processes(run_id) == []
@@ -80,7 +91,10 @@ def runs(tmp_path_factory) -> tuple[list[Path], Path]:
     """Calibration runs (one with a failure, one with a small batch to separate the per-step from
     the per-microbatch term) and the run to predict."""
     base = tmp_path_factory.mktemp("validation")
-    calibration = [_run(base / "calibration", 3, 10, 4), _run(base / "small_batch", 3, 10, None, "job.global_batch_size=8")]
+    calibration = [
+        _run(base / "calibration", 3, 10, 4),
+        _run(base / "small_batch", 3, 10, None, "job.global_batch_size=8"),
+    ]
     return calibration, _run(base / "failure", 4, 16, 6)
 
 
@@ -88,7 +102,9 @@ def test_calibrated_on_one_run_predicts_another(runs):
     calibration, failure = runs
     runtime = calibrate_runs(calibration)
     # Every term is measured (positive) and smaller than a whole measured step or recovery.
-    assert runtime.per_microbatch_s + runtime.per_step_s + runtime.per_worker_s > 0 and runtime.cores == (os.cpu_count() or 1)
+    assert runtime.per_microbatch_s + runtime.per_step_s + runtime.per_worker_s > 0 and runtime.cores == (
+        os.cpu_count() or 1
+    )
     import pandas as pd
 
     events = pd.read_csv(calibration[0] / "events.csv")

@@ -43,7 +43,9 @@ FINISHED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
 def job_state(job_id: str, env: dict[str, str]) -> str | None:
     """The job's state from ``scontrol``, "GONE" once Slurm has forgotten it, or None when the
     controller did not answer (it can time out under load: ask again, never read that as done)."""
-    shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env, capture_output=True, text=True, timeout=30)
+    shown = subprocess.run(
+        ["scontrol", "-o", "show", "job", job_id], env=env, capture_output=True, text=True, timeout=30
+    )
     if shown.returncode != 0:
         return "GONE" if "Invalid job id" in shown.stderr else None
     for field in shown.stdout.split():
@@ -68,13 +70,25 @@ def test_training_recovers_from_a_killed_slurm_node(tmp_path):
     run_dir = tmp_path / "run"
     log = tmp_path / "job.out"
     command = [
-        "sbatch", "--parsable", "-N", "4", f"--output={log}", f"--chdir={REPO}",
+        "sbatch",
+        "--parsable",
+        "-N",
+        "4",
+        f"--output={log}",
+        f"--chdir={REPO}",
         "slurm/run.sbatch",
-        "job.steps=8", "job.fault_tolerance=1", "cluster.device=cpu", "cluster.device_memory_gb=4", "cluster.master_port=0", "cluster.master_addr=127.0.0.1",
-        "logger.wandb.mode=disabled", "logger.progress_bar=false",
-        "failures=explicit", "failures.events=[{action:remove,step:4,nodes:[3]}]",
+        "job.steps=8",
+        "job.fault_tolerance=1",
+        "cluster.device=cpu",
+        "cluster.device_memory_gb=4",
+        "cluster.master_port=0",
+        "cluster.master_addr=127.0.0.1",
+        "logger.wandb.mode=disabled",
+        "logger.progress_bar=false",
+        "failures=explicit",
+        "failures.events=[{action:remove,step:4,nodes:[3]}]",
         f"hydra.run.dir={run_dir}",
-    ]  # fmt: skip
+    ]
     submitted = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30, check=True)
     job_id = submitted.stdout.strip().split(";")[0]
     wait_for_job(job_id, env)
@@ -95,11 +109,20 @@ def test_simulation_sweep_through_the_submitit_launcher(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
     sweep = tmp_path / "sweep"
     command = [
-        sys.executable, "-m", "oobleck.simulate", "-m", "hydra/launcher=submitit_slurm",
-        "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}",
-        "sim.models=[gpt3_medium]", "sim.strategies=[oobleck,varuna]", "sim.traces=[synthetic/6h],[synthetic/10m]",
-        "sim.figures=false", "logger.wandb.mode=disabled",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "oobleck.simulate",
+        "-m",
+        "hydra/launcher=submitit_slurm",
+        "hydra.launcher.partition=debug",
+        "hydra.launcher.timeout_min=10",
+        f"hydra.sweep.dir={sweep}",
+        "sim.models=[gpt3_medium]",
+        "sim.strategies=[oobleck,varuna]",
+        "sim.traces=[synthetic/6h],[synthetic/10m]",
+        "sim.figures=false",
+        "logger.wandb.mode=disabled",
+    ]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     for point, trace in ((0, "synthetic/6h"), (1, "synthetic/10m")):
@@ -113,19 +136,30 @@ def test_warning_signal_checkpoints_requeues_and_resumes_exactly(tmp_path):
     --batch``) makes the controller checkpoint the next step boundary and exit 75; the batch
     script requeues the job, and the requeued job resumes from that checkpoint with
     job.resume=auto: every step committed once in the final record, exactly as uninterrupted."""
-    from oobleck.runtime.reference import train_reference
     from oobleck.config import compose_config
+    from oobleck.runtime.reference import train_reference
 
     env = slurm_environment()
     run_dir = tmp_path / "run"
     log = tmp_path / "job.out"
     training = ("job.steps=60", "job.fault_tolerance=1", "failures=none")  # no periodic checkpoints: only the signal's
     command = [
-        "sbatch", "--parsable", "-N", "3", f"--output={log}", f"--chdir={REPO}", "slurm/run.sbatch",
-        *training, "cluster.device=cpu", "cluster.device_memory_gb=4", "cluster.master_port=0",
-        "cluster.master_addr=127.0.0.1", "logger.wandb.mode=disabled", "logger.progress_bar=false",
+        "sbatch",
+        "--parsable",
+        "-N",
+        "3",
+        f"--output={log}",
+        f"--chdir={REPO}",
+        "slurm/run.sbatch",
+        *training,
+        "cluster.device=cpu",
+        "cluster.device_memory_gb=4",
+        "cluster.master_port=0",
+        "cluster.master_addr=127.0.0.1",
+        "logger.wandb.mode=disabled",
+        "logger.progress_bar=false",
         f"hydra.run.dir={run_dir}",
-    ]  # fmt: skip
+    ]
     submitted = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30, check=True)
     job_id = submitted.stdout.strip().split(";")[0]
     deadline = time.monotonic() + JOB_TIMEOUT_S
@@ -144,10 +178,14 @@ def test_warning_signal_checkpoints_requeues_and_resumes_exactly(tmp_path):
     # slurmctld.log, and the job ended FAILED without running again). The update itself must say
     # "now": a later begin time waits for the scheduler's next periodic pass (17-50 s here).
     while time.monotonic() < deadline:
-        shown = subprocess.run(["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True, timeout=30).stdout
+        shown = subprocess.run(
+            ["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True, timeout=30
+        ).stdout
         if "Restarts=1" in shown:
             time.sleep(REQUEUE_START_DELAY_S)
-            moved = subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, capture_output=True, timeout=30)
+            moved = subprocess.run(
+                ["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, capture_output=True, timeout=30
+            )
             if moved.returncode == 0:
                 break
         time.sleep(0.2)

@@ -214,7 +214,8 @@ class ExecutionPlan:
                 )
             )
         shadows = tuple(
-            ShadowCopy(pipeline=s["pipeline"], stage=s["stage"], layers=tuple(s["layers"])) for s in data.get("shadows", ())
+            ShadowCopy(pipeline=s["pipeline"], stage=s["stage"], layers=tuple(s["layers"]))
+            for s in data.get("shadows", ())
         )
         fields = {k: v for k, v in data.items() if k not in ("pipelines", "shadows")}
         return cls(pipelines=tuple(pipelines), shadows=shadows, **fields)

@@ -15,10 +15,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 from oobleck.errors import PlanningError
-from oobleck.planning.plan import Worker
+from oobleck.planning.outputs import Worker
 
 
-def assign_checkpoint_writers(holders: Mapping[int, Iterable[Worker]], layer_bytes: Mapping[int, int]) -> dict[int, Worker]:
+def assign_checkpoint_writers(
+    holders: Mapping[int, Iterable[Worker]], layer_bytes: Mapping[int, int]
+) -> dict[int, Worker]:
     """``{layer: the (node, local rank) that writes it}`` for every layer of ``holders``.
 
     ``holders`` is e.g. ``ExecutionPlan.layer_holders()``; ``layer_bytes`` the size of each
@@ -30,7 +32,9 @@ def assign_checkpoint_writers(holders: Mapping[int, Iterable[Worker]], layer_byt
     candidates = {layer: sorted(set(workers)) for layer, workers in holders.items()}
     orphans = sorted(layer for layer, workers in candidates.items() if not workers)
     if orphans:
-        raise PlanningError(f"layers {orphans} have no live holder, so no one can checkpoint them; resume from an earlier checkpoint")
+        raise PlanningError(
+            f"layers {orphans} have no live holder, so no one can checkpoint them; resume from an earlier checkpoint"
+        )
     node_bytes: dict[int, int] = defaultdict(int)
     worker_bytes: dict[Worker, int] = defaultdict(int)
     writers: dict[int, Worker] = {}

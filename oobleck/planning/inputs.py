@@ -124,7 +124,9 @@ class ModelProfile:
     def load(cls, path: str | Path) -> ModelProfile:
         path = Path(path)
         if path.is_dir():
-            raise ProfileError(f"profile path {path} is a directory; give the profile JSON file written by python -m oobleck.profile")
+            raise ProfileError(
+                f"profile path {path} is a directory; give the profile JSON file written by python -m oobleck.profile"
+            )
         if not path.is_file():
             raise ProfileError(f"profile file {path} does not exist; write one with python -m oobleck.profile")
         try:
@@ -134,9 +136,13 @@ class ModelProfile:
                 f"{path}: not UTF-8 text (byte {error.start}), so not a profile JSON; re-create it with python -m oobleck.profile"
             ) from None
         except json.JSONDecodeError as error:
-            raise ProfileError(f"{path}: not valid JSON ({error}); re-create it with python -m oobleck.profile") from None
+            raise ProfileError(
+                f"{path}: not valid JSON ({error}); re-create it with python -m oobleck.profile"
+            ) from None
         except OSError as error:
-            raise ProfileError(f"{path}: cannot be read ({error.strerror}); check the file and its permissions") from None
+            raise ProfileError(
+                f"{path}: cannot be read ({error.strerror}); check the file and its permissions"
+            ) from None
         return cls.from_dict(data, origin=str(path))
 
 
@@ -147,7 +153,11 @@ def _is_number(value: Any) -> bool:
 def validate_profile(profile: ModelProfile) -> None:
     if not profile.layers:
         raise ProfileError(f"profile of {profile.model!r} has no layers")
-    if not isinstance(profile.microbatch_size, int) or isinstance(profile.microbatch_size, bool) or profile.microbatch_size <= 0:
+    if (
+        not isinstance(profile.microbatch_size, int)
+        or isinstance(profile.microbatch_size, bool)
+        or profile.microbatch_size <= 0
+    ):
         raise ProfileError(f"microbatch_size={profile.microbatch_size!r} must be a positive integer")
     for index, layer in enumerate(profile.layers):
         for name in ("forward_s", "backward_s"):

@@ -11,7 +11,7 @@ Assumptions (each is used by template generation, instantiation and reconfigurat
 - A pipeline of S stages running m microbatches with 1F1B is predicted by the paper's Eq. 1-4
   (Oobleck, SOSP'23) with k* the rightmost slowest stage (counted from 0):
   ``T = sum_i w_i + (m - S + k* - 1) * w_k* + sum_{i >= k*} w_i`` (equal stages: ``(m + S - 1) w``).
-  What is true of it (checked in tests/planning/test_cost.py against ``exact_1f1b_makespan``, the
+  What is true of it (checked in tests/planning/test_pipeline_cost.py against ``exact_1f1b_makespan``, the
   longest path through the schedule's 2*m*S operations): it is never above the exact makespan;
   it equals it for equal stages; with unequal stages it is often below (stage times (2, 1),
   m = 2: 4.0 against 4.33; a bottleneck early in the pipeline is undercounted most), by a gap that
@@ -43,7 +43,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from oobleck.planning.profile import ModelProfile
+from oobleck.planning.inputs import ModelProfile
 
 # fp32 parameters, fp32 gradients and Adam's two fp32 moments: 4 * 4 bytes per parameter.
 OPTIMIZER_BYTES_PER_PARAM = 16
@@ -183,7 +183,9 @@ def stage_param_bytes(profile: ModelProfile, start: int, end: int) -> int:
     return sum(layer.param_bytes for layer in profile.layers[start:end])
 
 
-def stage_memory_bytes(profile: ModelProfile, start: int, end: int, gpus: int, stage_index: int, num_stages: int) -> float:
+def stage_memory_bytes(
+    profile: ModelProfile, start: int, end: int, gpus: int, stage_index: int, num_stages: int
+) -> float:
     """Peak bytes on one device of stage ``stage_index`` (of ``num_stages``) holding ``[start, end)``."""
     layers = profile.layers[start:end]
     state = STATE_BYTES_PER_PARAM_BYTE * sum(layer.param_bytes for layer in layers)

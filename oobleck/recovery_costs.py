@@ -43,12 +43,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from oobleck.errors import ConfigError
-
-from oobleck.planning.plan import ExecutionPlan, LayerTransfer
-from oobleck.planning.profile import GB, ModelProfile
+from oobleck.planning.inputs import GB, ModelProfile
+from oobleck.planning.outputs import ExecutionPlan, LayerTransfer
 
 FP32_BYTES = 4  # LayerProfile.param_bytes counts fp32 parameters
 
@@ -67,8 +66,8 @@ class CostConstants:
     # each way (16 GT/s x 16 lanes, 128b/130b; the A100's host link); we assume 80% of it.
     host_copy_gbps: float = 25.0
     # Per node, to and from checkpoint storage; None: the node's link (cluster.inter_node_bandwidth_gbps).
-    storage_write_gbps: Optional[float] = None
-    storage_read_gbps: Optional[float] = None
+    storage_write_gbps: float | None = None
+    storage_read_gbps: float | None = None
     # Only the snapshot is on the training path (checkpoint.async_write); false: the write too.
     checkpoint_async: bool = True
     # A restart's processes stop, start again and rendezvous before the checkpoint is read; a
@@ -167,7 +166,7 @@ def checkpoint_bytes(profile: ModelProfile, costs: CostConstants) -> list[float]
 
 def checkpoint_cost(plan: ExecutionPlan, profile: ModelProfile, costs: CostConstants, link: float) -> CheckpointCost:
     """A checkpoint of ``plan`` as ``oobleck.checkpoint`` takes it (module docstring)."""
-    from oobleck.planning.checkpoint_writers import assign_checkpoint_writers
+    from oobleck.checkpoint.assignment import assign_checkpoint_writers
 
     sizes = checkpoint_bytes(profile, costs)
     writers = assign_checkpoint_writers(plan.layer_holders(), dict(enumerate(sizes)))
@@ -246,13 +245,13 @@ class RuntimeOverhead:
     reconfigure_fixed_s: float
     warmup_s: float
     source: str = ""
-    failover_fixed_s: Optional[float] = None  # None: reconfigure_fixed_s
-    restart_fixed_s: Optional[float] = None
-    restart_warmup_s: Optional[float] = None
-    host_copy_gbps: Optional[float] = None
-    storage_write_gbps: Optional[float] = None
-    storage_read_gbps: Optional[float] = None
-    redundant_exposed: Optional[float] = None
+    failover_fixed_s: float | None = None  # None: reconfigure_fixed_s
+    restart_fixed_s: float | None = None
+    restart_warmup_s: float | None = None
+    host_copy_gbps: float | None = None
+    storage_write_gbps: float | None = None
+    storage_read_gbps: float | None = None
+    redundant_exposed: float | None = None
     per_worker_s: float = 0.0
     compute_scale: float = 1.0
 
@@ -262,7 +261,9 @@ class RuntimeOverhead:
 
     def step_s(self, shape: StepShape) -> float:
         """Predicted seconds of one step (commit to commit) of a layout."""
-        return step_model(shape, self.cores, self.per_microbatch_s, self.per_step_s, self.per_worker_s, self.compute_scale)
+        return step_model(
+            shape, self.cores, self.per_microbatch_s, self.per_step_s, self.per_worker_s, self.compute_scale
+        )
 
     def costs(self, base: CostConstants, restarted_workers: int) -> CostConstants:
         """``base`` with every term this calibration measured (restarts of ``restarted_workers``)."""
@@ -291,10 +292,14 @@ class RuntimeOverhead:
             data = json.loads(Path(path).read_text())
             return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
         except (OSError, ValueError, TypeError) as error:
-            raise ConfigError(f"runtime overhead file {path}: unreadable ({error}); write it with python -m oobleck.sim.validate --calibration") from None
+            raise ConfigError(
+                f"runtime overhead file {path}: unreadable ({error}); write it with python -m oobleck.sim.validate --calibration"
+            ) from None
 
 
-def step_model(shape: StepShape, cores: int, per_microbatch_s: float, per_step_s: float, per_worker_s: float, compute_scale: float) -> float:
+def step_model(
+    shape: StepShape, cores: int, per_microbatch_s: float, per_step_s: float, per_worker_s: float, compute_scale: float
+) -> float:
     """``RuntimeOverhead``'s step: the longer of the critical path and the CPU floor."""
     critical = shape.planner_s + shape.busiest_microbatches * per_microbatch_s + per_step_s
     cpu = compute_scale * shape.compute_s + shape.stage_microbatches * per_microbatch_s + shape.workers * per_worker_s

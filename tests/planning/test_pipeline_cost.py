@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oobleck.planning.cost import (
+from oobleck.planning.pipeline_cost import (
     exact_1f1b_makespan,
     pipeline_iteration_time,
     pipeline_time,
