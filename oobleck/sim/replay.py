@@ -23,7 +23,7 @@ from typing import Any
 
 from oobleck.faults.kinds import FaultKind
 from oobleck.faults.trace import Trace, TraceEvent
-from oobleck.sim.engine import CostCache
+from oobleck.sim.charges import CostCache
 from oobleck.strategy import Decision, Kind, RunState, Strategy
 
 

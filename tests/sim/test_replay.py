@@ -10,7 +10,8 @@ from simhelpers import make_strategy
 
 from oobleck.faults.kinds import FaultKind
 from oobleck.faults.trace import parse_trace
-from oobleck.sim.engine import CostCache, simulate
+from oobleck.sim.charges import CostCache
+from oobleck.sim.engine import simulate
 from oobleck.sim.ratios import add_speedups, speedup_ranges
 from oobleck.sim.replay import DecisionMemo, Memoized, shifted_trace, start_offsets
 

@@ -27,7 +27,7 @@ OVERRIDES = (
 
 def _write_run(cfg, run_dir: Path, *, slowdown: float, failure_step: int | None = 8, steps: int = 24) -> Path:
     """A run dir as ``python -m oobleck.run`` writes it, for an ideal runtime slowed by ``slowdown``."""
-    from oobleck.sim.engine import decision_downtime
+    from oobleck.sim.charges import decision_downtime
     from oobleck.sim.experiment import build_context, simulated_strategy
     from oobleck.strategy import RunState
 
