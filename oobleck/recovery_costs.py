@@ -217,8 +217,17 @@ def checkpoint_bytes(profile: ModelProfile, costs: CostConstants) -> list[float]
     return [layer.param_bytes * per_param_byte for layer in profile.layers]
 
 
-def checkpoint_cost(plan: ExecutionPlan, profile: ModelProfile, costs: CostConstants, link: float) -> CheckpointCost:
-    """A checkpoint of ``plan`` as ``oobleck.checkpoint`` takes it (module docstring)."""
+@dataclass(frozen=True)
+class WrittenBytes:
+    """What one checkpoint of a plan writes: in all, per writing worker and per node."""
+
+    total: float
+    per_worker: tuple[float, ...]
+    per_node: tuple[float, ...]
+
+
+def written_bytes(plan: ExecutionPlan, profile: ModelProfile, costs: CostConstants) -> WrittenBytes:
+    """Every layer once, by the holder ``assign_checkpoint_writers`` picks (writers spread)."""
     from oobleck.checkpoint.assignment import assign_checkpoint_writers
 
     sizes = checkpoint_bytes(profile, costs)
@@ -228,10 +237,24 @@ def checkpoint_cost(plan: ExecutionPlan, profile: ModelProfile, costs: CostConst
     for layer, worker in writers.items():
         per_worker[worker] += sizes[layer]
         per_node[worker[0]] += sizes[layer]
+    return WrittenBytes(sum(sizes[layer] for layer in writers), tuple(per_worker.values()), tuple(per_node.values()))
+
+
+def checkpoint_cost(
+    plan: ExecutionPlan,
+    profile: ModelProfile,
+    costs: CostConstants,
+    link: float,
+    *,
+    written: WrittenBytes | None = None,
+) -> CheckpointCost:
+    """A checkpoint of ``plan`` as ``oobleck.checkpoint`` takes it (module docstring); ``written``:
+    its ``written_bytes`` when already known."""
+    written = written or written_bytes(plan, profile, costs)
     return CheckpointCost(
-        nbytes=sum(sizes[layer] for layer in writers),
-        snapshot_s=max(per_worker.values(), default=0.0) / (costs.host_copy_gbps * GB),
-        write_s=storage_s(per_node.values(), costs.storage_write(link), _aggregate(costs)),
+        nbytes=written.total,
+        snapshot_s=max(written.per_worker, default=0.0) / (costs.host_copy_gbps * GB),
+        write_s=storage_s(written.per_node, costs.storage_write(link), _aggregate(costs)),
     )
 
 
@@ -268,17 +291,31 @@ class RestartCost:
     load_s: float
 
 
-def restart_cost(plan: ExecutionPlan, profile: ModelProfile, costs: CostConstants, link: float) -> RestartCost:
-    """``RestartCost`` of starting fresh workers on ``plan``."""
+def restart_cost(
+    plan: ExecutionPlan,
+    profile: ModelProfile,
+    costs: CostConstants,
+    link: float,
+    *,
+    held: dict[float, list[float]] | None = None,
+) -> RestartCost:
+    """``RestartCost`` of starting fresh workers on ``plan``; ``held``: ``held_bytes_per_node`` by
+    bytes per parameter, when already known."""
+
+    def per_node(bytes_per_param: float) -> list[float]:
+        if held is not None and bytes_per_param in held:
+            return held[bytes_per_param]
+        return held_bytes_per_node(plan, profile, bytes_per_param)
+
     build = 0.0
     if costs.model_build_gbps is not None:
-        state = held_bytes_per_node(plan, profile, costs.state_bytes_per_param)
-        build = max(state, default=0.0) / (costs.model_build_gbps * GB)
+        build = max(per_node(costs.state_bytes_per_param), default=0.0) / (costs.model_build_gbps * GB)
+    reads = per_node(costs.checkpoint_bytes_per_param)
     return RestartCost(
         process_start_s=costs.restart_fixed_s,
         group_init_s=costs.group_init(len(plan.nodes)),
         model_build_s=build,
-        load_s=restore_s(plan, profile, costs, link),
+        load_s=storage_s(reads, costs.storage_read(link), _aggregate(costs)),
     )
 
 

@@ -66,10 +66,19 @@ class BambooConfig(StrategyConfig):
     redundant_forward_exposed: float = 1.0
     # The redundant forward's activations stay in device memory until the step's backward.
     keep_redundant_activations: bool = True
+    # Activations take this many times the bytes the profile counts (2.0: fp32 against a
+    # bf16/fp16 profile; Bamboo's released DeepSpeed configs have no fp16 section, so it trains
+    # in fp32). Memory only: the iteration time stays the profile's.
+    activation_bytes_factor: float = 1.0
 
     def __post_init__(self) -> None:
         from oobleck.errors import ConfigError
 
+        if not float(self.activation_bytes_factor) > 0:
+            raise ConfigError(
+                f"strategy.activation_bytes_factor={self.activation_bytes_factor!r} must be > 0 "
+                "(2.0: fp32 activations against a bf16 profile)"
+            )
         if not 0.0 <= float(self.redundant_forward_exposed) <= 1.0:
             raise ConfigError(
                 f"strategy.redundant_forward_exposed={self.redundant_forward_exposed!r} must be in [0, 1] "
@@ -151,12 +160,13 @@ class Bamboo(Strategy):
             return cached
         arrays, gpus, size = self._arrays, self.context.cluster.gpus_per_node, len(partition)
         keep = bool(self.config.keep_redundant_activations)
+        scale = float(self.config.activation_bytes_factor) / gpus
         memory = []
         for i, (a, b) in enumerate(partition):
             c, d = partition[(i + 1) % size]
             in_flight = size - i
-            own = arrays.state_bytes(a, b) + arrays.activation_bytes(a, b) * in_flight / gpus
-            copy = arrays.state_bytes(c, d) + (arrays.activation_bytes(c, d) * in_flight / gpus if keep else 0.0)
+            own = arrays.state_bytes(a, b) + arrays.activation_bytes(a, b) * in_flight * scale
+            copy = arrays.state_bytes(c, d) + (arrays.activation_bytes(c, d) * in_flight * scale if keep else 0.0)
             memory.append(own + copy)
         self._memory[key] = memory
         return memory

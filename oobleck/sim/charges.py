@@ -14,8 +14,9 @@ engine's time advance):
   the warm-up;
 - ``continue`` and ``stop`` cost nothing here (a stop's loss is the engine's rollback).
 
-``CostCache`` keeps the per-plan parts (checkpoint, restart) of one strategy's cost constants:
-plans are frozen, so a plan object always costs the same under the same constants.
+``CostCache`` keeps the per-plan parts (checkpoint, restart, copies) of one strategy's cost
+constants: plans are frozen, so a plan object always costs the same under the same constants;
+its ``PlanBytes`` (what each plan writes, holds and builds) is shared by every set of constants.
 """
 
 from __future__ import annotations
@@ -24,37 +25,90 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from oobleck.recovery_costs import CheckpointCost, RestartCost, checkpoint_cost, layer_transfer_s, restart_cost
+from oobleck.recovery_costs import (
+    CheckpointCost,
+    RestartCost,
+    checkpoint_cost,
+    held_bytes_per_node,
+    layer_transfer_s,
+    restart_cost,
+    written_bytes,
+)
 from oobleck.strategy import Decision, Kind, Layout, Strategy
+
+
+class PlanBytes:
+    """The bytes a plan moves to and from storage and builds (``oobleck.recovery_costs``), which
+    do not depend on any bandwidth: shared by every sample of the cost constants (keyed by plan
+    and the bytes per parameter), so that a band costs each plan's geometry once."""
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple, tuple[Any, Any]] = {}
+
+    def get(self, plan: Any, kind: str, bytes_per_param: float, compute: Callable[[], Any]) -> Any:
+        key = (id(plan), kind, bytes_per_param)
+        hit = self._plans.get(key)
+        if hit is None:
+            hit = self._plans[key] = (plan, compute())  # keeps the plan alive: its id stays unique
+        return hit[1]
 
 
 class CostCache:
     """Per-plan costs (checkpoint, restart) of one strategy's layouts under one set of cost
-    constants, shared by the simulations that use those constants."""
+    constants, shared by the simulations that use those constants; ``geometry`` (bytes per plan)
+    may be shared more widely, by every set of constants."""
 
-    def __init__(self) -> None:
+    def __init__(self, geometry: PlanBytes | None = None) -> None:
+        self.geometry = geometry or PlanBytes()
         self._checkpoints: dict[int, tuple[Any, CheckpointCost]] = {}
         self._restarts: dict[int, tuple[Any, RestartCost]] = {}
+        self._copies: dict[int, tuple[Any, float]] = {}
 
     def checkpoint(self, strategy: Strategy, layout: Layout) -> CheckpointCost:
         hit = self._checkpoints.get(id(layout.plan))
         if hit is None:
-            ctx = strategy.context
-            cost = checkpoint_cost(layout.plan, ctx.profile, strategy.config.costs, ctx.cluster.inter_node_bandwidth)
+            ctx, costs = strategy.context, strategy.config.costs
+            written = self.geometry.get(
+                layout.plan,
+                "written",
+                costs.checkpoint_bytes_per_param,
+                lambda: written_bytes(layout.plan, ctx.profile, costs),
+            )
+            cost = checkpoint_cost(layout.plan, ctx.profile, costs, ctx.cluster.inter_node_bandwidth, written=written)
             hit = self._checkpoints[id(layout.plan)] = (layout.plan, cost)  # keeps the plan alive: its id stays unique
         return hit[1]
 
     def restart(self, strategy: Strategy, layout: Layout) -> RestartCost:
         hit = self._restarts.get(id(layout.plan))
         if hit is None:
-            ctx = strategy.context
-            cost = restart_cost(layout.plan, ctx.profile, strategy.config.costs, ctx.cluster.inter_node_bandwidth)
+            ctx, costs = strategy.context, strategy.config.costs
+            held = {
+                per_param: self.geometry.get(
+                    layout.plan,
+                    "held",
+                    per_param,
+                    lambda per_param=per_param: held_bytes_per_node(layout.plan, ctx.profile, per_param),
+                )
+                for per_param in (costs.checkpoint_bytes_per_param, costs.state_bytes_per_param)
+            }
+            cost = restart_cost(layout.plan, ctx.profile, costs, ctx.cluster.inter_node_bandwidth, held=held)
             hit = self._restarts[id(layout.plan)] = (layout.plan, cost)
         return hit[1]
 
     def restore(self, strategy: Strategy, layout: Layout) -> float:
         """Seconds to read the checkpoint back onto ``layout``."""
         return self.restart(strategy, layout).load_s
+
+    def copy(self, strategy: Strategy, decision: Decision) -> float:
+        """Seconds of a reconfiguration's layer copies (``layer_transfer_s``)."""
+        hit = self._copies.get(id(decision.transfers))
+        if hit is None:
+            costs = strategy.config.costs
+            seconds = layer_transfer_s(
+                decision.transfers, strategy.context.cluster.inter_node_bandwidth, costs.moved_bytes_per_param / 4.0
+            )
+            hit = self._copies[id(decision.transfers)] = (decision.transfers, seconds)
+        return hit[1]
 
 
 @dataclass(frozen=True)
@@ -74,9 +128,7 @@ Parts = tuple[tuple[str, float], ...]
 def _in_place(decision: Decision, charge: Charge) -> Parts:
     costs = charge.strategy.config.costs
     fixed = costs.reconfigure_fixed_s if decision.kind is Kind.RECONFIGURE else costs.failover_s
-    copy = layer_transfer_s(
-        decision.transfers, charge.strategy.context.cluster.inter_node_bandwidth, costs.moved_bytes_per_param / 4.0
-    )
+    copy = charge.cache.copy(charge.strategy, decision)
     detect = (("detect", costs.detect_s),) if charge.failure else ()
     return (*detect, ("fixed", fixed), ("state_copy", copy), ("warmup", costs.warmup_s))
 

@@ -54,6 +54,8 @@ EVENT_KIND = {
 }
 # Event kinds that charge downtime (each has ``downtime_s``).
 DOWNTIME_EVENTS = ("start", "reconfiguration", "failover", "restart")
+# What a strategy can do about a failure that took a working node (recorded with failure=True).
+REACTIONS = ("reconfiguration", "failover", "restart", "stop", "oom")
 
 
 BREAKDOWN = ("useful", "redundant", "checkpoint", "restart", "reconfiguration", "lost", "idle")
@@ -368,7 +370,7 @@ class Simulator:
             run.iters_since_checkpoint += count
 
         remaining = t1 - t0
-        checkpoints_done: list[float] = []
+        done = [0, math.inf, -math.inf]  # checkpoints completed: count, first and last time
         while remaining > EPS:
             now = t1 - remaining
             if run.in_checkpoint:
@@ -382,7 +384,7 @@ class Simulator:
                 remaining -= need
                 run.in_checkpoint, run.inflight_s = False, 0.0
                 self._checkpoint_done(now + need, lag)
-                checkpoints_done.append(now + need)
+                done[:] = [done[0] + 1, min(done[1], now + need), now + need]
                 # Whole cycles of (interval iterations + one checkpoint) in closed form: every
                 # checkpoint but the last is durable by the end of the next cycle's pause.
                 cycle = interval * period + pause
@@ -395,7 +397,7 @@ class Simulator:
                         self._checkpoint_done(start + (cycles - 1) * cycle, lag)
                     complete(interval, start + (cycles - 1) * cycle)
                     self._checkpoint_done(start + cycles * cycle, lag)
-                    checkpoints_done.extend(start + (j + 1) * cycle for j in range(cycles))
+                    done[:] = [done[0] + cycles, min(done[1], start + cycle), start + cycles * cycle]
                     remaining -= cycles * cycle
                 continue
             need = period - run.inflight_s
@@ -415,14 +417,14 @@ class Simulator:
                     remaining -= count * period
             if interval and run.iters_since_checkpoint >= interval:
                 run.in_checkpoint = True
-        if checkpoints_done:
+        if done[0]:
             # One row per running period (a long trace has tens of thousands of checkpoints):
             # ``count`` checkpoints completed, the first at ``first_time_s``, the last at ``time_s``.
             self._event(
-                checkpoints_done[-1],
+                done[2],
                 "checkpoint",
-                count=len(checkpoints_done),
-                first_time_s=checkpoints_done[0],
+                count=done[0],
+                first_time_s=done[1],
                 downtime_s=pause,
                 durable_after_s=lag,
             )
@@ -641,7 +643,8 @@ class Simulator:
         that checkpoint's pause and write (None when no failure made it restart or it never
         checkpoints). Beyond the time between failures no checkpoint becomes durable: the cliff
         of ``oobleck.sim.ratios``."""
-        restarts = [e["downtime_s"] for e in self.events if e["kind"] == "restart" and e.get("failure")]
+        reactions = [e for e in self.events if e.get("failure") and e["kind"] in REACTIONS]
+        restarts = [e["downtime_s"] for e in reactions if e["kind"] == "restart"]
         restart = sum(restarts) / len(restarts) if restarts else None
         cycle = None
         layout, interval = self.first_layout, self.strategy.checkpoint_every_steps
@@ -649,7 +652,14 @@ class Simulator:
             pause, lag = self._checkpoint_pause(layout)
             cycle = interval * layout.iteration_s + pause + lag
         total = restart + cycle if restart is not None and cycle is not None else None
-        return {"restart_s_mean": restart, "checkpoint_cycle_s": cycle, "recovery_cycle_s": total}
+        return {
+            "restart_s_mean": restart,
+            "checkpoint_cycle_s": cycle,
+            "recovery_cycle_s": total,
+            # How often a failure made it restart (Varuna: every working node lost; Bamboo: only
+            # a stage and its only copy lost together).
+            "restart_share": len(restarts) / len(reactions) if reactions else 0.0,
+        }
 
 
 def simulate(
