@@ -81,10 +81,10 @@ def band_of(band: pd.DataFrame, model: str, trace: str, baseline: str) -> dict[s
     cell = band[(band["model"] == model) & (band["trace"] == trace)]
     ours = cell[cell["strategy"] == REFERENCE].set_index(["sample", "start"])
     theirs = cell[cell["strategy"] == baseline].set_index(["sample", "start"])
-    joined = ours[["throughput"]].join(
-        theirs[["throughput", "oom", "recovery_cycle_s", "restart_share", "failure_interval_s"]],
-        lsuffix="_ours",
-        how="inner",
+    joined = (
+        ours[["throughput"]]
+        .rename(columns={"throughput": "throughput_ours"})
+        .join(theirs[["throughput", "oom", "recovery_cycle_s", "restart_share", "failure_interval_s"]], how="inner")
     )
     oom = joined["oom"].astype(bool)
     stalled = ~oom & ~(joined["throughput"] > 0)

@@ -194,3 +194,41 @@ def test_a_restart_is_detection_process_start_groups_build_and_read(context):
     # A job's first start: no detection, nothing to read.
     start = dict(decision_downtime(varuna.start(list(range(8))), varuna)[1])
     assert "detect" not in start and "load" not in start and start["process_start"] == 11.0
+
+
+def _testbed_context(make_config, testbed: str, model: str):
+    from oobleck.sim.experiment import build_context, model_profile, simulated_strategy
+
+    cfg = make_config("experiment=paper_failure_frequency", f"testbed={testbed}")
+    context = build_context(cfg, model_profile(cfg, model), 30)
+    return cfg, context, simulated_strategy(cfg, "bamboo", context)
+
+
+def test_bamboos_memory_follows_the_testbed(make_config):
+    # Our A100 model (bf16 activations, the fastest depth): GPT-3 medium fits at depth 2.
+    _, _, bamboo = _testbed_context(make_config, "a100_analytic", "gpt3_medium")
+    layout = bamboo.start(list(range(30))).layout
+    assert layout.state.depth == 2 and "26.9 of 40 GB" in layout.description
+    # The paper's testbed (Bamboo in fp32 at depth 6, as the artifact ran it): out of memory, as
+    # the artifact has it, while BERT-large and GPT-2 fit.
+    _, _, bamboo = _testbed_context(make_config, "paper_testbed", "gpt3_medium")
+    stop = bamboo.start(list(range(30)))
+    assert stop.kind is Kind.STOP and stop.out_of_memory and "need 42.7" in stop.reason
+    for model in ("bert_large", "gpt2_medium"):
+        _, _, bamboo = _testbed_context(make_config, "paper_testbed", model)
+        assert bamboo.start(list(range(30))).layout.state.depth == 6
+
+
+def test_the_paper_testbed_is_fitted_to_the_artifacts_throughputs(make_config):
+    from oobleck.sim.testbed import ARTIFACT_OOBLECK_SAMPLES_PER_S, fit_all, geometric_mean, oobleck_samples_per_s
+
+    cfg = make_config("experiment=paper_failure_frequency", "testbed=paper_testbed")
+    fits = fit_all(cfg)
+    assert [f.model for f in fits] == list(ARTIFACT_OOBLECK_SAMPLES_PER_S)
+    fractions = [f.flop_fraction for f in fits]
+    for fit in fits:  # at its own fraction each model runs as the artifact measured
+        assert oobleck_samples_per_s(cfg, fit.model, fit.flop_fraction) == pytest.approx(fit.artifact, rel=0.002)
+    # The preset's nominal value and range are these fits, rounded in conf/testbed/paper_testbed.yaml.
+    flop = cfg.sim.uncertain.achieved_flop_fraction
+    assert cfg.cluster.gpu.achieved_flop_fraction == pytest.approx(geometric_mean(fractions), rel=0.005)
+    assert (flop.low, flop.high) == (pytest.approx(min(fractions), rel=0.005), pytest.approx(max(fractions), rel=0.005))
