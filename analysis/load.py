@@ -439,9 +439,9 @@ def throughput_cells(summary: pd.DataFrame, *, digits: int = 3, ratios: pd.DataF
             if strategy in oom.columns and bool(oom.loc[key, strategy]):
                 cells.loc[key, column] = "OOM"
             elif "/" in str(column) and pd.isna(value):
-                cells.loc[key, column] = (
-                    "no progress" if strategy in numbers.columns and numbers.loc[key, strategy] == 0 else "-"
-                )
+                stalled = strategy in numbers.columns and numbers.loc[key, strategy] == 0
+                band = band_text(bands.get((*key, strategy)), digits) if stalled else ""
+                cells.loc[key, column] = ("no progress" + (f" {{{band}}}" if band else "")) if stalled else "-"
             elif pd.isna(value):
                 cells.loc[key, column] = "-"
             else:

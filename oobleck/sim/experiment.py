@@ -250,6 +250,12 @@ def run_part(
     profile = profile or model_profile(point, model)
     context = build_context(point, profile, setup.nodes)  # shared: templates are generated once per grid point
     memos = {name: DecisionMemo() for name in names}
+    # One instance per strategy for the whole part, so that what it caches per context (Bamboo's
+    # plans and memory) is built once; each sample sets its own config (costs only: decisions do
+    # not depend on them) and each simulation starts from the instance's initial state (Memoized).
+    instances = {
+        name: setup.configs[group[0].index][name][0](setup.configs[group[0].index][name][1], context) for name in names
+    }
     metrics: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     summaries: list[dict[str, Any]] = []
@@ -264,8 +270,9 @@ def run_part(
                     if progress:
                         progress(f"{model} {trace.name} start {index} {name} sample {sample.index}")
                     clock = time.perf_counter()
-                    cls, config = setup.configs[sample.index][name]
-                    strategy = Memoized(cls(config, context), memos[name])
+                    inner = instances[name]
+                    inner.config = setup.configs[sample.index][name][1]
+                    strategy = Memoized(inner, memos[name])
                     labels = {
                         "model": model,
                         "trace": trace.name,

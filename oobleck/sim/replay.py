@@ -81,6 +81,7 @@ class DecisionMemo:
         self.changes: dict[tuple, tuple[Any, Decision | None, tuple]] = {}
         self.geometry = PlanBytes()  # what each plan writes and holds: the same under any cost constants
         self.costs = CostCache(self.geometry)
+        self.initial: tuple | None = None  # the strategy's plain state before its first decision
         self.hits = 0
         self.misses = 0
 
@@ -102,6 +103,12 @@ class Memoized(Strategy):
     def __init__(self, inner: Strategy, memo: DecisionMemo) -> None:
         super().__init__(inner.config, inner.context)
         self.inner, self.memo = inner, memo
+        # A fresh simulation: an inner strategy used before (its caches kept) starts from the
+        # plain state it had before its first decision.
+        if memo.initial is None:
+            memo.initial = _plain_state(inner)
+        else:
+            _restore(inner, memo.initial)
         # The inner strategy's own calls of ``start`` (a restart starts afresh on the survivors)
         # go through the memo too.
         inner.start = self.start  # type: ignore[method-assign]

@@ -8,8 +8,8 @@ reports first. ``declared(cfg)`` reads and checks them (one ``ConfigError`` nami
 value and the fix).
 
 ``band_samples(constants, per_point, seed)`` draws the samples the ratios' bands are taken over
-(DESIGN 5d). Constants that change iteration times (``changes_timing``: anything outside
-``sim.costs`` and ``sim.params``, e.g. ``cluster.gpu.achieved_flop_fraction``) are set together
+(DESIGN 5d). Constants that change iteration times or decisions (``changes_timing``: anything
+but a cost constant, e.g. ``cluster.gpu.achieved_flop_fraction``) are set together
 to three grid points: all at their low ends, all nominal, all at their high ends. Each grid point
 needs its own profile, templates and decisions (on the spot traces those cost about as much as
 the nominal simulations themselves), so the full 3^k grid is out of the time budget; for the
@@ -35,7 +35,7 @@ from oobleck.errors import ConfigError
 
 SCALES = ("linear", "log")
 SPEC_KEYS = ("key", "low", "high", "scale", "source")
-COST_PREFIXES = ("sim.costs.", "sim.params.")
+COST_PREFIX = "sim.costs."
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,10 @@ class Uncertain:
 
     @property
     def changes_timing(self) -> bool:
-        """Whether it changes iteration times (and so profiles, templates and decisions)."""
-        return not self.key.startswith(COST_PREFIXES)
+        """Whether it may change iteration times or decisions (and so profiles, templates and
+        decisions): anything but a cost constant (``sim.costs.*``, ``sim.params.<name>.costs.*``)."""
+        parts = self.key.split(".")
+        return not (self.key.startswith(COST_PREFIX) or (parts[:2] == ["sim", "params"] and parts[3:4] == ["costs"]))
 
     def at(self, u: float) -> float:
         """The value at quantile ``u`` in [0, 1] of the range, on its scale."""
