@@ -426,6 +426,10 @@ def throughput_cells(summary: pd.DataFrame, *, digits: int = 3, ratios: pd.DataF
     numbers_shown = numbers.drop(columns=ranged)
     flags = summary.assign(oom=summary["oom"].astype(bool) if "oom" in summary else False)
     oom = flags.pivot_table(index=["model", "trace"], columns="strategy", values="oom", aggfunc="any", sort=False)
+    ran = summary["ran"].astype(bool) if "ran" in summary else pd.Series(True, index=summary.index)
+    refused = flags.assign(refused=~ran & ~flags["oom"]).pivot_table(
+        index=["model", "trace"], columns="strategy", values="refused", aggfunc="all", sort=False
+    )
     lost = None
     if "no_durable_progress" in summary:
         lost = flags.assign(nd=summary["no_durable_progress"].astype(bool)).pivot_table(
@@ -438,6 +442,8 @@ def throughput_cells(summary: pd.DataFrame, *, digits: int = 3, ratios: pd.DataF
             strategy = column.split("/", 1)[1] if "/" in str(column) else column
             if strategy in oom.columns and bool(oom.loc[key, strategy]):
                 cells.loc[key, column] = "OOM"
+            elif "/" in str(column) and strategy in refused.columns and bool(refused.loc[key, strategy]):
+                cells.loc[key, column] = "does not run"
             elif "/" in str(column) and pd.isna(value):
                 stalled = strategy in numbers.columns and numbers.loc[key, strategy] == 0
                 band = band_text(bands.get((*key, strategy)), digits) if stalled else ""

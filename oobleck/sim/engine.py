@@ -626,6 +626,7 @@ class Simulator:
             "kept_samples": kept,
             # Only a strategy that ran can lose its progress (one that never fits is marked OOM).
             "no_durable_progress": bool(run.started and kept <= 0),
+            "ran": run.started,  # False: no layout ever started (out of memory, or refused the cluster)
             "node_seconds": total,
         }
         for kind in ("start", "reconfiguration", "failover", "restart", "checkpoint", "stop", "oom", "failure", "join"):

@@ -170,7 +170,15 @@ class ExperimentResult:
 
 
 # What a band row keeps of a simulation's summary.
-BAND_COLUMNS = ("throughput", "oom", "no_durable_progress", "recovery_cycle_s", "restart_s_mean", "restart_share")
+BAND_COLUMNS = (
+    "throughput",
+    "oom",
+    "ran",
+    "no_durable_progress",
+    "recovery_cycle_s",
+    "restart_s_mean",
+    "restart_share",
+)
 
 
 def _strategy_configs(cfg: Any, names: list[str]) -> dict[str, tuple[type[Strategy], Any]]:

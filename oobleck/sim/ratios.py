@@ -2,8 +2,9 @@
 band over the uncertain constants with the cliff it may cross.
 
 A ratio is only a number when the baseline ran and made progress. Otherwise the cell says why
-(``note``), never ``inf``: ``OOM`` (the baseline fits in no layout's memory), ``no progress``
-(it completed nothing: the ratio is unbounded). Separately, ``no_durable_progress`` marks a run
+(``note``), never ``inf``: ``OOM`` (the baseline fits in no layout's memory), ``does not run``
+(it refused the cluster, e.g. torchft on nodes of several GPUs), ``no progress`` (it completed
+nothing: the ratio is unbounded). Separately, ``no_durable_progress`` marks a run
 that kept nothing from before its last membership change (every iteration it did was rolled
 back): its throughput is only the tail after the last change, so the ratio says little.
 
@@ -43,9 +44,11 @@ def baselines_in(frame: pd.DataFrame) -> list[str]:
     return [s for s in BASELINE_ORDER if s in present] + [s for s in present if s not in BASELINE_ORDER]
 
 
-def _note(oom: bool, throughput: float) -> str:
+def _note(oom: bool, throughput: float, ran: bool = True) -> str:
     if oom:
         return "OOM"
+    if not ran:
+        return "does not run"
     if not throughput > 0:
         return "no progress"
     return ""
@@ -68,7 +71,7 @@ def add_speedups(summary: pd.DataFrame) -> pd.DataFrame:
                 values.append(math.nan)
                 notes.append("")
                 continue
-            note = _note(bool(theirs["oom"]), float(theirs["throughput"]))
+            note = _note(bool(theirs["oom"]), float(theirs["throughput"]), bool(theirs.get("ran", True)))
             notes.append(note)
             values.append(float(ours["throughput"]) / float(theirs["throughput"]) if not note else math.nan)
         out[f"speedup_vs_{baseline}"] = values
@@ -84,9 +87,11 @@ def band_of(band: pd.DataFrame, model: str, trace: str, baseline: str) -> dict[s
     joined = (
         ours[["throughput"]]
         .rename(columns={"throughput": "throughput_ours"})
-        .join(theirs[["throughput", "oom", "recovery_cycle_s", "restart_share", "failure_interval_s"]], how="inner")
+        .join(
+            theirs[["throughput", "oom", "ran", "recovery_cycle_s", "restart_share", "failure_interval_s"]], how="inner"
+        )
     )
-    oom = joined["oom"].astype(bool)
+    oom = joined["oom"].astype(bool) | ~joined["ran"].astype(bool)  # never ran: no ratio, not unbounded
     stalled = ~oom & ~(joined["throughput"] > 0)
     usable = joined[~oom & ~stalled]
     ratios = (usable["throughput_ours"] / usable["throughput"]).to_numpy(dtype=float)
