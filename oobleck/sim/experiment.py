@@ -326,6 +326,10 @@ def combine(setup: Setup, parts: list[ExperimentResult], seconds: float) -> Expe
     if not summary.empty:
         summary = add_speedups(summary)
         ratios = speedup_ranges(summary, band)
+    testbed = str(setup.cfg.sim.get("testbed", "none"))
+    for frame in (summary, band, ratios):
+        if not frame.empty:
+            frame.insert(0, "testbed", testbed)  # the cluster preset: tables of two presets stay apart
     return ExperimentResult(
         table("metrics"), table("events"), summary, seconds, ratios, band, sample_table(setup.constants, setup.samples)
     )
