@@ -84,6 +84,8 @@ def band_of(band: pd.DataFrame, model: str, trace: str, baseline: str) -> dict[s
     cell = band[(band["model"] == model) & (band["trace"] == trace)]
     ours = cell[cell["strategy"] == REFERENCE].set_index(["sample", "start"])
     theirs = cell[cell["strategy"] == baseline].set_index(["sample", "start"])
+    if "ran" not in theirs:  # band rows written before the column existed: every strategy ran
+        theirs = theirs.assign(ran=True)
     joined = (
         ours[["throughput"]]
         .rename(columns={"throughput": "throughput_ours"})

@@ -62,15 +62,23 @@ def start_offsets(trace: Trace, starts: int, spacing_s: float | None = None) -> 
 
 
 def failure_interval_s(trace: Trace) -> float:
-    """The trace's typical time between failures: the median gap between its changes that remove
-    nodes (the trace's span over its removals when it has one or two; inf without any)."""
+    """The failure-free stretch a moment of the trace typically falls in: the median of the gaps
+    between its changes that remove nodes (and from its start to the first, from the last to its
+    end), each gap weighted by its length. For a regular trace that is its interval; for a bursty
+    one (the spot traces) it is longer than the plain median gap, which a burst of removals
+    seconds apart would pull down though training spends little time in such gaps. inf without
+    any removal."""
     times = [change.time_s for change in trace.changes() if change.removed]
     if not times:
         return math.inf
-    gaps = [b - a for a, b in zip(times, times[1:]) if b > a]
-    if not gaps:
-        return (trace.end_ms - trace.start_ms) / 1000.0 / len(times)
-    return float(statistics.median(gaps))
+    edges = [trace.start_ms / 1000.0, *times, trace.end_ms / 1000.0]
+    gaps = sorted(b - a for a, b in zip(edges, edges[1:]) if b > a)
+    total, covered = sum(gaps), 0.0
+    for gap in gaps:
+        covered += gap
+        if covered >= total / 2:
+            return float(gap)
+    return float(gaps[-1])
 
 
 class DecisionMemo:
