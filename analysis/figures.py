@@ -350,10 +350,14 @@ def ratio_bands(ratios: pd.DataFrame, path: Path) -> list[Path]:
 def ratio_bands_figure(ratios: pd.DataFrame) -> plt.Figure:
     """Oobleck's speedup over each baseline, one panel per baseline, one row of points per model
     and trace: the median over the starts (dot), their range (thick bar) and the band over the
-    uncertain constants (thin line, an arrow where unbounded), cells crossing the cliff marked."""
+    uncertain constants (thin line, an arrow where unbounded), cells crossing the cliff marked; a
+    baseline that made no progress at the nominal constants shows its band only."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    data = ratios.dropna(subset=["ratio_median"])
+    shown = ratios["ratio_median"].notna()
+    if "ratio_low" in ratios:
+        shown |= ratios["ratio_low"].notna()  # a baseline that stalled at the nominal constants: its band only
+    data = ratios[shown]
     baselines = list(dict.fromkeys(data["baseline"]))
     cells = list(dict.fromkeys(zip(data["model"], data["trace"])))
     with sns.axes_style("whitegrid"):
@@ -363,7 +367,11 @@ def ratio_bands_figure(ratios: pd.DataFrame) -> plt.Figure:
         for ax, baseline in zip(axes[0], baselines):
             rows = data[data["baseline"] == baseline].set_index(["model", "trace"])
             colour = PALETTE.get(baseline, "k")
-            top = float(np.nanmax(rows[["ratio_max", "ratio_high"]].to_numpy())) if "ratio_high" in rows else 2.0
+            top = (
+                float(np.nanmax(rows[["ratio_max", "ratio_high", "ratio_low"]].to_numpy()))
+                if "ratio_high" in rows
+                else 2.0
+            )
             top = max(top if np.isfinite(top) else 2.0, 2.0) * 1.6
             for y, cell in enumerate(cells):
                 if cell not in rows.index:
@@ -379,6 +387,17 @@ def ratio_bands_figure(ratios: pd.DataFrame) -> plt.Figure:
                     mark = cliff_mark(row)
                     if mark:
                         ax.text(high, y + 0.15, f" {mark}", color="0.1", fontsize=8, va="bottom", fontweight="bold")
+                if pd.isna(row["ratio_median"]):
+                    ax.text(
+                        max(row["ratio_low"], 1e-2),
+                        y - 0.15,
+                        "no progress at the nominal constants ",
+                        fontsize=7,
+                        ha="right",
+                        va="bottom",
+                        color="0.2",
+                    )
+                    continue
                 ax.plot([row["ratio_min"], row["ratio_max"]], [y, y], color=colour, linewidth=4, alpha=0.6)
                 ax.plot(row["ratio_median"], y, "o", color=colour, markersize=4)
             ax.axvline(1.0, color="0.4", linewidth=0.8)
