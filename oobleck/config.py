@@ -87,6 +87,7 @@ class ClusterConfig:
     nodes: int = MISSING
     gpus_per_node: int = MISSING
     device: str = MISSING  # cpu (gloo) | cuda (nccl)
+    backend: str = MISSING  # auto (gloo on cpu, nccl on cuda) | nccl | gloo (also on cuda tensors)
     gpu: GPUConfig = field(default_factory=GPUConfig)
     device_memory_gb: float = MISSING  # memory the planner may use on one device
     intra_node_bandwidth_gbps: float = MISSING  # GB/s between devices of one node
@@ -420,6 +421,11 @@ def validate(cfg: Config | DictConfig) -> None:
     _validate_model(cfg)
     _choice("cluster.kind", cluster.kind, ("local", "slurm"))
     _choice("cluster.device", cluster.device, ("cpu", "cuda"))
+    _choice("cluster.backend", cluster.backend, ("auto", "nccl", "gloo"))
+    if cluster.backend == "nccl" and cluster.device != "cuda":
+        raise ConfigError(
+            f"cluster.backend=nccl needs cluster.device=cuda (got {cluster.device}); use cluster.backend=auto or gloo"
+        )
     _positive("cluster.nodes", cluster.nodes)
     _positive("cluster.gpus_per_node", cluster.gpus_per_node)
     ClusterSpec.from_config(cluster)  # the planner's limits on memory and bandwidth (NaN, 1e-300 GB/s)
