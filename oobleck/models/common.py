@@ -27,15 +27,6 @@ def seeded_generator(seed: int, index: int, param: str) -> torch.Generator:
     return generator
 
 
-def drawn(
-    shape: torch.Size, fill: Callable[[torch.Tensor, torch.Generator], object], generator: torch.Generator
-) -> torch.Tensor:
-    """An fp32 CPU tensor of ``shape`` filled by ``fill(tensor, generator)``."""
-    values = torch.empty(shape, dtype=torch.float32)
-    fill(values, generator)
-    return values
-
-
 def materialise(make: Callable[[], nn.Module], device: torch.device | str | None) -> nn.Module:
     """``make()`` built on the meta device, then given (uninitialised) memory on ``device``.
 

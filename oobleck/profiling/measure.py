@@ -13,7 +13,9 @@ backward split into its input pass and its weight pass (``backward_input_s``,
 (``torch.distributed.pipelining._backward.stage_backward_input`` / ``stage_backward_weight``, which
 its zero-bubble schedules use: the input pass keeps the gradients of the intermediates the weights
 need, the weight pass starts from them). The first layer's input is token ids, which take no
-gradient: its input pass is empty (0 s) and its weight pass is its whole backward.
+gradient: its input pass is empty (0 s) and its weight pass is its whole backward. The helpers
+walk the autograd graph in Python on every call, which on layers as small as the tiny models'
+costs more than the passes themselves (split > fused there); on layers of GPU size it does not.
 
 Memory: ``param_bytes`` from the parameters; ``activation_bytes`` = the bytes autograd saves for
 backward during one forward (captured with saved-tensor hooks, parameters excluded, each storage

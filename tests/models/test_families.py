@@ -219,6 +219,24 @@ def test_the_cost_model_counts_the_flops_torch_runs(family):
         assert backward_weight.get_total_flops() == cost.backward_weight_flops
 
 
+def test_a_model_section_without_a_family_is_gpt():
+    """Run dirs and profiles written before families existed have no model.family."""
+    from omegaconf import OmegaConf
+
+    from oobleck.config import from_container, to_container, validate
+    from oobleck.runtime.testing import tiny_config
+
+    data = to_container(tiny_config())
+    del data["model"]["family"]
+    old = from_container(data)
+    validate(old)
+    assert architecture(old.model).family == "gpt"
+    assert OmegaConf.to_container(old.model) == {
+        k: v for k, v in to_container(tiny_config())["model"].items() if k != "family"
+    }
+    assert model_spec(old.model, 0).num_layers == 6
+
+
 def test_bad_model_config_is_a_config_error():
     with pytest.raises(ConfigError, match="n_head"):
         _tiny("gpt", n_head=5)
