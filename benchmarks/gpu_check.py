@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -81,7 +82,7 @@ UNITS = (  # in order of importance: a spent budget skips the last ones
     *(
         Unit(
             f"lifecycle.absent_peer_{init}_init",
-            lambda s, context, init=init: lifecycle.unit_absent_peer(s, init),
+            functools.partial(lifecycle.unit_absent_peer, init=init),
             needs_cuda=True,
             timeout="experiment",
         )

@@ -161,7 +161,7 @@ def measured_points(report: dict[str, Any], source: str, *, allow_cpu: bool = Fa
     }
     for row in MAPPING:
         found = [lookup(report, field) for field in row.fields]
-        missing = [why for value, why in found if value is None]
+        missing = [str(why) for value, why in found if value is None]
         if missing:
             document["not_measured"][row.key] = "; ".join(missing)
             continue

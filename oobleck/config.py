@@ -324,7 +324,7 @@ def schema_keys(section: str) -> list[str]:
     if section == "model":
         from oobleck.models.registry import FAMILIES  # torch-free
 
-        return sorted({key for family in FAMILIES.values() for key in family.config.__dataclass_fields__})
+        return sorted({f.name for family in FAMILIES.values() for f in dataclasses.fields(family.config)})
     return list(_field_types(_section_schema(section)))
 
 

@@ -77,6 +77,11 @@ def pass_flops(cost: Any) -> dict[str, float]:
     }
 
 
+def rate(flops: float, seconds: float | None, unit: float) -> float | None:
+    """FLOPs per second in ``unit``s; None for a pass that did no work or was not timed."""
+    return flops / seconds / unit if seconds and flops else None
+
+
 def measured_seconds(layer: Any) -> dict[str, float | None]:
     return {
         "forward": layer.forward_s,
@@ -109,10 +114,8 @@ def compare(model_cfg: Any, gpu_cfg: Any, peak_flops: float, measured: Any, anal
             "measured_s": times,
             "analytic_s": {"forward": a.forward_s, "backward": a.backward_s},
             "ratio": measured_s / analytic_s,
-            "achieved_tflops": {p: (flops[p] / times[p] / TFLOP if times[p] and flops[p] else None) for p in PASSES},
-            "fraction_of_peak": {
-                p: (flops[p] / times[p] / peak_flops if times[p] and flops[p] else None) for p in PASSES
-            },
+            "achieved_tflops": {p: rate(flops[p], times[p], TFLOP) for p in PASSES},
+            "fraction_of_peak": {p: rate(flops[p], times[p], peak_flops) for p in PASSES},
             "implied_flop_fraction": (flops["forward"] + flops["backward"]) / (peak_flops * measured_s)
             if bound
             else None,
@@ -155,7 +158,8 @@ def unit_layers(s: Settings, context: dict[str, Any]) -> dict[str, Any]:
     if cuda:
         conf_name, gpu_cfg = gpu_config_for(torch.cuda.get_device_name())
         peak, peak_source = float(gpu_cfg.peak_tflops) * TFLOP, f"conf/gpu/{conf_name}.yaml peak_tflops (datasheet)"
-        models, microbatches, precisions = s.profile_models, s.profile_microbatches, ("fp32", "bf16_autocast")
+        models, microbatches = s.profile_models, s.profile_microbatches
+        precisions: tuple[str, ...] = ("fp32", "bf16_autocast")
     else:
         torch.set_num_threads(1)
         conf_name, gpu_cfg = "", cpu_device_config()

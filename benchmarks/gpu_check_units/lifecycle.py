@@ -414,7 +414,7 @@ def peer_main(rank: int, ranks: int, port: int, backend_name: str, device: str, 
 
 
 # ---------------------------------------------------------------------------- NCCL: a genuinely pending op
-def unit_absent_peer(s: Settings, init: str) -> dict[str, Any]:
+def unit_absent_peer(s: Settings, context: dict[str, Any], *, init: str) -> dict[str, Any]:
     """A two-rank NCCL group whose second rank never joins: is the op pending, does ``abort()`` from
     another thread return, and does it release the thread blocked in the op?
 

@@ -11,7 +11,7 @@ its ``describe`` (``oobleck.models.architecture``) and whose ``model`` module bu
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import is_dataclass
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -61,7 +61,7 @@ def model_config(section: Any) -> Any:
         return section
     data = {"family": family.name, **_as_dict(section)}
     name = data.get("name", "?")
-    known = list(family.config.__dataclass_fields__)
+    known = [f.name for f in fields(family.config)]
     where = f"(keys of a {family.name} model, conf/model/{name}.yaml)"
     try:
         config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(family.config), data))

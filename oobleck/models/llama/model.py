@@ -181,13 +181,18 @@ def build_layer(
 
 def spec(config: LlamaConfig, seed: int) -> ModelSpec:
     """The runtime's view of the Llama-style ``config`` with weights keyed by ``seed``."""
+
+    def build(index: int, device: str | None = None, initialise: bool = True) -> nn.Module:
+        return build_layer(config, index, seed, device=device, initialise=initialise)
+
+    def boundary(index: int, rows: int) -> tuple[int, ...]:
+        return (rows, config.seq_len, config.n_embd)  # the residual stream, after every layer but the head
+
     return ModelSpec(
         architecture=describe(config),
-        build_layer=lambda index, device=None, initialise=True: build_layer(
-            config, index, seed, device=device, initialise=initialise
-        ),
+        build_layer=build,
         initialise=lambda module, index: initialise_layer(module, config, index, seed),
         loss=lm_loss,
-        boundary_shape=lambda index, rows: (rows, config.seq_len, config.n_embd),
+        boundary_shape=boundary,
         boundary_dtype=torch.float32,
     )
