@@ -26,6 +26,9 @@ from oobleck.profiling import analytic_profile, load_gpu_config, measure_profile
 from oobleck.runtime.reference import train_reference
 from oobleck.runtime.testing import tiny_config
 
+# The rehearsal runs every unit for real (processes, a recovery, restarts): minutes, not seconds.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 TO_CONF = REPO / "benchmarks" / "gpu_report_to_conf.py"

@@ -4,11 +4,14 @@ of the same model on the same batches (tolerance justified in tests/runtime/test
 
 from __future__ import annotations
 
+import pytest
+
 from oobleck.elastic.job import launch
 from oobleck.models import load_model_config
 from oobleck.runtime.testing import assert_matches_reference, tiny_config, two_pipelines_of_two_nodes
 
 
+@pytest.mark.slow
 def test_llama_recovers_in_place_from_a_killed_node_exactly(tmp_path):
     cfg = tiny_config(
         **{
