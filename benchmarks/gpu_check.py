@@ -58,7 +58,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_check_units, beside this script
 
 import torch
-from gpu_check_units import exactness, layers, lifecycle, restart, throughput
+from gpu_check_units import exactness, layers, lifecycle, nccl, restart, throughput
 from gpu_check_units.common import FULL, NCCL_ENV, QUICK, REPO, Settings, cuda_reason, scrub, tail
 
 
@@ -71,7 +71,7 @@ class Unit:
 
 
 UNITS = (  # in order of importance: a spent budget skips the last ones
-    Unit("backends", lifecycle.unit_backends, needs_cuda=True, timeout="backends"),
+    Unit("backends", nccl.unit_backends, needs_cuda=True, timeout="backends"),
     Unit("exactness", exactness.unit_exactness, needs_cuda=False, timeout="exactness"),
     Unit("recovery", exactness.unit_recovery, needs_cuda=False, timeout="recovery"),
     Unit("profile", layers.unit_layers, needs_cuda=False, timeout="profile"),
@@ -82,7 +82,7 @@ UNITS = (  # in order of importance: a spent budget skips the last ones
     *(
         Unit(
             f"lifecycle.absent_peer_{init}_init",
-            functools.partial(lifecycle.unit_absent_peer, init=init),
+            functools.partial(nccl.unit_absent_peer, init=init),
             needs_cuda=True,
             timeout="experiment",
         )
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
     if args.nccl_rank is not None:
-        return lifecycle.nccl_rank_main(args.nccl_rank, args.store_port, args.timeout_s)
+        return nccl.nccl_rank_main(args.nccl_rank, args.store_port, args.timeout_s)
     if args.peer_rank is not None:
         return lifecycle.peer_main(
             args.peer_rank, args.peer_ranks, args.store_port, args.backend, args.device, args.timeout_s
