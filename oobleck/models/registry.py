@@ -21,8 +21,8 @@ from oobleck.models import gpt, llama
 from oobleck.models.architecture import Architecture, ModelFamily
 
 FAMILIES: dict[str, ModelFamily] = {family.name: family for family in (gpt.FAMILY, llama.FAMILY)}
-# A model section without ``family`` is a GPT: the harness had no other family when run dirs,
-# profiles and checkpoints without the key were written.
+# A model section without ``family`` is read as a GPT, so run dirs and profiles written without the
+# key keep loading.
 UNNAMED_FAMILY = "gpt"
 
 
