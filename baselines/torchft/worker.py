@@ -50,7 +50,7 @@ from baselines.torchft.service import FINAL_COUNT, final_record
 from oobleck.config import from_container
 from oobleck.data import GlobalBatchSampler, build_dataset, collate
 from oobleck.errors import RunError
-from oobleck.models import build_reference_model, loss_fn
+from oobleck.models.spec import model_spec
 from oobleck.runtime import keys
 from oobleck.runtime.comm import make_store
 from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, parse_strike, run_worker, stop_requested
@@ -106,7 +106,8 @@ class TorchftWorker:
         self.micro = int(job.microbatch_size)
         self.dataset = build_dataset(job, self.cfg.model)
         self.sampler = GlobalBatchSampler(len(self.dataset), self.batch, int(job.seed))
-        self.model = build_reference_model(self.cfg.model, int(job.seed))
+        self.spec = model_spec(self.cfg.model, int(job.seed))
+        self.model = self.spec.reference_model()
         self.params = list(self.model.parameters())  # a tied weight is one parameter, counted once
         self.optimizer = torch.optim.AdamW(
             self.params,
@@ -229,7 +230,7 @@ class TorchftWorker:
         self._phase("forward", step)
         for index, mb in enumerate(range(lo, hi)):
             inputs, targets = collate(self.dataset, self.sampler.microbatch_indices(batch, mb, self.micro))
-            loss = loss_fn(self.model(inputs), targets)
+            loss = self.spec.loss(self.model(inputs), targets)
             if index == 0:
                 self._phase("backward", step)
             (loss / self.batch).backward()

@@ -49,14 +49,16 @@ def check_device(cfg: Any) -> None:
         raise RunError(
             f"cluster.gpus_per_node={cfg.cluster.gpus_per_node} but this machine has {torch.cuda.device_count()} CUDA devices"
         )
-    if cfg.cluster.kind == "local" and int(cfg.cluster.nodes) > 1:
-        # A worker takes device cuda:<local rank>, so every local "node" would put its workers on
-        # the same GPUs, and NCCL refuses two ranks of one communicator on one device
-        # ("Duplicate GPU detected", ncclInvalidUsage, in its init).
+    if cfg.cluster.kind == "local" and int(cfg.cluster.nodes) > 1 and cfg.cluster.backend == "auto":
+        # A worker takes device cuda:<local rank>, so every local "node" puts its workers on the
+        # same GPUs, and NCCL refuses two ranks of one communicator on one device ("Duplicate GPU
+        # detected", ncclInvalidUsage, in its init). gloo does not; an explicit nccl is the
+        # user's word that this NCCL allows it.
         raise RunError(
             f"cluster.kind=local with cluster.device=cuda runs on one machine's GPUs, but cluster.nodes={cfg.cluster.nodes} "
-            "local nodes would all use devices cuda:0.. (NCCL refuses two ranks on one GPU); use cluster.nodes=1 "
-            "(cluster.gpus_per_node up to the device count), cluster=slurm, or cluster.device=cpu"
+            "local nodes would all use devices cuda:0.. (NCCL refuses two ranks on one GPU); use cluster.backend=gloo "
+            "(collectives staged through host memory), cluster.nodes=1 (cluster.gpus_per_node up to the device "
+            "count), cluster=slurm, or cluster.device=cpu"
         )
 
 

@@ -38,10 +38,19 @@ class LayerProfile:
     param_bytes: int  # parameters only (fp32: 4 bytes per parameter)
     activation_bytes: int  # kept from forward until backward, per microbatch
     output_bytes: int  # the boundary tensor sent to the next stage, per microbatch
+    # The backward pass split into its input-gradient and weight-gradient passes (zero-bubble
+    # schedules run them apart), seconds per microbatch; None when not measured: the analytic
+    # split of ``backward_s`` applies. The first layer's input pass is 0 (token ids take no gradient).
+    backward_input_s: float | None = None
+    backward_weight_s: float | None = None
 
     @property
     def params(self) -> int:
         return self.param_bytes // 4
+
+
+# LayerProfile fields a profile file may leave out (written before they existed, or not measured).
+OPTIONAL_LAYER_FIELDS = ("backward_input_s", "backward_weight_s")
 
 
 @dataclass(frozen=True)
@@ -95,7 +104,14 @@ class ModelProfile:
             )
         try:
             layers = tuple(
-                LayerProfile(**{k: layer[k] for k in LayerProfile.__dataclass_fields__}) for layer in data["layers"]
+                LayerProfile(
+                    **{
+                        k: layer[k]
+                        for k in LayerProfile.__dataclass_fields__
+                        if k in layer or k not in OPTIONAL_LAYER_FIELDS
+                    }
+                )
+                for layer in data["layers"]
             )
             allreduce = tuple(AllReduceSample(**sample) for sample in data.get("allreduce", ()))
             return cls(
@@ -166,6 +182,15 @@ def validate_profile(profile: ModelProfile) -> None:
                 raise ProfileError(
                     f"layer {index} ({layer.name}): {name}={value!r} must be a positive number of seconds "
                     f"(at most {MAX_LAYER_SECONDS:.0f}); re-create the profile"
+                )
+        for name in OPTIONAL_LAYER_FIELDS:
+            value = getattr(layer, name)
+            if value is not None and (
+                not _is_number(value) or not math.isfinite(value) or not 0 <= value <= MAX_LAYER_SECONDS
+            ):
+                raise ProfileError(
+                    f"layer {index} ({layer.name}): {name}={value!r} must be a number of seconds in "
+                    f"[0, {MAX_LAYER_SECONDS:.0f}] or absent; re-create the profile"
                 )
         for name in ("param_bytes", "activation_bytes", "output_bytes"):
             value = getattr(layer, name)

@@ -1,7 +1,7 @@
 """Single-process training of the same model on the same global batches: the truth to compare with.
 
-Same layers (``build_reference_model``, tied weights as one parameter), same sampler, loss scaled by
-1/global batch, ``clip_grad_norm_`` and one ``torch.optim.AdamW`` with the same hyper-parameters and
+Same layers (the model's ``ModelSpec.reference_model``, tied weights as one parameter), the spec's
+loss, same sampler, loss scaled by 1/global batch, ``clip_grad_norm_`` and one ``torch.optim.AdamW`` with the same hyper-parameters and
 learning-rate schedule as the runtime. Used by the exactness tests and the benchmarks.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from oobleck.data import GlobalBatchSampler, build_dataset, collate
-from oobleck.models import build_reference_model, loss_fn
+from oobleck.models.spec import model_spec
 from oobleck.runtime.state import learning_rate
 
 
@@ -42,7 +42,8 @@ def train_reference(
     if int(cfg.cluster.torch_threads) > 0:
         torch.set_num_threads(int(cfg.cluster.torch_threads))  # as the workers do
     torch.manual_seed(int(job.seed))
-    model = build_reference_model(model_cfg, int(job.seed), device=device)
+    spec = model_spec(model_cfg, int(job.seed))
+    model = spec.reference_model(device)
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=float(job.lr),
@@ -57,7 +58,7 @@ def train_reference(
         total = 0.0
         for mb in range(batch // micro):
             inputs, targets = collate(dataset, sampler.microbatch_indices(batches[step], mb, micro))
-            loss = loss_fn(model(inputs.to(device)), targets.to(device))
+            loss = spec.loss(model(inputs.to(device)), targets.to(device))
             (loss / batch).backward()
             total += float(loss.detach())
         if float(job.grad_clip) > 0:
