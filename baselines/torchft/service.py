@@ -3,7 +3,7 @@
 ``lighthouse_service`` is what ``Torchft.services`` returns: the controller enters it before any
 node starts (it first refuses the harness's checkpoints, which torchft neither writes nor resumes;
 then it starts a ``torchft._torchft.LighthouseServer`` bound to ``cluster.master_addr``, loopback on a
-local cluster, on a free port, with the run's detection timeout: ``policy.detection``, said on the
+local cluster, on a free port, with the run's detection timeout: ``config.detection``, said on the
 console when the strategy overrides it) and leaves it after the workers are gone. It yields the
 address the workers' Managers dial. On the way out it reads the final record each worker left in
 the store (``FINAL_COUNT``/``final_record``: its checksums, attempts, votes, heals) and writes
@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
+from baselines.torchft.config import require_torchft, run_detection
 from oobleck.errors import ConfigError
 from oobleck.strategy import RunInfo
 
@@ -49,8 +50,6 @@ def refuse_checkpoints(run_config: Mapping[str, Any]) -> None:
 
 @contextlib.contextmanager
 def lighthouse_service(config: Any, run: RunInfo) -> Iterator[dict[str, Any]]:
-    from baselines.torchft.policy import require_torchft, run_detection
-
     refuse_checkpoints(run.config)
     require_torchft(config.log_level)
     timeouts, cluster_timeout_s = run_detection(config, run.config)

@@ -51,6 +51,7 @@ from typing import Any
 import torch
 from torch.distributed import ReduceOp
 
+from baselines.torchft.config import TorchftConfig, replica_shards, require_torchft, run_detection
 from baselines.torchft.groups import (
     PeerWatch,
     group_store_key,
@@ -59,7 +60,6 @@ from baselines.torchft.groups import (
     resolve_shards,
     vacant_shard,
 )
-from baselines.torchft.policy import TorchftConfig, replica_shards, require_torchft, run_detection
 from baselines.torchft.replica import GroupLost, PipelineStage, WholeModel, layer_checksums
 from baselines.torchft.service import FINAL_COUNT, final_record
 from oobleck.config import from_container, to_container

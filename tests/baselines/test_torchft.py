@@ -21,8 +21,8 @@ from urllib.parse import urlparse
 import pandas as pd
 import pytest
 
+from baselines.torchft.config import TorchftConfig, detection, replica_shards
 from baselines.torchft.groups import resolve_shards, vacant_shard
-from baselines.torchft.policy import TorchftConfig, detection, replica_shards
 from oobleck.elastic.job import launch, make_strategy
 from oobleck.errors import ConfigError, RunError
 from oobleck.runtime.reference import train_reference
