@@ -20,10 +20,11 @@
   ``examples/Megatron-LM/megatron.patch``); a stage is one node (data parallel over the node's
   devices) where Varuna counts GPUs; memory and time come from the harness's one cost model (the
   job's profile with forward, backward, activation and boundary sizes scaled linearly to the
-  microbatch) where Varuna profiles every microbatch size and simulates its schedule; the
-  microbatch divides the global batch (the step-indexed sampler needs it) and every replica gets
-  at least one; and the whole global batch is trained (replicas differ by at most one
-  microbatch) where Varuna gives each replica ``batch_size // D`` samples, dropping the rest.
+  microbatch) where Varuna profiles every microbatch size and simulates its schedule; and the
+  whole global batch is trained in microbatches that divide it (the step-indexed sampler needs
+  it), replicas differing by at most one, where Varuna gives each replica ``batch_size // D``
+  samples (dropping the rest) in microbatches of the largest size that fits: of the sizes that
+  fit, the one that leaves the busiest replica the fewest samples, then the largest.
   With a microbatch other than the job's the step's samples and mean loss stay the same.
 
 - Every ``checkpoint_every_steps`` steps a checkpoint (``checkpoint.every_steps`` overrides it).
@@ -37,6 +38,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -182,15 +184,20 @@ class Varuna(Strategy):
                 continue
             per_stage = len(partitions) // depth
             ranges = [(partitions[s * per_stage][0], partitions[(s + 1) * per_stage - 1][1]) for s in range(depth)]
-            # The largest microbatch that fits, among those that divide the batch and give every
-            # replica at least one (memory grows with the microbatch, so the first that fits).
-            for microbatch in sorted((b for b in range(1, batch + 1) if batch % b == 0), reverse=True):
-                if batch // microbatch < pipelines:
-                    continue
-                templates = self._varuna_templates(ranges, microbatch)
-                if templates is not None:
-                    shapes.append(self._timed(templates, depth, pipelines, microbatch))
-                    break
+            # Varuna's largest microbatch that fits: memory grows with the microbatch, so the first
+            # fitting one from the top bounds them. Among those that divide the batch and give every
+            # replica one, the fewest samples on the busiest replica (Varuna gives each B // D), then
+            # the largest microbatch.
+            sizes = [b for b in range(batch // pipelines, 0, -1) if batch % b == 0]
+            largest = next((b for b in sizes if self._varuna_templates(ranges, b) is not None), None)
+            if largest is None:
+                continue
+            microbatch = min(
+                (b for b in sizes if b <= largest), key=lambda b: (b * math.ceil(batch // b / pipelines), -b)
+            )
+            templates = self._varuna_templates(ranges, microbatch)
+            assert templates is not None
+            shapes.append(self._timed(templates, depth, pipelines, microbatch))
         return shapes
 
     def _varuna_templates(self, ranges: list[tuple[int, int]], microbatch: int) -> TemplateSet | None:

@@ -36,6 +36,13 @@ def test_varunas_rule_picks_a_divisor_depth_and_the_largest_microbatch_that_fits
     # With room for the whole model, P=1 and the largest microbatch that still feeds every replica.
     roomy = make_strategy(tiny_config("strategy=varuna", **{"cluster.nodes": 4}))
     assert roomy.start(range(4)).layout.description == "D=4 x P=1, microbatch 4"
+    # 48 samples: 12 per replica on 4 nodes, one microbatch each. On 5, Varuna gives each replica
+    # 9 (dropping 3); training all 48 in whole microbatches, 8 would leave one replica 16 samples,
+    # 2 leaves the busiest 10, the fewest possible, and is the largest that does.
+    batch48 = make_strategy(tiny_config("strategy=varuna", **{"cluster.nodes": 5, "job.global_batch_size": 48}))
+    assert batch48.best_layout(range(4)).description == "D=4 x P=1, microbatch 12"
+    five = batch48.best_layout(range(5))
+    assert five.description == "D=5 x P=1" and [p.microbatches for p in five.plan.pipelines] == [5, 5, 5, 5, 4]
     # The other rule: the planner's templates with the job's microbatch.
     templates = make_strategy(
         tiny_config(
