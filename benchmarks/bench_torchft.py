@@ -3,7 +3,8 @@
     python benchmarks/bench_torchft.py [--nodes 5] [--steps 300] [--out results.json]
         [--torchft strategy.heartbeat_timeout_ms=1000 ...] [--only oobleck|torchft|torchft_sync]
 
-1. failures: gpt3_tiny on ``--nodes`` local nodes (f=2 for Oobleck), one run each of
+1. failures: gpt3_tiny on ``--nodes`` local nodes (f=2 for Oobleck), a global batch of 40 (20
+   microbatches: 4 per replica group on 5 nodes, as torchft's fixed shards need), one run each of
    ``strategy=oobleck``, ``strategy=torchft`` in torchft's default mode (asynchronous quorum: the
    quorum overlaps the forward pass, each replica group trains its own shard) and with
    ``strategy.async_quorum=false`` (quorum first, the batch split over it), plus any ``--torchft``
@@ -56,7 +57,7 @@ def bench_config(strategy: str, nodes: int, steps: int, overrides: dict[str, Any
         **{
             "cluster.nodes": nodes,
             "job.steps": steps,
-            "job.global_batch_size": 32,
+            "job.global_batch_size": 40,
             "job.microbatch_size": 2,
             "job.fault_tolerance": 2,
             "failures.kind": "explicit",
@@ -192,7 +193,7 @@ def main() -> None:
             more = extra if strategy == "torchft" else {}
             results[column] = measure(column, bench_config(strategy, args.nodes, args.steps, {**overrides, **more}))
     print(
-        f"\ngpt3_tiny, {args.nodes} local nodes, {args.steps} steps, global batch 32; kill node 1 (backward, step 20), "
+        f"\ngpt3_tiny, {args.nodes} local nodes, {args.steps} steps, global batch 40; kill node 1 (backward, step 20), "
         "kill node 3 (step 40), one node joins (step 60)"
     )
     print(table(results))

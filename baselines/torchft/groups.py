@@ -9,9 +9,10 @@ a group's store is, and when a group of several nodes has lost one of them.
   when two replicas end up on one shard (two joiners at once), the commit that shows it moves the
   later one to the lowest shard left vacant (``resolve_shards``); every replica computes the same
   answer from the same all-reduced rows, so no other coordination is needed.
-- A group of several nodes has one TCPStore, hosted by its first node (torchft's Manager keeps its
-  server address there, and the group's pipeline rendezvous); the host publishes its address in
-  the run's store, signed with the run's secret.
+- A group has one TCPStore, hosted by its first node (torchft's Manager keeps its server address
+  there, and a group of several its pipeline rendezvous); for a group of several the host
+  publishes its address in the run's store, signed with the run's secret. Each node's Manager is
+  built as torchft's ``train_ddp.py`` builds it (``make_manager``).
 - ``PeerWatch``: a node of a group watches its peers' heartbeats (``oobleck.runtime.liveness``); one
   silent for ``cluster.heartbeat_timeout_s`` means the group is broken (torchft would have its
   scheduler restart the whole group), so the node leaves even while blocked in one of torchft's
@@ -29,8 +30,10 @@ from typing import Any
 
 import torch.distributed as dist
 
+from baselines.torchft.config import TorchftConfig
 from oobleck.errors import RunError
 from oobleck.runtime import keys
+from oobleck.runtime.comm import make_store
 
 
 def group_store_key(group: int) -> str:
@@ -65,6 +68,65 @@ def read_group_store(store: Any, secret: str, group: int, timeout_s: float) -> t
         )
     host, _, port = text.rpartition(":")
     return host, int(port)
+
+
+def group_store(
+    store: Any, secret: str, group: int | None, rank: int, size: int, advertised: str, timeout_s: float
+) -> tuple[Any, socket.socket | None, str, int]:
+    """This node's handle on its replica group's TCPStore (the group's first node hosts it and, for a
+    group of several, publishes where): (store, listener or None, host, port)."""
+    if rank == 0:
+        hosted, listener = host_group_store(advertised)
+        if size > 1:
+            store.set(group_store_key(group), keys.sign(secret, f"{advertised}:{hosted.port}"))
+        return hosted, listener, advertised, hosted.port
+    host, port = read_group_store(store, secret, group, timeout_s)
+    return make_store(host, port, timeout_s), None, host, port
+
+
+def make_manager(
+    config: TorchftConfig,
+    *,
+    rank: int,
+    world_size: int,
+    store_host: str,
+    store_port: int,
+    lighthouse: str,
+    replica_id: str,
+    hostname: str,
+    pg_timeout_s: float,
+    state_dict: Callable[[], Any],
+    load_state_dict: Callable[[Any], None],
+) -> Any:
+    """torchft's Manager for one node (group rank ``rank``) of a replica group, set up as torchft's
+    ``train_ddp.py`` sets it up on CPU, with the strategy's settings."""
+    import torch
+    from torchft import Manager, ProcessGroupGloo
+    from torchft.checkpointing.pg_transport import PGTransport
+
+    timeout = timedelta(seconds=float(config.timeout_s))
+    pg = ProcessGroupGloo(timeout=timedelta(seconds=pg_timeout_s))
+    return Manager(
+        pg=pg,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        min_replica_size=int(config.min_replicas),
+        use_async_quorum=bool(config.async_quorum),
+        timeout=timeout,
+        quorum_timeout=timedelta(seconds=float(config.quorum_timeout_s)),
+        connect_timeout=timedelta(seconds=float(config.connect_timeout_s)),
+        rank=rank,
+        world_size=world_size,
+        store_addr=store_host,
+        store_port=store_port,
+        lighthouse_addr=lighthouse,
+        replica_id=replica_id,
+        hostname=hostname,
+        heartbeat_interval=timedelta(milliseconds=int(config.heartbeat_interval_ms)),
+        # A healing replica receives the state over the same gloo group (as torchft's train_ddp.py).
+        checkpoint_transport=PGTransport(pg, timeout=timeout, device=torch.device("cpu")),
+        init_sync=False,  # every replica builds the same seeded initial state
+    )
 
 
 def resolve_shards(rows: Sequence[tuple[int, int]], shards: int) -> dict[int, int]:

@@ -147,27 +147,31 @@ class Torchft(Strategy):
 
     def on_change(self, state: RunState) -> Decision:
         k = int(self.config.nodes_per_replica)
-        alive = len(state.alive)
-        if alive // k < self.config.min_replicas:
+        alive, layout = set(state.alive), state.layout
+        working = set(layout.nodes)
+        # Replica groups left: the first plan's groups with every node alive, and with one-node
+        # groups every joiner (each is a group of its own: it heals and trains). A joiner of a run
+        # of larger groups stands by, as do nodes left over at the start.
+        intact = sum(1 for p in layout.plan.pipelines if set(p.nodes) <= alive)
+        newcomers = sorted(n for n in alive if n not in working)
+        replicas = intact + (len(newcomers) if k == 1 else 0)
+        if replicas < self.config.min_replicas:
             return Decision(
                 Kind.STOP,
-                reason=f"{alive} live node(s) hold fewer than strategy.min_replicas={self.config.min_replicas} "
-                "replica groups: no quorum can form",
+                reason=f"{replicas} replica group(s) of strategy.nodes_per_replica={k} left, fewer than "
+                f"strategy.min_replicas={self.config.min_replicas}: no quorum can form",
             )
         # The plan keeps every node torchft started on, so state.removed also lists nodes lost
         # earlier (and state.joined earlier joiners): the layout's state remembers which.
-        lost_before = tuple(n for n in state.layout.state or () if n not in state.alive)  # a rejoined id is alive
-        lost = tuple(n for n in state.removed if n not in lost_before and n not in state.layout.standby)
+        lost_before = tuple(n for n in layout.state or () if n not in alive)  # a rejoined id is alive
+        lost = tuple(n for n in state.removed if n not in lost_before and n not in layout.standby)
         reason = f"torchft: the lighthouse re-forms the quorum without nodes {list(lost)}" if lost else ""
-        working = set(state.layout.nodes)
-        # One-node groups: a joiner is a replica group of its own (it heals and trains). Larger ones:
-        # it stands by, as do nodes left over at the start.
-        standby = tuple(sorted(n for n in state.alive if n not in working)) if k > 1 else ()
-        standby = tuple(n for n in standby if n in state.alive)
-        layout = replace(state.layout, state=tuple(sorted({*lost_before, *lost})), standby=standby)
-        if not lost and set(standby) - set(state.layout.standby):
-            reason = f"nodes {sorted(set(standby) - set(state.layout.standby))} stand by: groups of {k} nodes take no joiners"
-        return Decision(Kind.CONTINUE, layout, reason=reason)
+        standby = tuple(newcomers) if k > 1 else ()
+        if not lost and set(standby) - set(layout.standby):
+            reason = f"nodes {sorted(set(standby) - set(layout.standby))} stand by: groups of {k} nodes take no joiners"
+        return Decision(
+            Kind.CONTINUE, replace(layout, state=tuple(sorted({*lost_before, *lost})), standby=standby), reason=reason
+        )
 
     def services(self, run: RunInfo) -> contextlib.AbstractContextManager[dict[str, Any]]:
         from baselines.torchft.service import lighthouse_service

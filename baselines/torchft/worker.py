@@ -52,15 +52,9 @@ import torch
 from torch.distributed import ReduceOp
 
 from baselines.torchft.config import TorchftConfig, replica_shards, require_torchft, run_detection
-from baselines.torchft.groups import (
-    PeerWatch,
-    group_store_key,
-    host_group_store,
-    read_group_store,
-    resolve_shards,
-    vacant_shard,
-)
+from baselines.torchft.groups import PeerWatch, group_store, make_manager, resolve_shards, vacant_shard
 from baselines.torchft.replica import GroupLost, PipelineStage, WholeModel, layer_checksums
+from baselines.torchft.report import SLOT, Row, rows_of, step_report
 from baselines.torchft.service import FINAL_COUNT, final_record
 from oobleck.config import from_container, to_container
 from oobleck.data import GlobalBatchSampler, build_dataset, collate
@@ -72,11 +66,6 @@ from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, parse_
 from oobleck.runtime.liveness import Liveness
 from oobleck.runtime.state import learning_rate
 from oobleck.strategy import strategy_config
-
-# Per participant in the all-reduced tensor: replica name + 1 (its first node), shard + 1, healed
-# (0/1), seconds the heal took (attempt start to state applied), seconds from registering to that
-# heal (a fresh joiner).
-SLOT = 5
 
 
 class TorchftWorker:
@@ -135,9 +124,6 @@ class TorchftWorker:
     def _join(self, document: dict[str, Any]) -> bool:
         """Build the Manager and the replica for this node's place in the first plan; False: this node
         stands by (it joined a run of multi-node groups)."""
-        from torchft import Manager, ProcessGroupGloo
-        from torchft.checkpointing.pg_transport import PGTransport
-
         plan = ExecutionPlan.from_dict(document["plan"])
         c, cluster = self.config, self.cfg.cluster
         k = int(c.nodes_per_replica)
@@ -149,39 +135,22 @@ class TorchftWorker:
         self.shard = group  # a joiner gets one when it heals (groups.vacant_shard)
         members = plan.pipelines[group].nodes if group is not None else (self.node,)
         self.name = members[0]
-        if rank == 0:
-            self.group_store, self._listener = host_group_store(self.advertised)
-            store_host, store_port = self.advertised, self.group_store.port
-            if k > 1:
-                self.store.set(group_store_key(group), keys.sign(self.secret, f"{store_host}:{store_port}"))
-        else:
-            timeout_s = float(cluster.startup_timeout_s)
-            store_host, store_port = read_group_store(self.store, self.secret, group, timeout_s)
-            self.group_store = make_store(store_host, store_port, timeout_s)
-        timeout = timedelta(seconds=float(c.timeout_s))
-        self.pg = ProcessGroupGloo(timeout=timedelta(seconds=self.pg_timeout_s))
-        services = json.loads(self.store.get(keys.SERVICES))
-        self.manager = Manager(
-            pg=self.pg,
-            load_state_dict=self._load_state_dict,
-            state_dict=self._state_dict,
-            min_replica_size=int(c.min_replicas),
-            use_async_quorum=bool(c.async_quorum),
-            timeout=timeout,
-            quorum_timeout=timedelta(seconds=float(c.quorum_timeout_s)),
-            connect_timeout=timedelta(seconds=float(c.connect_timeout_s)),
+        self.group_store, self._listener, store_host, store_port = group_store(
+            self.store, self.secret, group, rank, k, self.advertised, float(cluster.startup_timeout_s)
+        )
+        self.manager = make_manager(
+            c,
             rank=rank,
             world_size=k,
-            store_addr=store_host,
+            store_host=store_host,
             store_port=store_port,
-            lighthouse_addr=services["lighthouse"],
+            lighthouse=json.loads(self.store.get(keys.SERVICES))["lighthouse"],
             # torchft reads the trailing digits as the replica group's id
             replica_id=f"node{self.node}" if k == 1 else f"group{group}",
             hostname=self.advertised,
-            heartbeat_interval=timedelta(milliseconds=int(c.heartbeat_interval_ms)),
-            # A healing replica receives the state over the same gloo group (as torchft's train_ddp.py).
-            checkpoint_transport=PGTransport(self.pg, timeout=timeout, device=torch.device("cpu")),
-            init_sync=False,  # every replica builds the same seeded initial state
+            pg_timeout_s=self.pg_timeout_s,
+            state_dict=self._state_dict,
+            load_state_dict=self._load_state_dict,
         )
         if k == 1:
             self.replica = WholeModel(self.cfg, self.manager, lambda: self._phase("allreduce"), self._wait_quorum)
@@ -312,8 +281,7 @@ class TorchftWorker:
         """This attempt's microbatches and the loss scale that makes the quorum's average exact."""
         microbatches = self.batch // self.micro
         if self.config.async_quorum:
-            shard = self.shard if self.shard is not None else self.node % self.shards
-            return list(replica_shards(microbatches, self.shards, shard)), self.shards / self.batch
+            return list(replica_shards(microbatches, self.shards, self._shard())), self.shards / self.batch
         participants, rank = self.manager.num_participants(), self.manager.participating_rank()
         if rank is None:
             return [], 0.0
@@ -344,12 +312,15 @@ class TorchftWorker:
         computed, quorum_in_compute = time.perf_counter(), self.quorum_wait_s
         replica.finish_gradients(lambda phase: self._phase(phase, step))
         reduced = time.perf_counter()
-        rows = self._share_step(loss_sum) if replica.reports_steps else None
-        shared = time.perf_counter()
+        shared = self._share_step(loss_sum) if replica.reports_steps else None
+        shared_at = time.perf_counter()
         committed = manager.should_commit()  # the vote; an async heal is applied here
         voted = time.perf_counter()
-        if self.config.async_quorum:
+        if self.config.async_quorum and self.healed_at is not None:
             self._note_heal(attempt_wall)
+            # It trained an old batch on old weights; it now holds its peers' state and data position.
+            redo = self.config.redo_uncommitted_batches
+            batch = manager.current_step() - (1 if committed else 0) if redo else self.batches_drawn
         self.attempts += 1
         self.batches_drawn += 1  # the batch is spent whatever the vote (unless redone by config)
         if not committed:
@@ -365,14 +336,14 @@ class TorchftWorker:
         skipped = batch - self.last_committed_batch - 1
         self.last_committed_batch = batch
         self.failed_since_commit, attempts = 0, self.failed_since_commit + 1
-        if rows is not None and rows["participated"]:  # a healing replica trained an old batch on old weights
-            self._report(step, batch, skipped, attempts, rows, done - started)
+        if shared is not None:  # a healing replica trained an old batch on old weights: it does not report
+            self._report(step, batch, skipped, attempts, shared, done - started)
         for name, seconds in (
             ("quorum", self.quorum_wait_s),
             ("forward_backward", computed - started - quorum_in_compute),
             ("allreduce", reduced - computed - (self.quorum_wait_s - quorum_in_compute)),
-            ("step_report", shared - reduced),
-            ("commit_vote", voted - shared),
+            ("step_report", shared_at - reduced),
+            ("commit_vote", voted - shared_at),
             ("optimizer", done - voted),
         ):
             self._time(name, seconds)
@@ -385,57 +356,44 @@ class TorchftWorker:
                 {"step": self.manager.current_step(), "heal_s": self.heal_report[0], "join_to_heal_s": joined}
             )
 
-    def _share_step(self, loss_sum: float) -> dict[str, Any]:
-        """Step 3 of the module docstring: every participant's row, summed over the quorum."""
+    def _share_step(self, loss_sum: float) -> tuple[float, list[Row]] | None:
+        """Step 3 of the module docstring: the summed loss and every participant's row (None: this
+        replica did not take part, healing, so its loss and data position are not this step's)."""
         manager = self.manager
         participants, rank = manager.num_participants(), manager.participating_rank()
         slots = torch.zeros(SLOT * participants)
         if rank is not None:
             heal = self.heal_report
-            shard = self.shard if self.shard is not None else self.node % self.shards
-            slots[SLOT * rank : SLOT * (rank + 1)] = torch.tensor(
-                [self.name + 1.0, shard + 1.0, 1.0 if heal else 0.0, heal[0] if heal else 0.0, heal[1] if heal else 0.0]
-            )
+            row = Row(self.name, self._shard(), heal[0] if heal else None, heal[1] if heal else 0.0)
+            slots[SLOT * rank : SLOT * (rank + 1)] = torch.tensor(row.values())
             self.heal_report = None  # reported in a step this replica trained
         flat = torch.cat([torch.tensor([loss_sum], dtype=torch.float32), slots])
         manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
         values = flat.tolist()
-        return {
-            "loss_sum": values[0],
-            "rows": [values[1 + SLOT * r : 1 + SLOT * (r + 1)] for r in range(participants)],
-            "participated": rank is not None,
-        }
+        return (values[0], rows_of(values[1:])) if rank is not None else None
+
+    def _shard(self) -> int:
+        return self.shard if self.shard is not None else self.node % self.shards
 
     def _report(
-        self, step: int, batch: int, skipped: int, attempts: int, shared: dict[str, Any], step_s: float
+        self, step: int, batch: int, skipped: int, attempts: int, shared: tuple[float, list[Row]], step_s: float
     ) -> None:
-        rows = [r for r in shared["rows"] if r[0] > 0]  # a non-participant's row was zeroed
-        trained = sorted(int(r[1]) - 1 for r in rows)
-        if self.config.async_quorum:
-            samples = len(trained) * (self.batch // self.shards)
-            moves = resolve_shards([(int(r[0]) - 1, int(r[1]) - 1) for r in rows], self.shards)
-            self.shard = moves.get(self.name, self.shard)
-        else:
-            samples = self.batch
-        self.last_shards = trained
-        healed = [r for r in rows if r[2] > 0]
-        k = int(self.config.nodes_per_replica)
-        report = {
-            "loss_sum": shared["loss_sum"],
-            "samples": samples,
-            "nodes": len(rows) * k,
-            "pipelines": len(rows),
-            "attempts": attempts,
-            "batch": batch,
-            "shards": trained if self.config.async_quorum else None,
-            "skipped_batches": skipped,
-            "skipped_samples": skipped * self.batch + self.batch - samples,
-            "replicas": sorted(int(r[0]) - 1 for r in rows),
-            "healed": sorted(int(r[0]) - 1 for r in healed),
-            "heal_s": round(max((r[3] for r in healed), default=0.0), 4),
-            "join_to_heal_s": round(max((r[4] for r in healed), default=0.0), 4),
-            "quorum_s": round(self.quorum_wait_s, 4),
-        }
+        loss_sum, rows = shared
+        asynchronous = bool(self.config.async_quorum)
+        self.last_shards = sorted(r.shard for r in rows)
+        if asynchronous and self.config.nodes_per_replica == 1:  # joiners exist only with one-node groups
+            self.shard = resolve_shards([(r.name, r.shard) for r in rows], self.shards).get(self.name, self.shard)
+        report = step_report(
+            rows,
+            loss_sum=loss_sum,
+            batch=batch,
+            batch_size=self.batch,
+            shards=self.shards if asynchronous else None,
+            skipped_batches=skipped,
+            attempts=attempts,
+            nodes_per_replica=int(self.config.nodes_per_replica),
+            quorum_s=self.quorum_wait_s,
+        )
         # The first replica to commit update ``step`` reports it; its decision (which carries the
         # step time) comes last, so the ledger finds the report when it reads the decision.
         self.store.compare_set(keys.step_report(self.generation, step), "", json.dumps(report))

@@ -23,6 +23,7 @@ import pytest
 
 from baselines.torchft.config import TorchftConfig, detection, replica_shards
 from baselines.torchft.groups import resolve_shards, vacant_shard
+from baselines.torchft.report import SLOT, Row, rows_of, step_report
 from oobleck.elastic.job import launch, make_strategy
 from oobleck.errors import ConfigError, RunError
 from oobleck.runtime.reference import train_reference
@@ -299,8 +300,8 @@ def test_a_model_that_does_not_fit_one_node_is_refused_and_groups_of_two_fit(tmp
     assert lost.kind is Kind.CONTINUE and "[3]" in lost.reason
     joined = pairs.on_change(RunState(lost.layout, alive=(0, 1, 2, 4, 5), removed=(3,), joined=(5,), step=9))
     assert joined.kind is Kind.CONTINUE and joined.layout.standby == (4, 5) and "stand by" in joined.reason
-    none_left = pairs.on_change(RunState(start.layout, alive=(0,), removed=(1, 2, 3), joined=(), step=9))
-    assert none_left.kind is Kind.STOP and "min_replicas=1" in none_left.reason
+    broken = pairs.on_change(RunState(start.layout, alive=(0, 2, 4), removed=(1, 3), joined=(), step=9))
+    assert broken.kind is Kind.STOP and "0 replica group(s)" in broken.reason and "min_replicas=1" in broken.reason
 
 
 def test_start_is_one_replica_group_per_node_and_changes_continue():
@@ -372,3 +373,35 @@ def test_shards_are_fixed_and_conflicts_resolve_the_same_everywhere():
     assert resolve_shards([(0, 0), (4, 1), (5, 1), (3, 3)], 4) == {0: 0, 4: 1, 5: 2, 3: 3}
     # No vacant shard left: the later replica keeps its duplicate (both train it, counted twice).
     assert resolve_shards([(0, 0), (1, 1), (2, 1)], 2) == {0: 0, 1: 1, 2: 1}
+
+
+def test_a_steps_report_accounts_for_every_shard_and_heal():
+    rows = [Row(0, 0), Row(4, 1, heal_s=0.5, join_to_heal_s=2.0), Row(3, 3)]
+    # Each participant fills its own slot; a non-participant's slot stays zero: nobody.
+    assert rows_of([0.0] * SLOT + rows[0].values() + rows[1].values() + [0.0] * SLOT) == rows[:2]
+    report = step_report(
+        rows,
+        loss_sum=33.0,
+        batch=7,
+        batch_size=16,
+        shards=4,
+        skipped_batches=1,
+        attempts=2,
+        nodes_per_replica=1,
+        quorum_s=0.1,
+    )
+    assert report["samples"] == 12 and report["shards"] == [0, 1, 3] and report["skipped_samples"] == 16 + 4
+    assert report["healed"] == [4] and report["heal_s"] == 0.5 and report["join_to_heal_s"] == 2.0
+    assert report["replicas"] == [0, 3, 4] and report["nodes"] == 3
+    whole = step_report(
+        rows,
+        loss_sum=33.0,
+        batch=7,
+        batch_size=16,
+        shards=None,
+        skipped_batches=0,
+        attempts=1,
+        nodes_per_replica=2,
+        quorum_s=0.0,
+    )
+    assert whole["samples"] == 16 and whole["shards"] is None and whole["skipped_samples"] == 0 and whole["nodes"] == 6

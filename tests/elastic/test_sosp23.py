@@ -98,3 +98,24 @@ def test_beyond_the_papers_answer_it_stops_or_restarts_from_a_checkpoint_like_oo
     lost = RunState(start.layout, alive=(1, 2, 4, 5), removed=(0, 3), joined=(), step=5, checkpoint_step=4)
     restart = six.on_change(lost)
     assert restart.kind is Kind.RESTART and restart.rollback_to_step == 4 and "no live replica" in restart.reason
+
+
+def test_the_simulator_costs_its_decisions_single_source_copies_included():
+    """The same loss, costed: the paper's copies (whole layers from one holder) take at least as long
+    as ours (up to four holders per layer, fewest bytes); a trace replays through both."""
+    from oobleck.faults.trace import parse_trace
+    from oobleck.sim.engine import decision_downtime, simulate
+
+    cfg = {**TWO_NODES_PER_PIPELINE, "cluster.nodes": 5}
+    paper = make_strategy(tiny_config("strategy=oobleck_sosp23", **cfg))
+    ours = make_strategy(tiny_config(**cfg))
+    start = paper.start(range(5)).layout
+    lost = RunState(start, alive=(0, 1, 2, 4), removed=(3,), joined=(), step=3)
+    paper_s, paper_parts = decision_downtime(paper.on_change(lost), paper)
+    ours_s, _ = decision_downtime(ours.on_change(lost), ours)
+    assert dict(paper_parts)["state_copy"] > 0 and paper_s >= ours_s
+    lines = [f"0,add,n{i}" for i in range(5)] + ["60000,remove,n3", "120000,add,n9"]
+    result = simulate(paper, parse_trace("\n".join(lines) + "\n", origin="test.csv"), duration_s=180.0)
+    reconfigurations = [e for e in result.events if e["kind"] == "reconfiguration"]
+    assert len(reconfigurations) == 1 and "borrowed node 2" in reconfigurations[0]["reason"]  # the join stands by
+    assert result.summary["lost_samples"] == 0
