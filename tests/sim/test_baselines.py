@@ -31,7 +31,8 @@ def _change(layout, alive, removed=(), joined=(), step=5, checkpoint_step=None):
 
 # ----- Varuna ---------------------------------------------------------------------------------
 def test_varuna_morphs_to_the_fastest_homogeneous_layout(context):
-    strategy = make_strategy(context, "varuna")
+    # The planner's-templates rule; Varuna's own (the default) is tested in tests/elastic/test_varuna_layouts.py.
+    strategy = make_strategy(context, "varuna", layout_rule="oobleck_templates")
     for nodes in (2, 5, 7, 8):
         layout = strategy.best_layout(range(nodes))
         d, p = layout.state
@@ -56,6 +57,7 @@ def test_varuna_loses_exactly_the_work_since_the_last_checkpoint(context):
     strategy = make_strategy(
         context,
         "varuna",
+        layout_rule="oobleck_templates",  # a layout whose iteration fits the scenario's timeline
         checkpoint_every_steps=4,
         costs={"checkpoint_async": False, "storage_read_gbps": 1e9, "restart_fixed_s": 30.0},
     )
