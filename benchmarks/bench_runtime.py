@@ -207,8 +207,8 @@ def peer_worker(kind: str, rank: int, world: int, port: int, cfg_path: str, spli
 
     from oobleck.config import from_container
     from oobleck.data import GlobalBatchSampler, build_dataset, collate
+    from oobleck.layer_state import learning_rate
     from oobleck.models import build_layers, build_reference_model, loss_fn
-    from oobleck.runtime.state import learning_rate
 
     cfg = from_container(json.loads(Path(cfg_path).read_text()))
     torch.set_num_threads(1)

@@ -26,32 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from baselines.torchft.service import lighthouse_service, require_torchft
 from oobleck.errors import ConfigError, PlanningError
 from oobleck.planning.inputs import GB
 from oobleck.planning.instantiate import build_plan
 from oobleck.planning.pipeline_cost import stage_memory_bytes
 from oobleck.strategy import Decision, Kind, Layout, RunInfo, RunState, Strategy, StrategyConfig, StrategyContext
 
-TORCHFT_VERSION = "0.2.0"
 MB = 1e6  # as oobleck.planning.inputs.GB = 1e9
-
-
-def require_torchft(log_level: str = "warn") -> Any:
-    """The torchft module, or one clear error naming the extra that installs it. ``log_level``
-    quiets torchft's Rust side (read once, at its first import) and its Python loggers."""
-    import logging
-    import os
-
-    os.environ.setdefault("RUST_LOG", log_level)
-    logging.getLogger("torchft").setLevel(log_level.upper())
-    try:
-        import torchft
-    except ImportError as error:
-        raise ConfigError(
-            f"strategy=torchft needs the torchft package ({error}); install the peers extra: "
-            f"pip install -e '.[peers]' (torchft=={TORCHFT_VERSION})"
-        ) from None
-    return torchft
 
 
 @dataclass
@@ -173,6 +155,4 @@ class Torchft(Strategy):
         return Decision(Kind.CONTINUE, layout, reason=reason)
 
     def services(self, run: RunInfo) -> contextlib.AbstractContextManager[dict[str, Any]]:
-        from baselines.torchft.service import lighthouse_service
-
         return lighthouse_service(self.config, run)

@@ -7,7 +7,8 @@ local cluster, on a free port) and leaves it after the workers are gone. It yiel
 workers' Managers dial. On the way out it reads the final record each replica left in the store
 (``FINAL_COUNT``/``final_record``: its checksums, attempts, votes, heals) and writes
 ``torchft.json`` in the run dir: per replica, and whether every replica that finished holds
-bit-identical state.
+bit-identical state. ``require_torchft`` (the policy, this service and the worker call it) imports
+torchft or names the extra that installs it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,27 @@ from typing import Any
 
 from oobleck.errors import ConfigError
 from oobleck.strategy import RunInfo
+
+TORCHFT_VERSION = "0.2.0"
+
+
+def require_torchft(log_level: str = "warn") -> Any:
+    """The torchft module, or one clear error naming the extra that installs it. ``log_level``
+    quiets torchft's Rust side (read once, at its first import) and its Python loggers."""
+    import logging
+    import os
+
+    os.environ.setdefault("RUST_LOG", log_level)
+    logging.getLogger("torchft").setLevel(log_level.upper())
+    try:
+        import torchft
+    except ImportError as error:
+        raise ConfigError(
+            f"strategy=torchft needs the torchft package ({error}); install the peers extra: "
+            f"pip install -e '.[peers]' (torchft=={TORCHFT_VERSION})"
+        ) from None
+    return torchft
+
 
 # Store keys of the replicas' final records (one namespace, away from oobleck.runtime.keys).
 FINAL_COUNT = "torchft/final/count"
@@ -48,8 +70,6 @@ def refuse_checkpoints(run_config: Mapping[str, Any]) -> None:
 
 @contextlib.contextmanager
 def lighthouse_service(config: Any, run: RunInfo) -> Iterator[dict[str, Any]]:
-    from baselines.torchft.policy import require_torchft
-
     refuse_checkpoints(run.config)
     require_torchft(config.log_level)
     from torchft.coordination import LighthouseServer

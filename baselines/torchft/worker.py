@@ -45,8 +45,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from baselines.torchft.policy import TorchftConfig, require_torchft
-from baselines.torchft.service import FINAL_COUNT, final_record
+from baselines.torchft.policy import TorchftConfig
+from baselines.torchft.service import FINAL_COUNT, final_record, require_torchft
 from oobleck.config import from_container
 from oobleck.data import GlobalBatchSampler, build_dataset, collate
 from oobleck.errors import RunError

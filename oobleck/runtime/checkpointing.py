@@ -20,10 +20,10 @@ from typing import Any
 
 from oobleck.checkpoint import AsyncCheckpointWriter, WriteHandle, read_manifest, restore_layer, step_dir
 from oobleck.checkpoint.durable import make_dirs
+from oobleck.layer_state import LayerState
 from oobleck.planning.outputs import Worker
 from oobleck.runtime import keys
 from oobleck.runtime.comm import make_store
-from oobleck.runtime.state import LayerState
 
 
 class CheckpointWriter:

@@ -39,6 +39,7 @@ from oobleck.config import from_container
 from oobleck.data import GlobalBatchSampler, build_dataset
 from oobleck.errors import RunError
 from oobleck.faults.kinds import Phase
+from oobleck.layer_state import LayerState, layer_checksum, layer_state, learning_rate
 from oobleck.models.spec import model_spec
 from oobleck.planning.outputs import ExecutionPlan, ReconfigurationPlan
 from oobleck.runtime import keys
@@ -48,7 +49,6 @@ from oobleck.runtime.comm import Aborted, AbortWatch, Communicator, Reaper, Wait
 from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, parse_strike, run_worker, stop_requested
 from oobleck.runtime.executor import StepContext, clip_and_step, global_grad_norm, run_schedule, sync_gradients
 from oobleck.runtime.liveness import Liveness
-from oobleck.runtime.state import LayerState, layer_checksum, layer_state, learning_rate
 from oobleck.runtime.topology import Topology, build_topology, group_specs
 from oobleck.runtime.transfer import PreparedLayers, incoming_layers, probe_links, transfer_state
 
