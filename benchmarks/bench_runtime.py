@@ -68,6 +68,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+# The test helpers (testing/) come from the checkout, which `python benchmarks/<name>.py` does not
+# put on sys.path by itself.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 WARMUP = 5
 RECOVERY_KEYS = ("detect_s", "plan_s", "groups_s", "state_copy_s", "first_step_s", "total_s", "bytes_moved")
 SECTIONS = ("recovery", "ddp", "pipeline", "hetero", "transfer", "scale", "startup")
@@ -84,7 +88,7 @@ def load() -> str:
 
 
 def bench_config(steps: int, *groups: str, **overrides):
-    from oobleck.runtime.testing import tiny_config
+    from testing import tiny_config
 
     cfg = tiny_config(
         *groups, **{"job.steps": steps, "job.global_batch_size": 32, "job.microbatch_size": 2, **overrides}
@@ -164,7 +168,7 @@ def with_overlap(cfg, overlap: bool):
 
 
 def pure_dp_plan(nodes: int, batch: int, micro: int, layers: int):
-    from oobleck.runtime.testing import hand_plan, template
+    from testing import hand_plan, template
 
     per = batch // micro // nodes
     one = template([(0, layers, 0, 0, 1)])
@@ -174,7 +178,7 @@ def pure_dp_plan(nodes: int, batch: int, micro: int, layers: int):
 
 
 def pipeline_plan(splits, batch: int, micro: int, layers: int):
-    from oobleck.runtime.testing import hand_plan, template
+    from testing import hand_plan, template
 
     tmpl = template([(a, b, i, 0, 1) for i, (a, b) in enumerate(splits)])
     return hand_plan(
@@ -183,7 +187,7 @@ def pipeline_plan(splits, batch: int, micro: int, layers: int):
 
 
 def hetero_plan(batch: int, micro: int):
-    from oobleck.runtime.testing import hand_plan, template
+    from testing import hand_plan, template
 
     count = batch // micro
     return hand_plan(

@@ -87,9 +87,13 @@ from oobleck.runtime.comm import Aborted, AbortWatch, Communicator, GroupSpec, R
 from oobleck.runtime.executor import StepContext, clip_and_step, global_grad_norm, run_schedule, sync_gradients
 from oobleck.runtime.reference import train_reference
 from oobleck.runtime.state import learning_rate, new_layer_state
-from oobleck.runtime.testing import hand_plan, template, tiny_config
 from oobleck.runtime.topology import build_topology, group_specs
 from oobleck.runtime.worker import resource_probe
+
+# The test helpers (testing/) come from the checkout, which `python benchmarks/gpu_check.py` does
+# not put on sys.path by itself.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from testing import hand_plan, template, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1 << 20

@@ -50,6 +50,7 @@ from baselines.torchft.service import FINAL_COUNT, final_record, require_torchft
 from oobleck.config import from_container
 from oobleck.data import GlobalBatchSampler, build_dataset, collate
 from oobleck.errors import RunError
+from oobleck.launcher import launcher_class
 from oobleck.models import build_reference_model, loss_fn
 from oobleck.runtime import keys
 from oobleck.runtime.comm import make_store
@@ -98,7 +99,8 @@ class TorchftWorker:
             )
         if int(cluster.torch_threads) > 0:
             torch.set_num_threads(int(cluster.torch_threads))
-        if cluster.kind == "local":
+        single_machine = launcher_class(cluster).single_machine
+        if single_machine:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # torchft's gloo groups on loopback
         self.job = job
         self.steps = int(job.steps)
@@ -126,7 +128,7 @@ class TorchftWorker:
         self.phase_seconds: dict[str, float] = {}
 
         c = self.config
-        advertised = cluster.master_addr if cluster.kind == "local" else socket.gethostname()
+        advertised = cluster.master_addr if single_machine else socket.gethostname()
         self.group_store, self._listener = host_group_store(advertised)
         self.pg = ProcessGroupGloo(timeout=timedelta(seconds=float(c.pg_timeout_s)))
         services = json.loads(self.store.get(keys.SERVICES))

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from oobleck.elastic.events import EventKind
 from oobleck.elastic.protocol import Channel, ProtocolError, same_secret
 from oobleck.elastic.watchdog import Beat, Verdict, WorkerBeats, parse_beat, unanswered
 from oobleck.errors import RunError
@@ -289,7 +290,7 @@ class Membership:
             state.registered_at = when
             if self.accepting_joins and not state.was_up:
                 self._joined[node] = when
-                self.event("join", node=node)
+                self.event(EventKind.JOIN, node=node)
             state.was_up = True
             return
         if kind == "exit":
@@ -433,7 +434,7 @@ class Membership:
         elif self.store.check([keys.strike_time(node)]):
             cause = _wall_time(self.store.get(keys.strike_time(node)), cause)
         cause = cause if cause is not None else detected
-        self.event("failure", node=node, reason=reason, detect_s=round(detected - cause, 4))
+        self.event(EventKind.FAILURE, node=node, reason=reason, detect_s=round(detected - cause, 4))
         self._joined.pop(node, None)
         self._removed[node] = (cause, detected - cause)
 

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from oobleck.config import node_address
 from oobleck.errors import RunError
+from oobleck.launcher import launcher_class
 
 if TYPE_CHECKING:
     from oobleck.runtime.comm import Waiter
@@ -125,9 +125,9 @@ def open_backend(cluster: Any, node: int, local_rank: int) -> Backend:
     cuda: in-process recovery needs communicator errors not to kill the process (an inherited
     ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` of 1 or 3 would kill the survivors; aborted generations'
     communicators are aborted explicitly by ``release``), and each worker owns the GPU of its
-    local rank. cpu: gloo binds to the node's address on a local cluster (``cluster.node_address_base``:
-    the controller's, loopback, unless each node has its own), and to the host's default interface
-    elsewhere.
+    local rank. cpu: gloo binds to the address the cluster's launcher gives the node
+    (``Launcher.worker_address``: on a local cluster the controller's, loopback, unless
+    ``cluster.node_address_base`` gives each node its own; elsewhere the host's default interface).
     """
     if cluster.device == "cuda":
         if not torch.cuda.is_available():
@@ -135,7 +135,7 @@ def open_backend(cluster: Any, node: int, local_rank: int) -> Backend:
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
         torch.cuda.set_device(local_rank)
         return NcclBackend(device=f"cuda:{local_rank}")
-    hostname = node_address(cluster, node) if cluster.kind == "local" else ""
+    hostname = launcher_class(cluster).worker_address(cluster, node)
     transport = (
         dist.ProcessGroupGloo.create_device(hostname=hostname)
         if hostname

@@ -22,8 +22,8 @@ import pytest
 from oobleck.elastic.job import launch, make_strategy
 from oobleck.errors import ConfigError, RunError
 from oobleck.runtime.reference import train_reference
-from oobleck.runtime.testing import assert_matches_reference, tiny_config
 from oobleck.strategy import Kind, RunState
+from testing import assert_matches_reference, tiny_config
 
 STEPS = 300
 

@@ -21,7 +21,7 @@ import pytest
 from oobleck.models import load_model_config
 from oobleck.profiling import analytic_profile, load_gpu_config, measure_profile
 from oobleck.runtime.reference import train_reference
-from oobleck.runtime.testing import tiny_config
+from testing import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"

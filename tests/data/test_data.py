@@ -18,7 +18,7 @@ from oobleck.data import (
 )
 from oobleck.errors import ConfigError
 from oobleck.models import load_model_config
-from oobleck.runtime.testing import config_section
+from testing import config_section
 
 
 def _job(**overrides):

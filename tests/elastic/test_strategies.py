@@ -13,7 +13,7 @@ import pytest
 
 from oobleck.elastic.job import launch
 from oobleck.errors import ConfigError, RunError
-from oobleck.runtime.testing import assert_matches_reference, tiny_config
+from testing import assert_matches_reference, tiny_config
 
 
 def _pids(outcome) -> dict[tuple[int, int], set[int]]:
@@ -147,7 +147,7 @@ def test_bamboo_runs_the_redundant_forward_for_real(bamboo_run):
 def test_oobleck_beyond_f_restarts_from_its_checkpoint(tmp_path):
     """Two 2-node pipelines; both first stages die after step 4 commits: no live replica of their
     layers, so the run restarts from step 4's checkpoint on the two survivors."""
-    from oobleck.runtime.testing import two_pipelines_of_two_nodes
+    from testing import two_pipelines_of_two_nodes
 
     cfg = tiny_config(
         **{

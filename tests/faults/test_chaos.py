@@ -47,8 +47,8 @@ from oobleck.errors import EXIT_REQUEUE, Stopped
 from oobleck.runtime import keys
 from oobleck.runtime.reference import train_reference
 from oobleck.runtime.state import new_layer_state
-from oobleck.runtime.testing import tcp_states, tiny_config
 from oobleck.runtime.worker import resource_probe
+from testing import tcp_states, tiny_config
 
 SEED = 18
 NODES = 12
