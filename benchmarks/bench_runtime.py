@@ -9,7 +9,7 @@ compared), because on a shared 2-core machine the load drifts from minute to min
    process exit), joins in between; every recovery's breakdown and the medians.
 2. ``ddp``: 4 processes (``--ddp-nodes``), a pure data-parallel plan (single-node pipelines holding every layer),
    ours (gradient buckets all-reduced during the backward pass) and ours with the reduction after
-   the backward pass (``runtime.overlap_grad_reduce=false``, the runtime before issue 19) against
+   the backward pass (``runtime.overlap_grad_reduce=false``: what overlapping the reduction saves) against
    torch DistributedDataParallel on the same processes, model, batches, optimizer, clipping and
    bucket size (``--bucket-mb``: both sides' bucket cap; gloo).
 3. ``pipeline``: one pipeline of 4 stages against torch.distributed.pipelining's Schedule1F1B on
