@@ -112,6 +112,11 @@ class Launcher(ABC):
         return ""
 
     # ------------------------------------------------------------------ nodes
+    @property
+    def worker_server(self) -> str:
+        """Where agents ask for forked workers ("" when they exec them)."""
+        return self.fork_server.address if self.fork_server is not None else ""
+
     def agent_environment(self) -> dict[str, str]:
         """The environment an agent starts with: this process's, plus ``environment``."""
         return {**os.environ, **self.environment}

@@ -185,6 +185,14 @@ def test_planning_never_imports_torch() -> None:
                     todo.append(target)
 
 
+def test_shipped_code_never_imports_the_test_helpers() -> None:
+    """``testing/`` is not in the wheel: an import of it from the package would fail once installed."""
+    modules = project_modules()
+    for name, path in modules.items():
+        for dotted, line in raw_imports(name, path):
+            assert dotted.partition(".")[0] != "testing", f"{path.relative_to(REPO)}:{line} imports {dotted}"
+
+
 def test_the_checker_finds_cycles(tmp_path: Path) -> None:
     """The graph code on a made-up tree: a function-level cycle is found, a TYPE_CHECKING one is not."""
     package = tmp_path / "pkg"

@@ -139,7 +139,7 @@ class RecoveryAccounting(RunObserver):
         """The recovery's row: its phases in seconds, what it moved, and how it ended."""
         generation = self.ledger.generations[r.generation]
         established = generation.established_at or now
-        timings = generation.timings
+        timings: list[dict[str, Any]] = generation.timings  # each rank's report (oobleck.runtime.worker)
         if r.kind is EventKind.CONTINUE:  # no new generation was established: nothing was rebuilt
             established, timings = r.started, []
         row: dict[str, Any] = {

@@ -105,6 +105,7 @@ class Controller:
         self.observers: list[RunObserver] = []
         self.steps = int(cfg.job.steps)
         self.store: Any = None
+        self.store_host: StoreHost | None = None
         self.membership: Membership | None = None
         self.ledger: StepLedger | None = None
         self.decisions: DecisionWatch | None = None
@@ -132,6 +133,12 @@ class Controller:
             self.recorder.event(kind.value, **fields)
         if self.on_event is not None:
             self.on_event(kind.value, fields)
+
+    @property
+    def store_address(self) -> str:
+        """HOST:PORT of the run's store (once the run started)."""
+        assert self.store_host is not None
+        return self.store_host.address
 
     def _on_step(self, row: dict[str, Any]) -> None:
         if self.recorder is not None:
@@ -162,7 +169,7 @@ class Controller:
     def _start(self) -> None:
         """Host the store, build the parts and the observers, start the services and every node."""
         cfg = self.cfg
-        host = StoreHost(cfg.cluster)
+        self.store_host = host = StoreHost(cfg.cluster)
         self.store = store = host.store
         store.set(keys.CONFIG, json.dumps(self.config_dict))
         self.ledger = ledger = StepLedger(store, self.steps, int(cfg.job.global_batch_size), on_step=self._on_step)

@@ -224,16 +224,19 @@ class DecisionExecutor:
         self.absorbing = (execution.generation, execution.resume_step)
 
     def _reconfigure(self, decision: Decision, state: RunState, step: int, started: float, plan_s: float) -> None:
-        assert decision.layout is not None
+        layout = decision.layout
+        assert layout is not None
         if step == 0:
             # Nothing has committed: every layer is still its seeded initial state, which each
             # worker builds itself. Copying it would need its holders in the first plan to have
             # built it, and a worker slow to start may never have seen that plan.
             decision = dataclasses.replace(decision, transfers=())
         reconfiguration = ReconfigurationPlan(
-            state.layout.plan, decision.layout.plan, state.removed, state.joined, tuple(decision.transfers)
+            state.layout.plan, layout.plan, state.removed, state.joined, tuple(decision.transfers)
         )
-        execution = Execution(decision, state, self.ledger.generation + 1, step, started, plan_s)
+        execution = Execution(
+            decision, state, generation=self.ledger.generation + 1, resume_step=step, started=started, plan_s=plan_s
+        )
         self._execute(execution, reconfiguration=reconfiguration)
 
     def _plan_restart(self, decision: Decision) -> None:
@@ -264,7 +267,16 @@ class DecisionExecutor:
         lost = ledger.roll_back(rollback)
         alive = tuple(membership.available())
         membership.restart_workers(list(alive))
-        execution = Execution(decision, state, ledger.generation + 1, rollback, started, plan_s, lost, alive)
+        execution = Execution(
+            decision,
+            state,
+            generation=ledger.generation + 1,
+            resume_step=rollback,
+            started=started,
+            plan_s=plan_s,
+            rolled_back_steps=lost,
+            restart_nodes=alive,
+        )
         checkpoint = str(checkpoints.path(rollback)) if rollback > 0 else None
         self._execute(execution, checkpoint=checkpoint)
         self.restarting = rollback

@@ -82,11 +82,6 @@ class LocalLauncher(Launcher):
                 f"cluster.node_address_base={base} does not give node {node} an IPv4 address ({error}); use e.g. 127.0.1.0"
             ) from None
 
-    @property
-    def worker_server(self) -> str:
-        """Where agents ask for forked workers ("" when they exec them)."""
-        return self.fork_server.address if self.fork_server is not None else ""
-
     def start(self, node: int) -> None:
         # A session of its own keeps a terminal out of the node entirely; forked workers need the
         # controller's session (see the module docstring), where a process group does the same.
