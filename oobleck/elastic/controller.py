@@ -135,6 +135,11 @@ class Controller:
             self.on_event(kind.value, fields)
 
     @property
+    def absorbing(self) -> bool:
+        """Whether the last membership change is not absorbed yet (its first step has not committed)."""
+        return self.executor is not None and self.executor.absorbing is not None
+
+    @property
     def store_address(self) -> str:
         """HOST:PORT of the run's store (once the run started)."""
         assert self.store_host is not None

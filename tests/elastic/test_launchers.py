@@ -82,3 +82,9 @@ def test_cuda_is_refused_where_the_launcher_runs_the_controller(make_config):
     with pytest.raises(RunError, match="on this allocation's first node; request GPUs with sbatch --gpus-per-node"):
         check_device(make_config("cluster=slurm"))
     check_device(make_config())  # cpu: nothing to check
+
+
+def test_a_slurm_launcher_outside_an_allocation_is_one_clear_error(make_config):
+    cluster = make_config("cluster=slurm").cluster
+    with pytest.raises(RunError, match="cluster.kind=slurm must run inside a Slurm allocation"):
+        SlurmLauncher(cluster, "127.0.0.1:1", "run", job_environ={})

@@ -156,7 +156,7 @@ class Chaos:
         # End the run as a time limit would: checkpoint the next boundary and stop (its state is
         # then checked against the reference). Also when the loop could not go on: the test then
         # fails on what it lacks, at once, instead of training to the STEPS bound.
-        while c.recovery is not None and not self._stop.wait(0.05) and c.ledger.next_step <= STEPS - 40:
+        while c.absorbing and not self._stop.wait(0.05) and c.ledger.next_step <= STEPS - 40:
             pass
         self.stopped_at = c.ledger.next_step
         c.request_checkpoint_stop("the chaos loop is done")
@@ -175,7 +175,7 @@ class Chaos:
                 return None  # leave the last steps to finish the run
             generation = ledger.generations.get(ledger.generation)
             if (
-                c.recovery is not None
+                c.absorbing
                 or membership.pending()
                 or generation is None
                 or ledger.next_step < generation.resume_step + GAP
