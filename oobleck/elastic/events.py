@@ -9,9 +9,12 @@ the recovery accounting and the fault-tolerance report (``oobleck.elastic.accoun
 observers, and ``Controller.observers`` takes more. The core calls the hooks in this order around
 a membership change: ``changes_taken`` (nodes lost and joined, with when each was caused and how
 long detecting it took), then either ``continued`` (the strategy carries on without a new
-generation) or ``executing`` (a decision is about to be carried out: its new generation is not
-published yet), then ``published`` (every generation, including the first), and ``absorbed`` once
-the change's first step committed. ``finished`` follows the last step (or a stop).
+generation) or ``executing`` (a decision is being carried out: its generation is published
+next), ``published`` (every generation, the first one too), and ``absorbed`` once the first step
+after the change committed. Two decisions differ: a restart that checkpoints first is executed
+once its checkpoint is complete (``executing`` comes later, after other steps), and a
+``continue`` decided after the step in flight was aborted publishes the same plan again
+(``published`` alone). ``finished`` follows the last step.
 """
 
 from __future__ import annotations
