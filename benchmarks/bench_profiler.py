@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from oobleck.models import load_model_config
+from oobleck.config import load_model_config
 from oobleck.profile import format_profile
 from oobleck.profiling import measure_profile
 

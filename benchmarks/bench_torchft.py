@@ -31,11 +31,16 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+# The test helpers (testing/) come from the checkout, which `python benchmarks/<name>.py` does not
+# put on sys.path by itself.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SCHEDULE = [
     {"action": "remove", "step": 20, "nodes": [1], "phase": "backward"},
@@ -50,7 +55,7 @@ COLUMNS = {
 
 
 def bench_config(strategy: str, nodes: int, steps: int, overrides: dict[str, Any]):
-    from oobleck.runtime.testing import tiny_config
+    from testing import tiny_config
 
     cfg = tiny_config(
         f"strategy={strategy}",

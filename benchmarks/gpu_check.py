@@ -56,6 +56,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_check_units, beside this script
+# The test helpers (testing/) come from the checkout, which `python benchmarks/gpu_check.py` does
+# not put on sys.path by itself.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 from gpu_check_units import exactness, layers, lifecycle, nccl, restart, throughput

@@ -18,7 +18,6 @@ Sections mirror the config groups: ``paths``, ``model/`` (typed by its family: `
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import math
 import typing
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from oobleck.errors import ConfigError, unknown_key_message
+from oobleck.launcher import launcher_class
 from oobleck.planning.inputs import ClusterSpec
 from oobleck.planning.instantiate import MAX_MICROBATCHES, microbatch_limit_message
 
@@ -83,7 +83,8 @@ class GPUConfig:
 class ClusterConfig:
     """Where workers run: ``local`` (processes on this machine) or ``slurm`` (one agent per node)."""
 
-    kind: str = MISSING  # local | slurm
+    _target_: str = MISSING  # the launcher class (oobleck.launcher.Launcher), e.g. oobleck.elastic.local.LocalLauncher
+    kind: str = MISSING  # local | slurm: the cluster's name, the one its launcher launches
     nodes: int = MISSING
     gpus_per_node: int = MISSING
     device: str = MISSING  # cpu (gloo) | cuda (nccl)
@@ -287,7 +288,7 @@ def compose_config(*overrides: str, return_hydra_config: bool = False) -> DictCo
 
 
 # Config groups whose files fill one section outside Hydra too (tools, tests, the simulator). The
-# model section is typed by its family (``oobleck.models.load_model_config`` types it).
+# model section is typed by its family (``load_model_config`` below types it).
 _GROUP_SECTIONS: dict[str, tuple[str, Any]] = {"model": ("model", None), "gpu": ("cluster.gpu", GPUConfig)}
 
 
@@ -307,6 +308,22 @@ def load_group(group: str, name: str, **overrides: Any) -> DictConfig:
     base = OmegaConf.select(OmegaConf.load(CONF_DIR / "config.yaml"), section, default=None) or {}
     typed = [OmegaConf.structured(schema)] if schema is not None else []
     return OmegaConf.merge(*typed, base, OmegaConf.load(path), overrides)  # type: ignore[return-value]
+
+
+def model_names() -> list[str]:
+    """The ``model=`` names (``conf/model/*.yaml``)."""
+    return group_names("model")
+
+
+def load_model_config(name: str, **overrides: Any) -> DictConfig:
+    """The config of model ``name`` outside Hydra (tests, benchmarks, notebooks), with ``overrides``
+    (e.g. ``n_layer=2``) applied: exactly what ``model=<name>`` composes in a Hydra app, typed and
+    checked by its family (a ``DictConfig`` that can still be changed, like Hydra's)."""
+    from oobleck.models.registry import model_config  # torch-free: the family's schema and checks
+
+    typed = OmegaConf.structured(model_config(load_group("model", name, **overrides)))
+    OmegaConf.set_readonly(typed, False)
+    return typed
 
 
 def _section_schema(section: str) -> Any:
@@ -382,25 +399,6 @@ def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}; set {key}=<one of them>")
 
 
-def node_address(cluster: Any, node: int) -> str:
-    """The address node ``node``'s workers bind gloo to on a local cluster: the controller's (one
-    loopback address for all), or with ``cluster.node_address_base`` set, that address plus
-    ``node`` (an address of each node's own lets a traffic shaper give each node its own link)."""
-    base = cluster.node_address_base
-    if base is None:
-        return str(cluster.master_addr)
-    if cluster.kind != "local":
-        raise ConfigError(
-            f"cluster.node_address_base={base} needs cluster.kind=local (got {cluster.kind}); set cluster.node_address_base=null"
-        )
-    try:
-        return str(ipaddress.IPv4Address(str(base)) + node)
-    except (ValueError, ipaddress.AddressValueError) as error:
-        raise ConfigError(
-            f"cluster.node_address_base={base} does not give node {node} an IPv4 address ({error}); use e.g. 127.0.1.0"
-        ) from None
-
-
 def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
     bound = ">= 0" if allow_zero else "> 0"
     if value is None or (isinstance(value, float) and not math.isfinite(value)):  # NaN passes every comparison below
@@ -419,7 +417,7 @@ def validate(cfg: Config | DictConfig) -> None:
         check_known_keys(cfg)
     cluster, job = cfg.cluster, cfg.job
     _validate_model(cfg)
-    _choice("cluster.kind", cluster.kind, ("local", "slurm"))
+    launcher_class(cluster).check_config(cluster)  # the kind, and what only some launchers support
     _choice("cluster.device", cluster.device, ("cpu", "cuda"))
     _choice("cluster.backend", cluster.backend, ("auto", "nccl", "gloo"))
     if cluster.backend == "nccl" and cluster.device != "cuda":
@@ -436,13 +434,6 @@ def validate(cfg: Config | DictConfig) -> None:
             f"cluster.heartbeat_timeout_s={cluster.heartbeat_timeout_s} must exceed "
             f"cluster.heartbeat_interval_s={cluster.heartbeat_interval_s}"
         )
-    if cluster.fork_workers and cluster.kind != "local":
-        raise ConfigError(
-            f"cluster.fork_workers=true needs cluster.kind=local (got {cluster.kind}: each node execs its own "
-            "workers); set cluster.fork_workers=false"
-        )
-    if cluster.node_address_base is not None:
-        node_address(cluster, 0)  # raises ConfigError when the base is unusable
     if not 0 <= cluster.master_port <= 65535:
         raise ConfigError(f"cluster.master_port={cluster.master_port} must be in 0..65535 (0 picks a free port)")
     _choice("profile.source", cfg.profile.source, ("auto", "measured", "analytic", "file"))

@@ -121,7 +121,7 @@ def test_the_yaml_gives_every_value(make_config, choices):
 
 
 def test_outside_hydra_a_group_is_what_hydra_composes(make_config):
-    from oobleck.models import load_model_config, model_names
+    from oobleck.config import load_model_config, model_names
     from oobleck.profiling import gpu_names, load_gpu_config
 
     for name in model_names():

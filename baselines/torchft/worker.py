@@ -59,6 +59,7 @@ from baselines.torchft.service import FINAL_COUNT, final_record
 from oobleck.config import from_container, to_container
 from oobleck.data import GlobalBatchSampler, build_dataset, collate
 from oobleck.errors import RunError
+from oobleck.launcher import launcher_class
 from oobleck.planning.outputs import ExecutionPlan
 from oobleck.runtime import keys
 from oobleck.runtime.comm import make_store
@@ -85,7 +86,8 @@ class TorchftWorker:
             )
         if int(cluster.torch_threads) > 0:
             torch.set_num_threads(int(cluster.torch_threads))
-        if cluster.kind == "local":
+        single_machine = launcher_class(cluster).single_machine
+        if single_machine:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # torchft's gloo groups on loopback
         self.secret = os.environ.get(keys.SECRET_ENV, "")  # handed down by the agent: strikes and stop are signed
         self.liveness = Liveness(
@@ -101,7 +103,7 @@ class TorchftWorker:
         self.dataset = build_dataset(job, self.cfg.model)
         self.sampler = GlobalBatchSampler(len(self.dataset), self.batch, int(job.seed))
         self.pg_timeout_s = run_detection(self.config, to_container(self.cfg))[0].pg_timeout_s
-        self.advertised = cluster.master_addr if cluster.kind == "local" else socket.gethostname()
+        self.advertised = cluster.master_addr if single_machine else socket.gethostname()
         # The data position travels with the state when a replica heals.
         self.batches_drawn = 0  # attempts so far: the batch index of the next attempt
         self.last_committed_batch = -1

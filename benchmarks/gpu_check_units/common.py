@@ -27,9 +27,9 @@ from oobleck.runtime.backend import GlooBackend, NcclBackend
 from oobleck.runtime.comm import AbortWatch, Communicator, Waiter
 from oobleck.runtime.executor import StepContext, clip_and_step, global_grad_norm, run_schedule, sync_gradients
 from oobleck.runtime.state import learning_rate, new_layer_state
-from oobleck.runtime.testing import hand_plan, template
 from oobleck.runtime.topology import build_topology, group_specs
 from oobleck.runtime.worker import resource_probe
+from testing import hand_plan, template
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20

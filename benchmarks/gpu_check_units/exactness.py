@@ -40,13 +40,12 @@ from gpu_check_units.common import (
     tf32_off,
     train_solo,
 )
-from oobleck.config import from_container
+from oobleck.config import from_container, load_model_config
 from oobleck.elastic.job import check_device
 from oobleck.elastic.local import run_processes
 from oobleck.errors import RunError
-from oobleck.models import load_model_config
 from oobleck.runtime.reference import train_reference
-from oobleck.runtime.testing import tiny_config
+from testing import tiny_config
 
 EXACT_MODELS = ("gpt3_tiny", "llama_tiny")  # one model of each family
 RECOVERY_MODEL = "llama_tiny"

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from gpu_check_units.common import Settings, cuda_reason, free_device_memory, tf32_off
-from oobleck.models import architecture, load_model_config
+from oobleck.config import load_model_config
+from oobleck.models import architecture
 from oobleck.profiling import analytic_profile, gpu_names, load_gpu_config, measure_profile
 from oobleck.profiling.analytic import compute_bound
 from oobleck.profiling.feasibility import matmul_flop_rate

@@ -18,9 +18,10 @@ from typing import Any
 
 from gpu_check_units.common import Settings, cuda_reason, tail
 from oobleck.checkpoint.shard import Shard, shard_meta, write_shard
-from oobleck.models import load_model_config, model_spec
+from oobleck.config import load_model_config
+from oobleck.models import model_spec
 from oobleck.runtime.state import layer_state
-from oobleck.runtime.testing import tiny_config
+from testing import tiny_config
 
 PROBE = Path(__file__).resolve().parent / "restart_probe.py"
 CHECKPOINT_STEP = 1

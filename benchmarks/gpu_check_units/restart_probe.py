@@ -38,15 +38,17 @@ def main() -> None:
 
     times["torch_import_s"] = time.perf_counter() - clock
     clock = time.perf_counter()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # gpu_check_units
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # testing (the checkout)
     import oobleck.runtime.worker  # noqa: F401  (what a worker imports before its first step)
     from gpu_check_units.common import MIB, SoloRun, local_store, tf32_off
     from oobleck.checkpoint.manifest import ShardRecord
     from oobleck.checkpoint.shard import restore_layer
-    from oobleck.models import load_model_config, model_spec
+    from oobleck.config import load_model_config
+    from oobleck.models import model_spec
     from oobleck.runtime.backend import GlooBackend, NcclBackend
     from oobleck.runtime.state import layer_state
-    from oobleck.runtime.testing import tiny_config
+    from testing import tiny_config
 
     torch.optim.AdamW([torch.zeros(1, requires_grad=True)])  # its one-time imports, as a worker pays them at start
     times["harness_import_s"] = time.perf_counter() - clock

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 
 from gpu_check_units.common import Settings, cuda_reason, free_device_memory, tf32_off, train_solo
-from oobleck.models import load_model_config
+from oobleck.config import load_model_config
 from oobleck.runtime.reference import train_reference
-from oobleck.runtime.testing import tiny_config
+from testing import tiny_config
 
 
 def unit_throughput(s: Settings, context: dict[str, Any]) -> dict[str, Any]:

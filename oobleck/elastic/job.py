@@ -23,43 +23,21 @@ from pathlib import Path
 from typing import Any
 
 from oobleck.config import to_container, validate
-from oobleck.elastic.controller import Controller, Outcome, summarize
+from oobleck.elastic.accounting import summarize
+from oobleck.elastic.controller import Controller
 from oobleck.elastic.forkserver import ForkServer, fork_server_for
+from oobleck.elastic.ledger import Outcome
 from oobleck.elastic.protocol import new_run_id
 from oobleck.errors import OobleckError, RunError, unwritable_message
 from oobleck.faults.schedule import build_schedule
+from oobleck.launcher import launcher_class
 from oobleck.planning.outputs import ExecutionPlan
 from oobleck.strategy import Decision, Kind, Strategy, StrategyContext, build_strategy
 
 
 def check_device(cfg: Any) -> None:
-    if cfg.cluster.device != "cuda":
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        where = "this allocation's first node" if cfg.cluster.kind == "slurm" else "this machine"
-        ask = (
-            "request GPUs with sbatch --gpus-per-node=<g> (slurm/run.sbatch), or "
-            if cfg.cluster.kind == "slurm"
-            else ""
-        )
-        raise RunError(f"cluster.device=cuda but CUDA is not available on {where}; {ask}use cluster.device=cpu")
-    if cfg.cluster.kind == "local" and torch.cuda.device_count() < int(cfg.cluster.gpus_per_node):
-        raise RunError(
-            f"cluster.gpus_per_node={cfg.cluster.gpus_per_node} but this machine has {torch.cuda.device_count()} CUDA devices"
-        )
-    if cfg.cluster.kind == "local" and int(cfg.cluster.nodes) > 1 and cfg.cluster.backend == "auto":
-        # A worker takes device cuda:<local rank>, so every local "node" puts its workers on the
-        # same GPUs, and NCCL refuses two ranks of one communicator on one device ("Duplicate GPU
-        # detected", ncclInvalidUsage, in its init). gloo does not; an explicit nccl is the
-        # user's word that this NCCL allows it.
-        raise RunError(
-            f"cluster.kind=local with cluster.device=cuda runs on one machine's GPUs, but cluster.nodes={cfg.cluster.nodes} "
-            "local nodes would all use devices cuda:0.. (NCCL refuses two ranks on one GPU); use cluster.backend=gloo "
-            "(collectives staged through host memory), cluster.nodes=1 (cluster.gpus_per_node up to the device "
-            "count), cluster=slurm, or cluster.device=cpu"
-        )
+    """Refuse devices the run cannot have where it starts (its launcher's ``check_devices``)."""
+    launcher_class(cfg.cluster).check_devices(cfg.cluster)
 
 
 def make_strategy(cfg: Any) -> Strategy:

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from oobleck.errors import ConfigError
 from oobleck.models.architecture import Architecture, LayerCost, ModelFamily, TiedParameter
-from oobleck.models.configs import load_model_config, model_names
 from oobleck.models.registry import FAMILIES, architecture, family_of, model_config
 
 if TYPE_CHECKING:
@@ -92,10 +91,8 @@ __all__ = [
     "build_reference_model",
     "family_of",
     "layer_name",
-    "load_model_config",
     "loss_fn",
     "model_config",
-    "model_names",
     "model_spec",
     "num_layers",
     "parameter_count",

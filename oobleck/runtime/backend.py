@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from oobleck.config import node_address
 from oobleck.errors import RunError
+from oobleck.launcher import launcher_class
 
 if TYPE_CHECKING:
     from oobleck.runtime.comm import Waiter
@@ -133,9 +133,10 @@ def open_backend(cluster: Any, node: int, local_rank: int) -> Backend:
     nccl) in-process recovery needs communicator errors not to kill the process (an inherited
     ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` of 1 or 3 would kill the survivors; aborted generations'
     communicators are aborted explicitly by ``release``); ``cluster.backend=gloo`` runs gloo on
-    the GPU's tensors. cpu: gloo binds to the node's address on a local cluster (``cluster.node_address_base``:
-    the controller's, loopback, unless each node has its own), and to the host's default interface
-    elsewhere.
+    the GPU's tensors. cpu (and gloo on the GPU): gloo binds to the address the cluster's launcher
+    gives the node (``Launcher.worker_address``: on a local cluster the controller's, loopback,
+    unless ``cluster.node_address_base`` gives each node its own; elsewhere the host's default
+    interface).
     """
     device = "cpu"
     if cluster.device == "cuda":
@@ -146,7 +147,7 @@ def open_backend(cluster: Any, node: int, local_rank: int) -> Backend:
         if cluster.backend != "gloo":
             os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
             return NcclBackend(device=device)
-    hostname = node_address(cluster, node) if cluster.kind == "local" else ""
+    hostname = launcher_class(cluster).worker_address(cluster, node)
     transport = (
         dist.ProcessGroupGloo.create_device(hostname=hostname)
         if hostname

@@ -5,7 +5,8 @@ protocol can be read in one place:
 
 - ``config`` (JSON of the resolved run config), ``services`` (JSON: what the strategy's run-long
   services publish, e.g. torchft's lighthouse address), ``gen`` (the newest generation number),
-  ``plan/<g>`` (JSON: the plan of generation g, its reconfiguration and the step to resume at);
+  ``plan/<g>`` (the ``PlanDocument`` of generation g, ``oobleck.runtime.plan_document``: its plan,
+  its reconfiguration, the step to resume at, ...; a typed value validated where it is read);
 - ``abort/<g>``: generation g is over (a newer one exists, or the run stops: then ``stop`` holds why);
 - ``g<g>/decision/<s>``: the commit decision of step s in generation g, "commit <seconds>" (or
   "commit+checkpoint <seconds>": commit, then every layer's writer checkpoints the state after

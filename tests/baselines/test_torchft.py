@@ -27,8 +27,8 @@ from baselines.torchft.report import SLOT, Row, rows_of, step_report
 from oobleck.elastic.job import launch, make_strategy
 from oobleck.errors import ConfigError, RunError
 from oobleck.runtime.reference import train_reference
-from oobleck.runtime.testing import assert_matches_reference, tiny_config
 from oobleck.strategy import Kind, RunState
+from testing import assert_matches_reference, tiny_config
 
 STEPS = 300
 BATCH = 16  # 8 microbatches of 2

@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from oobleck.models import load_model_config, model_spec
+from oobleck.config import load_model_config
+from oobleck.models import model_spec
 from oobleck.profiling import analytic_profile, load_gpu_config, measure_profile
 from oobleck.runtime.reference import train_reference
-from oobleck.runtime.testing import tiny_config
+from testing import tiny_config
 
 # The rehearsal runs every unit for real (processes, a recovery, restarts): minutes, not seconds.
 pytestmark = pytest.mark.slow

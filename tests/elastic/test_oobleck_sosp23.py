@@ -8,8 +8,8 @@ pipeline that loses a node must borrow or merge, which is what these runs exerci
 from __future__ import annotations
 
 from oobleck.elastic.job import launch, make_strategy
-from oobleck.runtime.testing import assert_matches_reference, tiny_config
 from oobleck.strategy import Kind, RunState
+from testing import assert_matches_reference, tiny_config
 
 TWO_NODES_PER_PIPELINE = {"cluster.device_memory_gb": 0.006}
 

@@ -16,8 +16,8 @@ import pytest
 from baselines.varuna.policy import varuna_depths, varuna_partitions
 from oobleck.elastic.job import launch, make_strategy
 from oobleck.errors import ConfigError
-from oobleck.runtime.testing import assert_matches_reference, tiny_config
 from oobleck.strategy import Kind
+from testing import assert_matches_reference, tiny_config
 
 HALF_THE_MODEL_FITS = {"cluster.device_memory_gb": 0.004}
 

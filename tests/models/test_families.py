@@ -17,8 +17,9 @@ from torch.distributed.pipelining._backward import stage_backward_input, stage_b
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from oobleck.config import load_model_config, model_names
 from oobleck.errors import ConfigError
-from oobleck.models import FAMILIES, architecture, layer_name, load_model_config, loss_fn, model_names, model_spec
+from oobleck.models import FAMILIES, architecture, layer_name, loss_fn, model_spec
 
 torch.set_num_threads(1)
 SEED = 1234
@@ -160,7 +161,8 @@ def test_init_bits_identical_in_another_process():
     script = textwrap.dedent(
         f"""
         import hashlib, json, torch
-        from oobleck.models import load_model_config, model_spec
+        from oobleck.models import model_spec
+        from oobleck.config import load_model_config
         out = {{}}
         for family, (name, small) in {TINY!r}.items():
             spec = model_spec(load_model_config(name, **small), {SEED})
@@ -224,7 +226,7 @@ def test_a_model_section_without_a_family_is_gpt():
     from omegaconf import OmegaConf
 
     from oobleck.config import from_container, to_container, validate
-    from oobleck.runtime.testing import tiny_config
+    from testing import tiny_config
 
     data = to_container(tiny_config())
     del data["model"]["family"]

@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from oobleck.config import load_model_config
 from oobleck.errors import ConfigError
-from oobleck.models import architecture, load_model_config, model_spec
+from oobleck.models import architecture, model_spec
 from oobleck.models.llama import model as llama
 from oobleck.profiling import measure_profile
 

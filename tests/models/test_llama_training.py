@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from oobleck.config import load_model_config
 from oobleck.elastic.job import launch
-from oobleck.models import load_model_config
-from oobleck.runtime.testing import assert_matches_reference, tiny_config, two_pipelines_of_two_nodes
+from testing import assert_matches_reference, tiny_config, two_pipelines_of_two_nodes
 
 
 @pytest.mark.slow

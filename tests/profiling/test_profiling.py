@@ -11,9 +11,9 @@ import warnings
 import pytest
 import torch
 
-from oobleck.config import compose_config
+from oobleck.config import compose_config, load_model_config
 from oobleck.errors import ProfileError
-from oobleck.models import load_model_config, num_layers, parameter_count
+from oobleck.models import num_layers, parameter_count
 from oobleck.planning.inputs import ModelProfile
 from oobleck.profiling import (
     ProfileCacheWarning,

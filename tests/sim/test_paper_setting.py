@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from simhelpers import make_strategy
 
-from oobleck.models import load_model_config, num_layers, parameter_count
+from oobleck.config import load_model_config
+from oobleck.models import num_layers, parameter_count
 from oobleck.planning.inputs import GB, ClusterSpec
 from oobleck.profiling import analytic_profile, load_gpu_config
 from oobleck.recovery_costs import CheckpointCost, CostConstants, checkpoint_cost, restore_s
