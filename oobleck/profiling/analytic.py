@@ -5,6 +5,14 @@ For paper-scale planning and simulation. Each layer's time is a roofline:
 with the fractions (assumptions) in ``conf/gpu/<name>.yaml``. Backward is twice the forward
 (two matrix products per forward one: input and weight gradients).
 
+The split backward (``LayerProfile.backward_input_s`` / ``backward_weight_s``, for schedules that
+run the two apart) counts each half's own FLOPs, as Qi et al. ("Zero Bubble Pipeline
+Parallelism", ICLR'24, Table 1) do: a block's weight gradient is its linear layers' products,
+``(8 + 4f) b T C^2``; its input gradient the same plus the backward of attention's scores and
+weighted sum, which have no weights (``8 b T^2 C``); the head's halves are equal (``2 b T C V``
+each); the embedding's input is token ids, so its whole backward is the weight (scatter) half.
+Each half reads the layer's weights and activations once (half the backward's traffic).
+
 FLOPs per microbatch of b sequences of length T, width C, MLP width f*C, vocabulary V:
 - transformer block forward: ``(8 + 4f) b T C^2 + 4 b T^2 C`` (QKV 6, output projection 2,
   MLP 4f; attention scores and weighted sum 4 b T^2 C) = ``24 b T C^2 + 4 b T^2 C`` for f = 4;
@@ -32,6 +40,13 @@ GB = 1e9
 def block_forward_flops(model_cfg: Any, microbatch_size: int) -> float:
     b, t, c, f = microbatch_size, model_cfg.seq_len, model_cfg.n_embd, model_cfg.ffn_mult
     return (8 + 4 * f) * b * t * c * c + 4 * b * t * t * c
+
+
+def block_weight_gradient_flops(model_cfg: Any, microbatch_size: int) -> float:
+    """The weight-gradient half of a block's backward: one product per linear layer's forward one
+    (attention's scores and weighted sum have no weights: their backward is all input gradient)."""
+    b, t, c, f = microbatch_size, model_cfg.seq_len, model_cfg.n_embd, model_cfg.ffn_mult
+    return (8 + 4 * f) * b * t * c * c
 
 
 def head_forward_flops(model_cfg: Any, microbatch_size: int) -> float:
@@ -64,7 +79,7 @@ def analytic_layer(model_cfg: Any, gpu_cfg: Any, microbatch_size: int, index: in
         activation = b * t * INDEX_BYTES + b * t * c  # ids + a 1-byte dropout mask per value
         forward = _seconds(flops, 3 * boundary, gpu_cfg)
         backward = _seconds(flops, params * FP32_BYTES + 2 * boundary, gpu_cfg)
-        return LayerProfile(name, forward, backward, params * FP32_BYTES, activation, boundary)
+        return LayerProfile(name, forward, backward, params * FP32_BYTES, activation, boundary, 0.0, backward)
     if name == "head":
         flops = head_forward_flops(model_cfg, b)
         # LayerNorm and LM-head inputs at 16 bit plus fp32 logits for the softmax/cross entropy.
@@ -72,14 +87,19 @@ def analytic_layer(model_cfg: Any, gpu_cfg: Any, microbatch_size: int, index: in
         traffic = params * p + activation
         forward = _seconds(flops, traffic, gpu_cfg)
         backward = _seconds(2 * flops, 2 * traffic, gpu_cfg)
+        half = _seconds(flops, traffic, gpu_cfg)
         # The head ends the model: it sends no boundary tensor onward.
-        return LayerProfile(name, forward, backward, params * FP32_BYTES, activation, 0)
+        return LayerProfile(name, forward, backward, params * FP32_BYTES, activation, 0, half, half)
     flops = block_forward_flops(model_cfg, b)
     activation = block_activation_bytes(model_cfg, b, p)
     traffic = params * p + activation
     forward = _seconds(flops, traffic, gpu_cfg)
     backward = _seconds(2 * flops, 2 * traffic, gpu_cfg)
-    return LayerProfile(name, forward, backward, params * FP32_BYTES, activation, boundary)
+    weights = block_weight_gradient_flops(model_cfg, b)
+    inputs = _seconds(2 * flops - weights, traffic, gpu_cfg)
+    return LayerProfile(
+        name, forward, backward, params * FP32_BYTES, activation, boundary, inputs, _seconds(weights, traffic, gpu_cfg)
+    )
 
 
 def analytic_profile(model_cfg: Any, gpu_cfg: Any, microbatch_size: int) -> ModelProfile:
