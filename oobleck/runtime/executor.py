@@ -47,13 +47,13 @@ import torch
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from oobleck.data import GlobalBatchSampler, TokenDataset, collate
-from oobleck.errors import RunError
+from oobleck.errors import PlanningError, RunError
 from oobleck.models.spec import ModelSpec
 from oobleck.runtime.comm import Communicator, channel_name
 from oobleck.runtime.reducer import GradientReducer, _Bucket  # noqa: F401 (_Bucket: tests)
 from oobleck.runtime.state import LayerState
 from oobleck.runtime.topology import WORLD, Topology
-from oobleck.schedules import Op, OpKind, ScheduleError, build_schedule, check_schedule
+from oobleck.schedules import Op, OpKind, build_schedule, check_schedule
 
 # Called with a phase name (forward, backward, allreduce, optimizer) as the step reaches it; the
 # fault injector uses it to strike at a chosen point.
@@ -68,7 +68,7 @@ def rank_schedule(topology: Topology) -> tuple[Op, ...]:
     try:
         schedule = build_schedule(plan, topology.routes)
         check_schedule(plan, schedule)
-    except ScheduleError as error:
+    except PlanningError as error:
         raise RunError(f"the plan's schedule cannot run: {error}") from None
     return schedule.of(topology.rank)
 

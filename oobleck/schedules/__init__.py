@@ -30,6 +30,7 @@ __all__ = [
     "ScheduleError",
     "build_schedule",
     "check_schedule",
+    "checked_schedule",
     "plan_routes",
 ]
 
@@ -52,3 +53,10 @@ def build_schedule(plan: ExecutionPlan, routes: Routes | None = None) -> Schedul
             ranks = place_redundant_forwards(plan, ranks, plan.redundancy)
             generator = f"bamboo-{plan.redundancy}"
     return Schedule(tuple(tuple(ops) for ops in ranks), generator, plan.microbatch_size, plan.num_layers)
+
+
+def checked_schedule(plan: ExecutionPlan) -> Schedule:
+    """The schedule of ``plan``, checked (``ScheduleError``, a ``PlanningError``, says what is wrong)."""
+    schedule = build_schedule(plan)
+    check_schedule(plan, schedule)
+    return schedule
