@@ -82,3 +82,17 @@ def test_rerouted_plan_equals_single_process_training(run_dir, reference, make_p
                     assert done[("F", mb, layer, row)] == 1, (step, mb, layer, row)
                     assert done[("I", mb, layer, row)] == done[("W", mb, layer, row)] == 1, (step, mb, layer, row)
         assert sum(done.values()) == 3 * plan.num_microbatches * plan.num_layers * plan.microbatch_size
+
+
+def test_an_inconsistent_reroute_is_refused_before_any_process_starts(run_dir):
+    from oobleck.errors import PlanningError
+
+    plan = _middle_stage_lost()
+    cfg = tiny_config(**{"cluster.nodes": len(plan.nodes), "job.fault_tolerance": 0})
+    wrong_peer = replace(plan, reroutes=(Reroute(1, 2, 4, (1,) * 5),))
+    with pytest.raises(PlanningError, match=r"pipeline 1 has no stage of exactly those layers to run them"):
+        launch(cfg, run_dir, initial_plan=wrong_peer)
+    no_reroute = replace(plan, reroutes=())
+    with pytest.raises(PlanningError, match=r"pipeline 1 has no stage for layers \[2, 4\) and no re-route of them"):
+        launch(cfg, run_dir, initial_plan=no_reroute)
+    assert not (run_dir / "metrics.csv").exists()
