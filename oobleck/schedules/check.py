@@ -193,11 +193,30 @@ def _check_coverage(plan: ExecutionPlan, schedule: Schedule) -> None:
             extra = sorted(set(done) - set(range(plan.num_microbatches)))
             raise ScheduleError(f"microbatches {missing} get no {what}; {extra} are not the plan's")
         for mb, parts in done.items():
-            for layer in range(layers):
-                covered = sorted((lo, hi) for start, end, lo, hi in parts if start <= layer < end)
-                total = sum(hi - lo for lo, hi in covered)
-                tiled = all(a[1] == c[0] for a, c in zip(covered, covered[1:]))
-                if total != b or not tiled or covered[0][0] != 0:
-                    raise ScheduleError(
-                        f"layer {layer} of microbatch {mb} gets {what} over rows {covered}, not exactly once over [0, {b})"
-                    )
+            # Rectangles (layers x rows) that cover the microbatch's whole area and do not overlap
+            # tile it exactly; only a failure pays for the per-layer account in the message.
+            area = sum((end - start) * (hi - lo) for start, end, lo, hi in parts)
+            if area != layers * b or _overlapping(parts):
+                _explain(mb, parts, what, layers, b)
+
+
+def _overlapping(parts: list[tuple[int, int, int, int]]) -> bool:
+    ordered = sorted(parts)
+    for i, (_, end, lo, hi) in enumerate(ordered):
+        for other in ordered[i + 1 :]:
+            if other[0] >= end:
+                break
+            if other[2] < hi and lo < other[3]:
+                return True
+    return False
+
+
+def _explain(mb: int, parts: list[tuple[int, int, int, int]], what: str, layers: int, b: int) -> None:
+    for layer in range(layers):
+        covered = sorted((lo, hi) for start, end, lo, hi in parts if start <= layer < end)
+        total = sum(hi - lo for lo, hi in covered)
+        tiled = all(a[1] == c[0] for a, c in zip(covered, covered[1:]))
+        if total != b or not tiled or not covered or covered[0][0] != 0:
+            raise ScheduleError(
+                f"layer {layer} of microbatch {mb} gets {what} over rows {covered}, not exactly once over [0, {b})"
+            )

@@ -38,11 +38,21 @@ from dataclasses import dataclass, field
 from oobleck.errors import PlanningError
 from oobleck.planning.inputs import DEFAULT_BACKWARD_INPUT_FRACTION
 from oobleck.planning.pipeline_cost import DEFAULT_FORWARD_FRACTION
-from oobleck.schedules.lower import Slot, Task, position
+from oobleck.schedules.lower import Slot, Task
 from oobleck.schedules.ops import OpKind
 from oobleck.schedules.routes import Routes
 
 F, I, W, B = OpKind.FORWARD, OpKind.BACKWARD_INPUT, OpKind.BACKWARD_WEIGHT, OpKind.BACKWARD
+
+
+@dataclass(frozen=True)
+class _Need:
+    """What a task of a slot waits for: the task (kind, microbatch, slot) whose end makes its input
+    (None: none, a first stage's forward), and the channel its message arrives on."""
+
+    after: tuple[OpKind, int, Slot] | None
+    channel: tuple[Slot, Slot, OpKind] | None
+    sends: tuple[Slot, Slot, OpKind] | None  # the channel this task's own output leaves on
 
 
 @dataclass
@@ -50,7 +60,9 @@ class _SlotState:
     slot: Slot
     limit: int  # microbatches that may be in flight (forward done, input gradient not)
     seconds: dict[OpKind, float]
-    pending: list[Task] = field(default_factory=list)
+    remaining: int = 0
+    # Tasks whose input is (or will be) there, with when: kind -> [(ready at, microbatch, task)].
+    eligible: dict[OpKind, list[tuple[float, int, Task]]] = field(default_factory=lambda: {F: [], I: [], W: []})
     order: list[Task] = field(default_factory=list)
     free_at: float = 0.0
     in_flight: int = 0
@@ -71,29 +83,61 @@ def rerouted_orders(routes: Routes, split: bool = True) -> dict[Slot, list[Task]
     """Every slot's compute order, list-scheduled (see the module docstring): F, I and W tasks, or
     with ``split`` false F and whole-backward B tasks (ReCycle without decoupled back-propagation,
     to measure what the split buys)."""
-    states: dict[Slot, _SlotState] = {}
-    for slot in sorted(routes.slots):
-        states[slot] = _SlotState(slot, 0, task_seconds(routes, slot))
-    backward = (I, W) if split else (B,)
+    states: dict[Slot, _SlotState] = {
+        slot: _SlotState(slot, 0, task_seconds(routes, slot)) for slot in sorted(routes.slots)
+    }
+    backward = I if split else B
+    needs: dict[tuple[Slot, Task], _Need] = {}
+    waiting: dict[tuple[OpKind, int, Slot], list[tuple[Slot, Task]]] = {}  # a task's end -> who it unblocks
     for route in routes.routes:
-        for index, hop in enumerate(route.hops):
-            state = states[(hop.pipeline, hop.stage)]
-            state.limit = max(state.limit, len(route.hops) - index)
-            state.pending += [Task(kind, route.microbatch) for kind in (F, *backward)]
-    done: dict[tuple[OpKind, int, Slot], float] = {}  # when each started task ends
+        mb, hops = route.microbatch, route.hops
+        slots = [(hop.pipeline, hop.stage) for hop in hops]
+        for at, slot in enumerate(slots):
+            state = states[slot]
+            state.limit = max(state.limit, len(hops) - at)
+            before = slots[at - 1] if at > 0 else None
+            after = slots[at + 1] if at < len(hops) - 1 else None
+            kinds = {
+                F: _Need(
+                    (F, mb, before) if before else None,
+                    (before, slot, F) if before else None,
+                    (slot, after, F) if after else None,
+                ),
+                backward: _Need(
+                    (I, mb, after) if after else (F, mb, slot),
+                    (after, slot, I) if after else None,
+                    (slot, before, I) if before else None,
+                ),
+            }
+            if split:
+                kinds[W] = _Need((I, mb, slot), None, None)
+            for kind, need in kinds.items():
+                task = Task(kind, mb)
+                needs[(slot, task)] = need
+                state.remaining += 1
+                if need.after is None:
+                    state.eligible[F].append((0.0, mb, task))
+                else:
+                    waiting.setdefault(need.after, []).append((slot, task))
     channels: dict[tuple[Slot, Slot, OpKind], list[int]] = {}  # sent, not yet consumed, in order
     events: list[float] = []  # end times of started tasks (a heap): when something may change
     relaxed = False
     now = 0.0
-    while any(state.pending for state in states.values()):
+    while any(state.remaining for state in states.values()):
         started = False
         for state in states.values():
-            if state.free_at > now or not state.pending:
+            if state.free_at > now or not state.remaining:
                 continue
-            task = _pick(routes, state, now, done, channels, relaxed)
-            if task is not None:
-                heapq.heappush(events, _start(routes, state, task, now, done, channels))
-                started = True
+            task = _pick(state, now, needs, channels, relaxed)
+            if task is None:
+                continue
+            end = _start(state, task, now, needs[(state.slot, task)], channels)
+            heapq.heappush(events, end)
+            produced = (I if task.kind is B else task.kind, task.microbatch, state.slot)  # a B gives the input gradient
+            for slot, unblocked in waiting.pop(produced, []):
+                kind = I if unblocked.kind is B else unblocked.kind
+                states[slot].eligible[kind].append((end, unblocked.microbatch, unblocked))
+            started = True
         if started:
             continue
         while events and events[0] <= now:
@@ -103,83 +147,62 @@ def rerouted_orders(routes: Routes, split: bool = True) -> dict[Slot, list[Task]
         elif not relaxed:
             relaxed = True  # in-flight limits held every slot: let forwards run past them
         else:
-            stuck = {
-                s.slot: [f"{t.kind.value}{t.microbatch}" for t in s.pending[:4]] for s in states.values() if s.pending
-            }
+            stuck = {s.slot: s.remaining for s in states.values() if s.remaining}
             raise PlanningError(f"the re-routed schedule cannot be ordered; tasks left per (pipeline, stage): {stuck}")
     return {slot: state.order for slot, state in states.items()}
 
 
-def _inputs(routes: Routes, slot: Slot, task: Task) -> tuple[tuple[OpKind, int, Slot] | None, Slot | None]:
-    """The task this one waits for (kind, microbatch, slot) and the slot its message comes from."""
-    route = routes.by_microbatch[task.microbatch]
-    at = position(routes, slot, task.microbatch)
-    last = len(route.hops) - 1
-    if task.kind is F:
-        if at == 0:
-            return None, None
-        before = route.hops[at - 1]
-        return (F, task.microbatch, (before.pipeline, before.stage)), (before.pipeline, before.stage)
-    if task.kind in (I, B):
-        if at == last:
-            return (F, task.microbatch, slot), None
-        after = route.hops[at + 1]
-        return (I, task.microbatch, (after.pipeline, after.stage)), (after.pipeline, after.stage)
-    return (I, task.microbatch, slot), None
+def _pick(
+    state: _SlotState, now: float, needs: dict[tuple[Slot, Task], _Need], channels: dict, relaxed: bool
+) -> Task | None:
+    """The slot's next task at ``now`` by the priorities of the module docstring, or None."""
 
+    def best(kind: OpKind) -> tuple[float, int, Task] | None:
+        found = None
+        for entry in state.eligible[kind]:
+            if entry[0] > now or (found is not None and entry[:2] >= found[:2]):
+                continue
+            channel = needs[(state.slot, entry[2])].channel
+            if channel is not None:
+                queue = channels.get(channel)
+                if not queue or queue[0] != entry[1]:
+                    continue  # not the oldest message on its channel
+            found = entry
+        return found
 
-def _ready(routes: Routes, state: _SlotState, task: Task, now: float, done: dict, channels: dict) -> float | None:
-    """When ``task`` may start (None: not yet known, or not at the head of its channel)."""
-    needs, source = _inputs(routes, state.slot, task)
-    if needs is not None and (needs not in done or done[needs] > now):
-        return None
-    if source is not None:
-        queue = channels.get((source, state.slot, F if task.kind is F else I), [])
-        if not queue or queue[0] != task.microbatch:
-            return None
-    return done[needs] if needs is not None else 0.0
-
-
-def _pick(routes: Routes, state: _SlotState, now: float, done: dict, channels: dict, relaxed: bool) -> Task | None:
-    ready: dict[OpKind, list[tuple[float, int, Task]]] = {F: [], I: [], W: []}
-    for task in state.pending:
-        at = _ready(routes, state, task, now, done, channels)
-        if at is not None:
-            ready[I if task.kind is B else task.kind].append((at, task.microbatch, task))
+    inputs = best(I)
+    if inputs is not None:
+        return _take(state, I, inputs)
     limit = math.inf if relaxed else state.limit
-    may_forward = ready[F] and state.in_flight < limit
-    if ready[I]:
-        return min(ready[I])[2]
-    if ready[W] and (state.deferred >= state.limit or not may_forward):
-        return min(ready[W])[2]
-    if may_forward:
-        return min(ready[F])[2]
+    forward = best(F) if state.in_flight < limit else None
+    weights = best(W)
+    if weights is not None and (state.deferred >= state.limit or forward is None):
+        return _take(state, W, weights)
+    if forward is not None:
+        return _take(state, F, forward)
     return None
 
 
-def _start(routes: Routes, state: _SlotState, task: Task, now: float, done: dict, channels: dict) -> float:
+def _take(state: _SlotState, kind: OpKind, entry: tuple[float, int, Task]) -> Task:
+    state.eligible[kind].remove(entry)
+    return entry[2]
+
+
+def _start(state: _SlotState, task: Task, now: float, need: _Need, channels: dict) -> float:
     """Start ``task`` at ``now``; returns when it ends."""
-    state.pending.remove(task)
+    state.remaining -= 1
     state.order.append(task)
     end = now + state.seconds[task.kind]
     state.free_at = end
-    done[(I if task.kind is B else task.kind, task.microbatch, state.slot)] = end  # a B gives the input gradient
-    _, source = _inputs(routes, state.slot, task)
-    if source is not None:
-        channels[(source, state.slot, F if task.kind is F else I)].pop(0)
-    route = routes.by_microbatch[task.microbatch]
-    at = position(routes, state.slot, task.microbatch)
+    if need.channel is not None:
+        channels[need.channel].pop(0)
+    if need.sends is not None:
+        channels.setdefault(need.sends, []).append(task.microbatch)
     if task.kind is F:
         state.in_flight += 1
-        if at < len(route.hops) - 1:
-            after = route.hops[at + 1]
-            channels.setdefault((state.slot, (after.pipeline, after.stage), F), []).append(task.microbatch)
     elif task.kind in (I, B):
         state.in_flight -= 1
         state.deferred += task.kind is I
-        if at > 0:
-            before = route.hops[at - 1]
-            channels.setdefault((state.slot, (before.pipeline, before.stage), I), []).append(task.microbatch)
     else:
         state.deferred -= 1
     return end
