@@ -9,8 +9,9 @@ critical path), Bamboo at depth 2. The four configurations run in turn, ``--repe
 (interleaved, so drifting load falls on all alike). Printed:
 
 - per configuration, the median samples/s over the steps after the first ``--warmup`` (time
-  between consecutive commits) with its min-max over the repeats, and its ratio to Oobleck's in
-  the same repeat (median and min-max);
+  between consecutive commits) with its min-max over the repeats, and its ratio to Oobleck's and
+  to Bamboo lazy's in the same repeat (median and min-max; against lazy, the same layout: what
+  the mode's redundant forward costs);
 - for Bamboo's modes, the redundant forward's share of the workers' schedule time (``phase_seconds``)
   and the operation-level model's step time relative to lazy (``oobleck.schedules.cost`` on the
   run's plan and measured profile: what the mode's lists cost where every rank has its own core);
@@ -119,6 +120,7 @@ def main() -> None:
     )
     rates: dict[str, list[float]] = {name: [] for name in CONFIGS}
     ratios: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    against_lazy: dict[str, list[float]] = {name: [] for name in CONFIGS}
     shares: dict[str, list[float]] = {name: [] for name in CONFIGS}
     modelled: dict[str, float] = {}
     loaded = False
@@ -136,17 +138,23 @@ def main() -> None:
             )
             if name.startswith("bamboo") and name not in modelled:
                 modelled[name] = model_ratio(result)
-        base = rates["oobleck"][-1]
+        base, lazy = rates["oobleck"][-1], rates["bamboo-lazy"][-1]
         for name in CONFIGS:
             ratios[name].append(rates[name][-1] / base)
+            against_lazy[name].append(rates[name][-1] / lazy)
     print(
         f"\nsteady state, median [min-max] over {args.repeats} interleaved repeats (load at end {os.getloadavg()[0]:.2f})"
     )
-    print(f"{'config':14s} {'samples/s':>22s} {'/ oobleck':>22s} {'redundant share':>22s} {'model / lazy':>12s}")
+    print(
+        f"{'config':14s} {'samples/s':>26s} {'/ oobleck':>22s} {'/ bamboo-lazy':>22s} {'redundant share':>22s}"
+        f" {'model / lazy':>12s}"
+    )
     for name in CONFIGS:
         model = f"{modelled[name]:.3f}" if name in modelled else ""
+        lazy = spread(against_lazy[name]) if name.startswith("bamboo") else ""
         print(
-            f"{name:14s} {spread(rates[name]):>22s} {spread(ratios[name]):>22s} {spread(shares[name]):>22s} {model:>12s}"
+            f"{name:14s} {spread(rates[name]):>26s} {spread(ratios[name]):>22s} {lazy:>22s}"
+            f" {spread(shares[name]):>22s} {model:>12s}"
         )
     if loaded:
         print(
