@@ -27,9 +27,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from oobleck.cli import Interrupted, entry
+from oobleck.cli import Interrupted, entry, run_app
 from oobleck.config import CONF_DIR, group_names, register_configs, to_container, validate
-from oobleck.errors import run_app
 
 PROGRAM = "oobleck.simulate"
 
@@ -55,6 +54,19 @@ def summary_table(summary, ratios=None) -> str:
     return format_throughput_table(summary, ratios) + "".join(
         f"\n({n})" if not n.startswith("  ") else f"\n{n}" for n in notes
     )
+
+
+def run_sections(cfg: DictConfig, model: str, strategy: str) -> dict[str, Any]:
+    """The ``model`` and ``strategy`` sections of one simulated run's config, as it ran (its wandb run
+    shows them where a real run's config has them)."""
+    from omegaconf import OmegaConf
+
+    from oobleck.sim.experiment import model_config, strategy_settings
+
+    return {
+        "model": OmegaConf.to_container(model_config(model), resolve=True),
+        "strategy": strategy_settings(cfg, strategy),
+    }
 
 
 def toy_setting_notice(cfg: DictConfig) -> str | None:
@@ -180,7 +192,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
             file=sys.stderr,
             flush=True,
         )
-        log_simulation(cfg, result.first_start(), figures, run_dir, config)
+        log_simulation(cfg, result.first_start(), figures, run_dir, config, lambda m, s: run_sections(cfg, m, s))
     print(summary_table(result.summary, result.ratios), flush=True)
     print(f"{PROGRAM}: {total} simulations in {result.seconds:.1f} s; outputs in {run_dir}", flush=True)
     if notice:
