@@ -358,7 +358,7 @@ def ratio_bands_figure(ratios: pd.DataFrame) -> plt.Figure:
     if "ratio_low" in ratios:
         shown |= ratios["ratio_low"].notna()  # a baseline that stalled at the nominal constants: its band only
     data = ratios[shown]
-    baselines = list(dict.fromkeys(data["baseline"]))
+    baselines = list(dict.fromkeys(ratios["baseline"]))
     cells = list(dict.fromkeys(zip(data["model"], data["trace"])))
     with sns.axes_style("whitegrid"):
         fig, axes = plt.subplots(
@@ -369,12 +369,17 @@ def ratio_bands_figure(ratios: pd.DataFrame) -> plt.Figure:
             colour = PALETTE.get(baseline, "k")
             top = (
                 float(np.nanmax(rows[["ratio_max", "ratio_high", "ratio_low"]].to_numpy()))
-                if "ratio_high" in rows
+                if "ratio_high" in rows and len(rows)
                 else 2.0
             )
             top = max(top if np.isfinite(top) else 2.0, 2.0) * 1.6
+            unshown = ratios[(ratios["baseline"] == baseline) & ~shown].set_index(["model", "trace"])
             for y, cell in enumerate(cells):
                 if cell not in rows.index:
+                    if cell in unshown.index:  # out of memory, does not run: said, not left blank
+                        note = unshown.loc[cell].get("note")
+                        label = str(note) if isinstance(note, str) and note else "no ratio"
+                        ax.text(1.0, y, f" {label}", fontsize=7, ha="left", va="center", color="0.3")
                     continue
                 row = rows.loc[cell]
                 if "ratio_low" in row and pd.notna(row["ratio_low"]):
@@ -402,7 +407,12 @@ def ratio_bands_figure(ratios: pd.DataFrame) -> plt.Figure:
                 ax.plot(row["ratio_median"], y, "o", color=colour, markersize=4)
             ax.axvline(1.0, color="0.4", linewidth=0.8)
             ax.set_xscale("log")
-            ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            low, high = ax.get_xlim()
+            # Decades over a span of more than 100x, 1-2-5 steps over a middling one, finer steps
+            # over a narrow one (Bamboo's ratios all lie between 1x and 2x).
+            span = high / low
+            subs = (1.0,) if span > 100 else (1.0, 2.0, 5.0) if span > 4 else (1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 7.5)
+            ax.xaxis.set_major_locator(LogLocator(subs=subs))
             ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}x"))
             ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_title(f"Oobleck / {strategy_label(baseline)}", fontsize=10)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -193,6 +194,10 @@ def test_bands_and_cliffs_are_printed_and_drawn_with_what_they_mean():
     assert [(p.get_y(), p.get_y() + p.get_height()) for p in varuna] == [(1.25, 5.0), (1.25, 5.0)]
     fig = ratio_bands_figure(ratios)
     assert "thin line: the band over the samples" in " ".join(_texts(fig)) and "!" in " ".join(_texts(fig))
+    # A baseline out of memory in a cell is said there, not left blank.
+    oom = ratios.iloc[:1].assign(baseline="bamboo", note="OOM", ratio_median=math.nan, ratio_low=math.nan)
+    fig = ratio_bands_figure(pd.concat([ratios, oom], ignore_index=True))
+    assert " OOM" in [t.get_text() for t in fig.axes[1].texts]
 
 
 def test_every_figure_says_what_its_marks_are():
