@@ -44,8 +44,8 @@ def test_a_trace_is_deterministic_and_its_bad_arguments_are_named():
 
 
 def test_todays_scale_composes_with_models_of_llama3_sizes(make_config):
-    from oobleck.config import validate
-    from oobleck.models import load_model_config, num_layers, parameter_count
+    from oobleck.config import load_model_config, validate
+    from oobleck.models import num_layers, parameter_count
 
     cfg = make_config("experiment=today_scale")
     validate(cfg)
