@@ -42,7 +42,7 @@ class Recovery:
 
     kind: EventKind  # reconfiguration | failover | restart | continue
     generation: int
-    reason: str  # what caused it: failure | join
+    reason: str  # what caused it: failure | join | notice
     decision: str  # the strategy's reason for what it decided
     removed: tuple[int, ...]
     joined: tuple[int, ...]
@@ -54,6 +54,15 @@ class Recovery:
     bytes_moved: int
     rolled_back_steps: int = 0
     restart_nodes: tuple[int, ...] = ()
+
+
+def _cause(removed: set[int], joined: set[int], leaving: tuple[int, ...]) -> str:
+    """What a recovery answers: a failure, a join, or a preemption notice (nothing lost yet)."""
+    if removed:
+        return "failure"
+    if leaving and not joined:
+        return "notice"
+    return "join"
 
 
 class RecoveryAccounting(RunObserver):
@@ -86,7 +95,7 @@ class RecoveryAccounting(RunObserver):
         self.open = Recovery(
             kind=RECOVERY_EVENTS[execution.kind],
             generation=execution.generation,
-            reason="failure" if removed else "join",
+            reason=_cause(removed, joined, execution.state.leaving),
             decision=execution.decision.reason,
             removed=tuple(sorted(removed)),
             joined=tuple(sorted(joined)),
