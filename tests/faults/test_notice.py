@@ -172,7 +172,7 @@ def test_bamboo_fails_over_on_the_notice(tmp_path):
 
 
 def test_oobleck_ignores_the_notice_and_recovers_in_place_after_the_kill(tmp_path):
-    outcome, _, events = _notice_run(
+    outcome, summary, events = _notice_run(
         tmp_path,
         "oobleck",
         4,
@@ -184,3 +184,18 @@ def test_oobleck_ignores_the_notice_and_recovers_in_place_after_the_kill(tmp_pat
     (recovery,) = outcome.recoveries
     assert recovery["kind"] == "reconfiguration" and recovery["reason"] == "failure" and recovery["removed"] == [1]
     assert not [e for e in events if e["kind"] == "departed"]
+    # Every run's summary says what host it ran on and how crowded it was (oobleck.metrics.host).
+    host = summary["host"]
+    assert host["training_processes"] == 4 and host["run_processes"] == 2 + 4 * 2
+    assert host["oversubscribed"] is (4 > host["usable_cpus"]) and len(host["load_avg_end"]) == 3
+
+
+def test_the_label_of_a_schedule_says_its_notice():
+    from oobleck.metrics.wandb_run import failures_label
+
+    events = [{"action": "remove", "step": 8, "count": 1, "notice_s": 5.0}, {"action": "freeze", "step": 9, "count": 1}]
+    assert failures_label({"kind": "explicit", "events": events}) == "remove1@8~5s+freeze1@9"
+    assert failures_label({"kind": "explicit", "events": events[1:], "notice_s": 2.0}) == "freeze1@9"
+    assert (
+        failures_label({"kind": "trace", "trace": "spot/ec2_p3_scaled", "notice_s": 30.0}) == "spot/ec2_p3_scaled~30s"
+    )
