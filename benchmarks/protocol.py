@@ -222,7 +222,8 @@ def run_protocol(
                 run_dir = out / f"r{rnd.index}-{fault}" / name
                 events = fault_events(fault, rnd.failure_steps, variant.notice_s)
                 started = time.time()
-                print(f"round {rnd.index} {fault:5s} {name:24s} failures at {list(rnd.failure_steps)}", flush=True)
+                where = f"at steps {list(rnd.failure_steps)}" if events else "(no failures)"
+                print(f"round {rnd.index} {fault:5s} {name:24s} {where}", flush=True)
                 error = ""
                 try:
                     launch_run(variant, events, run_dir)
