@@ -149,3 +149,34 @@ def test_fault_type_reads_the_injected_faults():
     assert fault_type(events("remove", "freeze")) == "crash+hang"
     assert fault_type(events()) == "none"
     assert fault_type(pd.DataFrame()) == "none"
+
+
+def _bench_attribution():
+    spec = importlib.util.spec_from_file_location("bench_attribution", REPO / "benchmarks" / "bench_attribution.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_attribution_variant_is_a_valid_run_under_both_faults():
+    """A renamed strategy key would otherwise surface as a failed run in the middle of the table."""
+    from oobleck.config import validate
+    from testing import tiny_config
+
+    bench = _bench_attribution()
+    chosen = bench.variants(3.0)
+    names = [v.name for v in chosen]
+    assert len(set(names)) == len(names) and names[0] == "oobleck"
+    assert set(bench.HANG_VARIANTS) | set(bench.EXTRA_VARIANTS) <= set(names)
+    for variant in chosen:
+        for fault in ("crash", "hang"):
+            events = protocol.fault_events(fault, (9,), variant.notice_s)
+            cfg = tiny_config(
+                f"strategy={variant.strategy}",
+                **{"cluster.nodes": 4, "job.fault_tolerance": 2, "job.steps": 24, "failures.kind": "explicit"},
+                **{"failures.events": events, "job.global_batch_size": protocol.GLOBAL_BATCH, **variant.settings()},
+            )
+            validate(cfg)
+            assert cfg.strategy.name == variant.strategy
+            for key, value in variant.overrides:
+                assert cfg.strategy[key.removeprefix("strategy.")] == value
