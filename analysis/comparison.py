@@ -238,12 +238,16 @@ FAILURE_RECOVERY_KINDS = (*RECOVERY_KINDS, "continue")
 
 
 def _recovery_s(events: pd.DataFrame) -> float:
-    """The median total of a run's failure recoveries (``FAILURE_RECOVERY_KINDS``)."""
+    """The median total of a run's failure recoveries (``FAILURE_RECOVERY_KINDS``, a notice's
+    included, a join's not)."""
     if events.empty or "kind" not in events or "total_s" not in events:
         return math.nan
     chosen = events[events["kind"].isin(FAILURE_RECOVERY_KINDS)]
-    if "removed" in chosen:  # a join's recovery is no failure's
-        chosen = chosen[chosen["removed"].astype(str).ne("[]")]
+    if "removed" in chosen and "joined" in chosen:
+        # A join's recovery is no failure's; a restart on a preemption notice (nodes still alive,
+        # so none removed yet) is.
+        join_only = chosen["removed"].astype(str).eq("[]") & chosen["joined"].astype(str).ne("[]")
+        chosen = chosen[~join_only]
     totals = pd.to_numeric(chosen["total_s"], errors="coerce").dropna()
     return float(totals.median()) if not totals.empty else math.nan
 

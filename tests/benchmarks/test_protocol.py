@@ -180,3 +180,17 @@ def test_every_attribution_variant_is_a_valid_run_under_both_faults():
             assert cfg.strategy.name == variant.strategy
             for key, value in variant.overrides:
                 assert cfg.strategy[key.removeprefix("strategy.")] == value
+
+
+def test_a_notices_restart_counts_as_a_recovery_and_a_join_does_not():
+    from analysis.comparison import _recovery_s
+
+    events = pd.DataFrame(
+        {
+            "kind": ["restart", "reconfiguration", "continue", "checkpoint"],
+            "total_s": [0.8, 9.0, 2.0, 0.1],
+            "removed": ["[]", "[]", "[1]", None],
+            "joined": ["[]", "[4]", "[]", None],
+        }
+    )
+    assert _recovery_s(events) == pytest.approx(1.4)  # the notice's restart and torchft's continue
