@@ -142,7 +142,7 @@ class ReCycle(Strategy):
         split = even_split(ctx.num_microbatches, len(state.pipelines))
         templates, groups, reroutes = [], [], []
         detours = [0] * len(state.pipelines)
-        for p, slots in enumerate(state.pipelines):
+        for slots in state.pipelines:
             live = [s for s, node in enumerate(slots) if node != FAILED]
             templates.append(intact if len(live) == state.depth else self._gapped(intact, live))
             groups.append(tuple(slots[s] for s in live))
