@@ -294,3 +294,15 @@ class ReCycle(Strategy):
             transfers=tuple(transfers),
             reason=f"node(s) {filled} take back a lost stage (copied from a peer): re-route dropped",
         )
+
+
+def staggering_bound_s(plan: ExecutionPlan, profile, cluster) -> float:  # type: ignore[no-untyped-def]
+    """The most a staggered optimizer step could save per step of ``plan``, by the operation-level
+    cost: a rank whose last op ends early could reduce its gradients and step while the others
+    finish, so at most the gap between the earliest rank's end and the makespan is hidden (and
+    never more than the reduction and optimizer step themselves, which the caller bounds)."""
+    from oobleck.schedules import build_schedule
+    from oobleck.schedules.cost import schedule_cost
+
+    cost = schedule_cost(plan, build_schedule(plan), profile, cluster)
+    return cost.makespan_s - min(cost.rank_end_s)
