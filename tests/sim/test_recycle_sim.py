@@ -70,3 +70,15 @@ def test_the_simulator_records_reroutes(context):
     assert result.summary["n_reroute"] == 2 and all(
         e["bytes_moved"] == 0 for e in result.events if e["kind"] == "reroute"
     )
+
+
+def test_the_staggering_bound_is_the_gap_between_the_first_and_last_rank_to_finish(context):
+    from baselines.recycle.policy import staggering_bound_s
+
+    deep = make_strategy(context, "recycle", pipeline_depth=4).start(list(range(8))).layout.plan
+    cost = schedule_cost(deep, checked_schedule(deep), context.profile, context.cluster)
+    bound = staggering_bound_s(deep, context.profile, context.cluster)
+    assert bound == pytest.approx(cost.makespan_s - min(cost.rank_end_s)) and 0 < bound < cost.makespan_s
+    # Pure data parallelism: every rank ends together, nothing to stagger.
+    flat = make_strategy(context, "recycle", pipeline_depth=1).start(list(range(8))).layout.plan
+    assert staggering_bound_s(flat, context.profile, context.cluster) == pytest.approx(0.0)
