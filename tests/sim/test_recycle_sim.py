@@ -82,3 +82,18 @@ def test_the_staggering_bound_is_the_gap_between_the_first_and_last_rank_to_fini
     # Pure data parallelism: every rank ends together, nothing to stagger.
     flat = make_strategy(context, "recycle", pipeline_depth=1).start(list(range(8))).layout.plan
     assert staggering_bound_s(flat, context.profile, context.cluster) == pytest.approx(0.0)
+
+
+def test_a_standby_takes_a_lost_stage_at_once_and_a_pipeline_with_no_node_left_is_dropped(context):
+    strategy = make_strategy(context, "recycle", pipeline_depth=3)
+    layout = strategy.start(list(range(8))).layout
+    assert layout.description == "D=2 x P=3" and layout.standby == (6, 7)
+    taken = strategy.on_change(RunState(layout, (0, 1, 2, 3, 5, 6, 7), (4,), (), 3))
+    assert taken.kind is Kind.RECONFIGURE and taken.layout.plan.pipelines[1].nodes == (3, 6, 5)
+    assert taken.layout.standby == (7,) and {t.target[0] for t in taken.transfers} == {6}
+    # Pipeline 1 loses every node: its microbatches go to pipeline 0, nothing is copied.
+    alone = make_strategy(context, "recycle", pipeline_depth=4)
+    start = alone.start(list(range(8))).layout
+    dropped = alone.on_change(RunState(start, (0, 1, 2, 3), (4, 5, 6, 7), (), 3))
+    assert dropped.kind is Kind.REROUTE and len(dropped.layout.plan.pipelines) == 1
+    assert dropped.layout.plan.pipelines[0].microbatches == context.num_microbatches and not dropped.transfers
