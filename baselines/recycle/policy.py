@@ -4,7 +4,7 @@ What this implements of ReCycle, and where it differs:
 
 - Layout: ReCycle's own setting, homogeneous D x P data and pipeline parallelism: P stages, one per
   node on all of its devices, the layers split into P contiguous ranges balancing compute (forward
-  plus backward seconds; ReCycle's Megatron-based prototype splits layers evenly); D = floor(nodes /
+  plus backward seconds; ReCycle's prototype's own partitioning is not reproduced); D = floor(nodes /
   P) identical pipelines share the batch evenly; leftover nodes stand by. P is ``pipeline_depth``
   or, when unset, the fastest depth that leaves at least ``min_pipelines`` pipelines (a re-route
   needs a peer) and whose stages fit in device memory. P is fixed at the first start.
