@@ -12,6 +12,9 @@ Each answer is one frozen ``Decision`` whose ``kind`` says how to carry it out:
   state between live workers) and redo the interrupted step; nothing is lost;
 - ``FAILOVER``: in place too, but survivors take over lost stages from shadow copies they already
   hold (Bamboo); ``transfers`` only re-establish redundancy;
+- ``REROUTE``: in place, no state copy: the survivors switch to ``layout``, whose re-routes
+  (``ExecutionPlan.reroutes``) send a lost stage's microbatches through the same stage of peer
+  pipelines, which already hold its layers (ReCycle), and redo the interrupted step;
 - ``RESTART``: every worker process stops and fresh ones start on ``layout``, loading the
   checkpoint of ``rollback_to_step`` (0: the seeded initial state) and redoing every step since;
   with ``checkpoint_first`` a checkpoint of the current step is written first, so nothing is lost
@@ -70,6 +73,7 @@ class Kind(str, enum.Enum):
     START = "start"
     RECONFIGURE = "reconfigure"
     FAILOVER = "failover"
+    REROUTE = "reroute"
     RESTART = "restart"
     CONTINUE = "continue"
     STOP = "stop"

@@ -7,6 +7,8 @@ table a new kind of decision is added to:
 - ``reconfigure`` / ``failover``: take the commit decision of the step in flight (abort it
   unless the workers already committed it), abandon the generation, publish generation g+1 with
   the new plan, the layer copies and the step to redo;
+- ``reroute``: the same abort and publication, with no layer copies: the new plan's re-routes send
+  a lost stage's microbatches through peer pipelines that already hold its layers (ReCycle);
 - ``restart``: the same abort, then every alive node's agent kills its workers and starts fresh
   ones; generation g+1 tells them to load the checkpoint of the step rolled back to (or build the
   seeded initial state at step 0). With ``checkpoint_first`` a checkpoint of the next step
@@ -78,6 +80,7 @@ class DecisionExecutor:
         self.executors: dict[Kind, Executor] = {
             Kind.RECONFIGURE: self._reconfigure,
             Kind.FAILOVER: self._reconfigure,
+            Kind.REROUTE: self._reroute,
             Kind.RESTART: self._restart,
             Kind.CONTINUE: self._republish,
             Kind.STOP: self._stop,
@@ -97,6 +100,7 @@ class DecisionExecutor:
         *,
         reconfiguration: ReconfigurationPlan | None = None,
         checkpoint: str | None = None,
+        decision: Kind = Kind.START,
     ) -> None:
         document = PlanDocument(
             generation=generation,
@@ -106,6 +110,7 @@ class DecisionExecutor:
             reconfiguration=reconfiguration,
             load_checkpoint=checkpoint,
             incarnations={n: s.incarnation for n, s in self.membership.nodes.items()},
+            decision=Kind(decision).value,
         )
         self.documents[generation] = document
         self.ledger.publish(generation, layout, resume)
@@ -289,7 +294,9 @@ class DecisionExecutor:
         """A ``continue`` decided after the abort: the step in flight is redone on the same plan."""
         plan = state.layout.plan
         reconfiguration = ReconfigurationPlan(plan, plan, (), (), ())
-        self.publish(self.ledger.generation + 1, state.layout, step, reconfiguration=reconfiguration)
+        self.publish(
+            self.ledger.generation + 1, state.layout, step, reconfiguration=reconfiguration, decision=Kind.CONTINUE
+        )
 
     def _stop(self, decision: Decision, state: RunState, step: int, started: float, plan_s: float) -> None:
         raise RunError(f"cannot continue training (lost nodes {list(state.removed)}): {decision.reason}")
@@ -299,7 +306,13 @@ class DecisionExecutor:
         once its first step commits."""
         assert execution.decision.layout is not None
         self.notify("executing", execution)
-        self.publish(execution.generation, execution.decision.layout, execution.resume_step, **publish)
+        self.publish(
+            execution.generation,
+            execution.decision.layout,
+            execution.resume_step,
+            decision=execution.kind,
+            **publish,
+        )
         self.absorbing = (execution.generation, execution.resume_step)
 
     def _reconfigure(self, decision: Decision, state: RunState, step: int, started: float, plan_s: float) -> None:
@@ -317,6 +330,21 @@ class DecisionExecutor:
             decision, state, generation=self.ledger.generation + 1, resume_step=step, started=started, plan_s=plan_s
         )
         self._execute(execution, reconfiguration=reconfiguration)
+
+    def _reroute(self, decision: Decision, state: RunState, step: int, started: float, plan_s: float) -> None:
+        """A re-route moves no state: a reconfiguration whose layer copies are none (every worker of
+        the new plan holds exactly the layers it held)."""
+        layout = decision.layout
+        assert layout is not None and not decision.transfers
+        old_layers = {a.worker: a.held_layers for a in state.layout.plan.assignments()}
+        for assignment in layout.plan.assignments():
+            if old_layers.get(assignment.worker) != assignment.held_layers:
+                raise RunError(
+                    f"strategy {self.strategy.name}: a reroute must leave every worker its layers, but "
+                    f"{assignment.worker} would hold {list(assignment.held_layers)} instead of "
+                    f"{list(old_layers.get(assignment.worker, ()))}"
+                )
+        self._reconfigure(decision, state, step, started, plan_s)
 
     def _plan_restart(self, decision: Decision) -> None:
         """A restart that loses nothing: checkpoint the next step boundary first, then restart."""
