@@ -39,6 +39,8 @@ class EventKind(str, enum.Enum):
     JOIN_STARTED = "join_started"
     FAULT_ARMED = "fault_armed"
     FAULT_INJECTED = "fault_injected"
+    NOTICE = "notice"  # a preemption notice reached the strategy (its decision beside it)
+    DEPARTED = "departed"  # a node under notice was killed after a layout had let it go
     # recoveries (one row each, with its breakdown) and what else a decision does
     RECONFIGURATION = "reconfiguration"
     FAILOVER = "failover"
