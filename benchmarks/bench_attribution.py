@@ -74,6 +74,7 @@ def variants(notice_s: float) -> list[Variant]:
         Variant("bamboo-eager", "bamboo", (("strategy.redundancy", "eager"),), switch="redundancy eager"),
         Variant("bamboo-inline", "bamboo", (("strategy.redundancy", "inline"),), switch="redundancy inline"),
         Variant("bamboo-rebalance", "bamboo", (("strategy.rebalance", True),), switch="rebalance on"),
+        Variant("recycle", "recycle", switch="faithful (re-route through peers, no spares)"),
     ]
 
 
