@@ -156,6 +156,15 @@ def _fresh_workers(decision: Decision, charge: Charge) -> Parts:
     return tuple(parts)
 
 
+def _reroute(decision: Decision, charge: Charge) -> Parts:
+    # ReCycle: no state moves (peers already hold the stage): detection, planning and the new
+    # plan's publication, as for a reconfiguration. The re-routed schedule's slower steps are the
+    # layout's iteration_s (the strategy costs it at operation level, oobleck.schedules.cost).
+    costs = charge.strategy.config.costs
+    detect = (("detect", costs.detect_s),) if charge.failure else ()
+    return (*detect, ("fixed", costs.reconfigure_fixed_s), ("state_copy", 0.0), ("warmup", costs.warmup_s))
+
+
 def _nothing(decision: Decision, charge: Charge) -> Parts:
     return ()
 
@@ -163,6 +172,7 @@ def _nothing(decision: Decision, charge: Charge) -> Parts:
 CHARGES: dict[Kind, Callable[[Decision, Charge], Parts]] = {
     Kind.RECONFIGURE: _in_place,
     Kind.FAILOVER: _in_place,
+    Kind.REROUTE: _reroute,
     Kind.RESTART: _fresh_workers,
     Kind.START: _fresh_workers,
     Kind.CONTINUE: _nothing,

@@ -25,7 +25,7 @@ cluster runs again only when both the old and the new recovery are done (a secon
 starts its full restart time over; training never continues during a restart).
 
 Accounting is in node-seconds of alive nodes, split into useful work, redundant work (Bamboo),
-checkpointing, restart (which includes the start), reconfiguration (incl. failover), lost work
+checkpointing, restart (which includes the start), reconfiguration (incl. failover and re-route), lost work
 and idle nodes; the parts sum to the alive node-seconds (a tested invariant). Throughput counts
 samples of iterations that were never rolled back; ``kept_samples`` counts those done before the
 last membership change that survived it (0 after a start: the strategy kept no durable progress).
@@ -49,13 +49,14 @@ EVENT_KIND = {
     Kind.START: "start",
     Kind.RECONFIGURE: "reconfiguration",
     Kind.FAILOVER: "failover",
+    Kind.REROUTE: "reroute",
     Kind.RESTART: "restart",
     Kind.STOP: "stop",
 }
 # Event kinds that charge downtime (each has ``downtime_s``).
-DOWNTIME_EVENTS = ("start", "reconfiguration", "failover", "restart")
+DOWNTIME_EVENTS = ("start", "reconfiguration", "failover", "reroute", "restart")
 # What a strategy can do about a failure that took a working node (recorded with failure=True).
-REACTIONS = ("reconfiguration", "failover", "restart", "stop", "oom")
+REACTIONS = ("reconfiguration", "failover", "reroute", "restart", "stop", "oom")
 
 
 BREAKDOWN = ("useful", "redundant", "checkpoint", "restart", "reconfiguration", "lost", "idle")
@@ -629,7 +630,18 @@ class Simulator:
             "ran": run.started,  # False: no layout ever started (out of memory, or refused the cluster)
             "node_seconds": total,
         }
-        for kind in ("start", "reconfiguration", "failover", "restart", "checkpoint", "stop", "oom", "failure", "join"):
+        for kind in (
+            "start",
+            "reconfiguration",
+            "failover",
+            "reroute",
+            "restart",
+            "checkpoint",
+            "stop",
+            "oom",
+            "failure",
+            "join",
+        ):
             summary[f"n_{kind}"] = self.counts.get(kind, 0)
         for key in BREAKDOWN:
             summary[f"{key}_node_s"] = ns[key]
