@@ -56,6 +56,7 @@ import numpy as np
 
 from oobleck.errors import PlanningError
 from oobleck.planning.inputs import ClusterSpec, ModelProfile
+from oobleck.planning.node_bounds import NodeCosts, NodeGeometry, PrefixBounds, root_bounds
 from oobleck.planning.outputs import PipelineTemplate, StageSpec
 from oobleck.planning.pipeline_cost import (
     LINK_INTER,
@@ -404,6 +405,7 @@ def _solve_for_threshold(
     r: int,
     budgets: dict[int, float],
     markers: set[tuple[int, int, int]] | None = None,
+    prefix: PrefixBounds | None = None,
 ) -> dict[int, tuple[float, list[tuple[int, int, int]]]]:
     """Exact DP for one bottleneck value W: the best T among layouts whose slowest stage is W.
 
@@ -426,6 +428,8 @@ def _solve_for_threshold(
     compress = table.compressions_within(W)
     cost, cap = table.cost, table.cap
     bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
+    prefix_left = prefix.left if prefix is not None else None
+    prefix_marked = prefix.marked if prefix is not None else None
 
     # Lower bound on the cost of covering [0, start) (inlined in ``solve``; INF if impossible).
     # Once the marker is placed every stage costs w + rW; before it, every stage costs
@@ -520,11 +524,19 @@ def _solve_for_threshold(
                     stages = min_stages
                 if p2:
                     lower = compute_per_gpu[start] + links_left + stages * rW
+                    if h2 == G and prefix_left is not None:
+                        whole = prefix_left[nl2][start]
+                        if whole > lower:
+                            lower = whole
                 else:
                     lower = 2 * (compute_per_gpu[start] + links_left) + stages * r1W - W
                     marked = before_marker[start] + links_but_one + stages * r1W
                     if marked > lower:
                         lower = marked
+                    if h2 == G and prefix_marked is not None:
+                        whole = prefix_marked[nl2][start]
+                        if whole > lower:
+                            lower = whole
                 if lower >= limit:
                     continue
                 # The memo lookup of ``solve``, inlined: most sub-searches are answered here.
@@ -680,6 +692,7 @@ def _sweep_thresholds(
 ) -> dict[int, tuple[float, list[tuple[int, int, int]]]]:
     """Try every distinct stage time W as the bottleneck, ascending, until the bound stops it."""
     candidates = table.candidates
+    geometry = NodeGeometry(table, table.cluster)
     total_per_gpu = table.total_compute / gpus
     cross = table.min_cross_link
     best: dict[int, tuple[float, list[tuple[int, int, int]]]] = {}
@@ -743,7 +756,15 @@ def _sweep_thresholds(
         if not markers:
             continue
         budgets = {n: budgets[n] for n in sorted(still_open)}
-        for n, (value, layout) in _solve_for_threshold(table, gpus, W, r, budgets, markers).items():
+        lo = int(np.searchsorted(table.marker_costs, W, side="left"))
+        hi = int(np.searchsorted(table.marker_costs, W, side="right"))
+        costs = NodeCosts(geometry, W, r, table.marker_starts[lo:hi], table.marker_ends[lo:hi])
+        bounds = root_bounds(costs, max(budgets))
+        budgets = {n: b for n, b in budgets.items() if bounds[n] < b}
+        if not budgets:
+            continue
+        prefix = PrefixBounds(costs, max(budgets))
+        for n, (value, layout) in _solve_for_threshold(table, gpus, W, r, budgets, markers, prefix).items():
             if n not in best or value < best[n][0]:
                 best[n] = (value, layout)
                 windows[nodes.index(n)] = window(n)
