@@ -72,20 +72,83 @@ class NodeGeometry:
         )
         boundaries = out[:-1]
         self.cheapest_intra = link_seconds(float(boundaries.min()), LINK_INTRA, *bandwidths) if boundaries.size else 0.0
+        # _most[u]: the most compute of any layer range a stage on as many GPUs as a stage may have
+        # keeps in memory with u microbatches in flight (a stage on fewer GPUs keeps less).
+        self.stages_per_node = table.stages_per_node
+        widest = np.zeros((L + 1, L + 1))
+        for end in range(1, L + 1):
+            widest[:end, end] = table.cap[table.stage_gpu_limit][end]
+        limit = np.minimum(widest, L + 1).astype(np.int64)[valid]
+        most = np.zeros(L + 3)
+        np.maximum.at(most, limit, self.span_compute[valid])
+        self._most = np.maximum.accumulate(most[::-1])[::-1]
+
+    def most_compute(self, in_flight: int) -> float:
+        return float(self._most[min(in_flight, len(self._most) - 1)])
+
+    def split_floor(self, link: np.ndarray) -> np.ndarray:
+        """``[x, s]``: no node of two or more stages over [x, s) (last link ``link[s]``) has all its
+        stages under this: its last stage [b, s) on g < G GPUs takes C(b, s) / g + link, the others
+        share G - g GPUs, so one of them takes at least C(x, b) / (G - g) + y (memory not counted)."""
+        G, L = self.gpus, self.num_layers
+        floor = np.full((L + 1, L + 1), INF)
+        compute = self.compute
+        for b in range(1, L):
+            before = compute[b] - compute[:b]  # C(x, b) for x < b
+            after = compute[b + 1 :] - compute[b]  # C(b, s) for s > b
+            for g in range(1, G):
+                rest = before / (G - g) + self.cheapest_intra
+                last = after / g + link[b + 1 :]
+                both = np.maximum(rest[:, None], last[None, :])
+                floor[:b, b + 1 :] = np.minimum(floor[:b, b + 1 :], both)
+        return floor
+
+
+def bottleneck_floor(geometry: NodeGeometry, max_nodes: int) -> np.ndarray:
+    """``floor[n]`` (n = 0 .. max_nodes): every layout on n nodes has a stage at least this slow
+    (INF: no layout fits): the slowest-stage DP over whole nodes, each node at least as slow as
+    its one-stage time or ``split_floor``; a one-stage node keeps >= u microbatches in flight when
+    u - 1 nodes follow it."""
+    L = geometry.num_layers
+    floor = np.full(max_nodes + 1, INF)
+    if max_nodes < 1:
+        return floor
+    split_inter = geometry.split_floor(geometry.cross)
+    split_last = geometry.split_floor(np.zeros(L + 1))[:, L]
+    last = np.minimum(np.where(geometry.whole_cap[:, L] >= 1, geometry.whole_last, INF), split_last)
+    slowest = last  # [x]: the least slowest stage covering [x, L) with u nodes
+    floor[1] = slowest[0]
+    for u in range(2, max_nodes + 1):
+        node = np.minimum(np.where(geometry.whole_cap >= u, geometry.whole_inter, INF), split_inter)
+        slowest = np.min(np.maximum(node, slowest[None, :]), axis=1)
+        floor[u] = slowest[0]
+    return floor
 
 
 class NodeCosts:
-    """Lower bounds of every node's cost at threshold W (see the module docstring).
+    """Lower bounds of every node's cost at threshold W (see the module docstring), as bands:
+    ``[x, d]`` is the node [x, x + d + 1) (a node at threshold W holds at most ``width`` layers,
+    so the chains only look that far); ``last_vectors`` are the pipeline's last node [x, L).
+    Sides, in that order everywhere: left of the marker, right of it, holding it."""
 
-    ``whole[side]`` / ``split[side]``: ``[x, s]`` matrices for nodes that are not the pipeline's
-    last, ``whole_last[side]`` / ``split_last[side]``: vectors over x for the last node [x, L).
-    Sides: 0 left of the marker, 1 right of it, 2 holding it.
-    """
-
-    def __init__(self, geometry: NodeGeometry, W: float, r: int, marker_starts: np.ndarray, marker_ends: np.ndarray):
+    def __init__(
+        self,
+        geometry: NodeGeometry,
+        W: float,
+        r: int,
+        marker_starts: np.ndarray,
+        marker_ends: np.ndarray,
+        marker_gpus: np.ndarray,
+    ):
         self.geometry = geometry
-        G, L = geometry.gpus, geometry.num_layers
-        rW, r1W = r * W, (r - 1) * W
+        self.W, self.r = W, r
+        # For every width g < G of a marker stage, the most compute such a marker holds.
+        self.marker_widths: dict[int, float] = {}
+        for start, end, g in zip(marker_starts, marker_ends, marker_gpus):
+            if g < geometry.gpus:
+                held = float(geometry.compute[end] - geometry.compute[start])
+                self.marker_widths[int(g)] = max(self.marker_widths.get(int(g), 0.0), held)
+        L = geometry.num_layers
         positions = geometry.positions
         # For every end s, the largest start of a marker stage ending at or before s.
         latest_marker = np.full(L + 1, -1)
@@ -93,38 +156,83 @@ class NodeCosts:
             np.maximum.at(latest_marker, np.asarray(marker_ends), np.asarray(marker_starts))
             latest_marker = np.maximum.accumulate(latest_marker)
         y = geometry.cheapest_intra
-        self.whole, self.split = [], []
-        for last in (False, True):
-            if last:
-                w = geometry.whole_last[:, None]
-                compute = geometry.span_compute[:, L:]
-                link = np.zeros(1)
-                ends = positions[L:]
-            else:
-                w = geometry.whole_inter
-                compute = geometry.span_compute
-                link = geometry.cross
-                ends = positions
-            first_split = self._first_split_start(geometry, W, link, ends, y)
-            starts = positions[:, None]
-            split = (starts >= first_split[None, :]) & (ends[None, :] - starts >= 2)
-            least = compute / G + y + link[None, :]  # sum of w over a split node's stages, at least
-            whole = (
-                np.where(w <= W, w + rW, INF),
-                np.where(w < W, 2 * w + r1W, INF),
-                np.where(w == W, rW, INF),
-            )
-            parts = (
-                np.where(split, least + 2 * rW, INF),
-                np.where(split, 2 * least + 2 * r1W, INF),
-                np.where(split & (starts <= latest_marker[ends][None, :]), rW + r1W, INF),
-            )
-            if last:
-                self.whole_last = tuple(m[:, 0] for m in whole)
-                self.split_last = tuple(m[:, 0] for m in parts)
-            else:
-                self.whole, self.split = whole, parts
-        self._bands()
+        starts = positions[:, None]
+        first_inter = self._first_split_start(geometry, W, geometry.cross, positions, y)
+        first_last = self._first_split_start(geometry, W, np.zeros(1), positions[L:], y)
+        splittable = (starts >= first_inter[None, :]) & (geometry.span >= 2)
+        whole = self._whole_sides(geometry.whole_inter)
+        reach = np.isfinite(np.minimum.reduce(whole)) | splittable
+        self.width = width = max(int(np.where(reach, geometry.span, 0).max()), 1)
+        ends = starts + np.arange(1, width + 1)[None, :]  # [x, d]
+        inside = ends <= L
+        ends = np.minimum(ends, L)
+        self.after = np.where(inside, ends, L + 1)  # [x, d] -> node end, or L + 1 (an INF slot)
+        self.whole_band = [np.where(inside, m[starts, ends], INF) for m in whole]
+        self.cap_band = np.where(inside, geometry.whole_cap[starts, ends], 0.0)
+        self._split_band = (
+            inside & splittable[starts, ends],
+            geometry.span_compute[starts, ends],
+            geometry.cross[ends],
+            starts <= latest_marker[ends],
+        )
+        fits_last = geometry.whole_cap[:, L] >= 1
+        self._last = (
+            [np.where(fits_last, m, INF) for m in self._whole_sides(geometry.whole_last)],
+            (
+                (positions >= first_last[0]) & (L - positions >= 2),
+                geometry.span_compute[:, L],
+                0.0,
+                positions <= latest_marker[L],
+            ),
+        )
+        usable = np.isfinite(np.minimum.reduce(self.whole_band))
+        self._limits = np.unique(self.cap_band[usable])  # in-flight counts where a whole stage stops fitting
+        self._banded: dict[tuple[int, float], list[np.ndarray]] = {}
+        # The bands indexed by node end, [s, d] -> node [s - d - 1, s), in flight >= 1 (prefixes).
+        node_starts = positions[:, None] - np.arange(1, width + 1)[None, :]
+        exists = node_starts >= 0
+        self.before = np.where(exists, node_starts, L + 1)
+        offsets = np.broadcast_to(np.arange(width)[None, :], node_starts.shape)
+        rows = np.maximum(node_starts, 0)
+        self.by_end = [np.where(exists, band[rows, offsets], INF) for band in self.bands(1)]
+
+    def _whole_sides(self, w: np.ndarray) -> list[np.ndarray]:
+        W, r = self.W, self.r
+        return [
+            np.where(w <= W, w + r * W, INF),
+            np.where(w < W, 2 * w + (r - 1) * W, INF),
+            np.where(w == W, r * W, INF),
+        ]
+
+    def _split_sides(self, parts: tuple, in_flight: int) -> list[np.ndarray]:
+        """Bounds of nodes of two or more stages. Each stage keeps >= ``in_flight`` in flight on at
+        most G GPUs and takes at most W, so it holds at most ``most`` compute; with t stages of
+        compute C_i <= most summing to C, t >= C / most and sum_i C_i / g_i >= (sum_i sqrt C_i)^2 / G
+        (g_i proportional to sqrt C_i minimises it), whose least over such C_i (concave: a vertex,
+        as many at ``most`` as fit) is taken below."""
+        exists, compute, link, holds_marker = parts
+        geometry, W, r = self.geometry, self.W, self.r
+        G = geometry.gpus
+        most = min(geometry.most_compute(in_flight), W * G) * (1 + BOUND_SLACK)
+        if most <= 0:
+            return [np.full(np.shape(exists), INF)] * 3
+        stages = np.maximum(max(2, geometry.stages_per_node), np.ceil(compute / most - BOUND_SLACK))
+        y = geometry.cheapest_intra
+        least = _spread(compute, most, G) + (stages - 1) * y + link
+        # Holding the marker (a stage of g < G GPUs and compute at most ``held``, costing rW): the
+        # other stages, each at least w + (r-1)W on either side, hold the rest of the compute on
+        # G - g GPUs (the same bound over them), with all links but one in-node.
+        marked = np.full(np.shape(compute), INF)
+        for g, held in self.marker_widths.items():
+            rest = np.maximum(compute - held, 0.0)
+            others = np.maximum(1.0, np.ceil(rest / most - BOUND_SLACK))
+            value = _spread(rest, most, G - g) + (others - 1) * y + np.minimum(link, y) + others * (r - 1) * W
+            marked = np.minimum(marked, value)
+        return [
+            np.where(exists, least + stages * r * W, INF),
+            np.where(exists, 2 * least + stages * (r - 1) * W, INF),
+            np.where(exists & holds_marker, marked + r * W, INF),
+        ]
 
     @staticmethod
     def _first_split_start(
@@ -147,54 +255,30 @@ class NodeCosts:
             first = np.where(fits, np.minimum(first, x), first)
         return first
 
-    def _bands(self) -> None:
-        """The matrices as bands ``[x, d]`` -> node [x, x + d + 1): a node at threshold W holds at
-        most ``width`` layers, so the chains below only look that far."""
-        geometry = self.geometry
-        L = geometry.num_layers
-        finite = np.isfinite(np.minimum.reduce([np.minimum(w, s) for w, s in zip(self.whole, self.split)]))
-        spans = np.where(finite, geometry.span, 0)
-        self.width = width = max(int(spans.max()), 1)
-        x = geometry.positions[:, None]
-        ends = x + np.arange(1, width + 1)[None, :]  # [x, d]
-        inside = ends <= L
-        ends = np.minimum(ends, L)
-
-        def band(matrix: np.ndarray) -> np.ndarray:
-            return np.where(inside, matrix[x, ends], INF)
-
-        self.whole_band = [band(m) for m in self.whole]
-        self.split_band = [band(m) for m in self.split]
-        self.combined_band = [np.minimum(w, s) for w, s in zip(self.whole_band, self.split_band)]
-        self.cap_band = np.where(inside, geometry.whole_cap[x, ends], 0.0)
-        usable = np.isfinite(np.minimum.reduce(self.whole_band))
-        self._limits = np.unique(self.cap_band[usable])  # in-flight counts where a whole stage stops fitting
-        self._banded: dict[int, list[np.ndarray]] = {}
-        self.after = np.where(inside, ends, L + 1)
-        # The same bands indexed by node end: [s, d] -> node [s - d - 1, s).
-        starts = geometry.positions[:, None] - np.arange(1, width + 1)[None, :]
-        exists = starts >= 0
-        self.before = np.where(exists, starts, L + 1)
-        starts = np.maximum(starts, 0)
-        self.by_end = [np.where(exists, m[starts, geometry.positions[:, None]], INF) for m in self.combined_by_cap(1)]
-
-    def combined_by_cap(self, in_flight: int) -> list[np.ndarray]:
-        """Full matrices (left, right, marker) for nodes keeping >= ``in_flight`` in flight."""
-        fits = self.geometry.whole_cap >= in_flight
-        return [np.minimum(np.where(fits, w, INF), s) for w, s in zip(self.whole, self.split)]
-
     def bands(self, in_flight: int) -> list[np.ndarray]:
         """Banded node bounds (left, right, marker) for nodes keeping >= ``in_flight`` in flight
-        (the same arrays for every count between two memory limits of whole-node stages)."""
-        key = int(np.searchsorted(self._limits, in_flight, side="left"))
+        (the same arrays between two in-flight counts where no memory limit changes)."""
+        key = (
+            int(np.searchsorted(self._limits, in_flight, side="left")),
+            self.geometry.most_compute(in_flight),
+        )
         if key not in self._banded:
             fits = self.cap_band >= in_flight
-            self._banded[key] = [np.where(fits, c, s) for c, s in zip(self.combined_band, self.split_band)]
+            split = self._split_sides(self._split_band, in_flight)
+            self._banded[key] = [np.minimum(np.where(fits, w, INF), s) for w, s in zip(self.whole_band, split)]
         return self._banded[key]
 
     def last_vectors(self) -> list[np.ndarray]:
-        fits = self.geometry.whole_cap[:, self.geometry.num_layers] >= 1
-        return [np.minimum(np.where(fits, w, INF), s) for w, s in zip(self.whole_last, self.split_last)]
+        whole, parts = self._last
+        return [np.minimum(w, s) for w, s in zip(whole, self._split_sides(parts, 1))]
+
+
+def _spread(compute: np.ndarray, most: float, gpus: int) -> np.ndarray:
+    """The least sum_i C_i / g_i of stages splitting ``compute`` with C_i <= ``most`` on ``gpus``
+    GPUs in all (``NodeCosts._split_sides``)."""
+    full = np.floor(compute / most)
+    roots = full * np.sqrt(most) + np.sqrt(np.maximum(compute - full * most, 0.0))
+    return np.maximum(compute, roots * roots) / gpus
 
 
 def root_bounds(costs: NodeCosts, max_nodes: int) -> np.ndarray:

@@ -56,7 +56,7 @@ import numpy as np
 
 from oobleck.errors import PlanningError
 from oobleck.planning.inputs import ClusterSpec, ModelProfile
-from oobleck.planning.node_bounds import NodeCosts, NodeGeometry, PrefixBounds, root_bounds
+from oobleck.planning.node_bounds import NodeCosts, NodeGeometry, PrefixBounds, bottleneck_floor, root_bounds
 from oobleck.planning.outputs import PipelineTemplate, StageSpec
 from oobleck.planning.pipeline_cost import (
     LINK_INTER,
@@ -68,6 +68,9 @@ from oobleck.planning.pipeline_cost import (
 )
 
 INF = math.inf
+# Above this many candidate bottleneck stages at one threshold, the per-marker node bound
+# (``_marker_bounds``, Python per marker) costs more than the chain bound it precedes.
+MARKER_BOUND_LIMIT = 4
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,7 @@ class _StageTable:
     def __init__(self, profile: ModelProfile, cluster: ClusterSpec, stage_gpu_limit: int):
         # Every node runs at least this many stages (planner.max_gpus_per_stage below G).
         self.stages_per_node = -(-cluster.gpus_per_node // stage_gpu_limit)
+        self.stage_gpu_limit = min(stage_gpu_limit, cluster.gpus_per_node)
         self.arrays = arrays = ProfileArrays(profile)
         max_gpus = cluster.gpus_per_node
         self.cluster = cluster
@@ -324,8 +328,9 @@ def _one_stage_per_node(table: _StageTable, gpus: int, max_nodes: int) -> dict[i
     return layouts
 
 
-def _bottleneck_dp(table: _StageTable, gpus: int, max_nodes: int) -> dict[int, float]:
-    """Smallest achievable slowest-stage time for every node count (INF where nothing fits).
+def _bottleneck_dp(table: _StageTable, gpus: int, max_nodes: int, only: int | None = None) -> dict[int, float]:
+    """Smallest achievable slowest-stage time for every node count up to ``max_nodes`` (INF where
+    nothing fits), or for ``only`` that count.
 
     Branch and bound like the main DP: a sub-search only looks for values below its budget and
     is memoised as a lower bound otherwise. The slowest stage of [0, a) is at least its compute
@@ -381,7 +386,7 @@ def _bottleneck_dp(table: _StageTable, gpus: int, max_nodes: int) -> dict[int, f
 
     seeds = _one_stage_per_node(table, G, max_nodes)
     result = {}
-    for n in range(1, max_nodes + 1):
+    for n in range(1, max_nodes + 1) if only is None else (only,):
         bound = max(_layout_seconds(table, seeds[n], G)) if n in seeds else INF
         compress = table.compressions_within(bound)
         memo = memos.setdefault(tuple(compress), {})
@@ -630,14 +635,20 @@ class _DeepRecursion:
 def _feasibility(
     profile: ModelProfile, cluster: ClusterSpec, stage_gpus: int
 ) -> tuple[_StageTable, dict[int, float], int]:
+    """The stage table, n0 (exact) and, for every n from n0 on, a floor under its least slowest
+    stage (exact at n0; ``bottleneck_floor`` beyond, INF where no layout can fit)."""
     table = _StageTable(profile, cluster, stage_gpus)
     up_to = min(cluster.nodes, profile.num_layers)
+    floors = bottleneck_floor(NodeGeometry(table, cluster), up_to)
     with _DeepRecursion(profile.num_layers):
-        bottleneck = _bottleneck_dp(table, cluster.gpus_per_node, up_to)
-    feasible = [n for n in range(1, up_to + 1) if bottleneck[n] < INF]
-    if not feasible:
-        raise PlanningError(_no_fit_message(profile, cluster, up_to))
-    return table, bottleneck, feasible[0]
+        # Exact from the first node count the floor allows, up to the first that fits.
+        for n in range(1, up_to + 1):
+            if floors[n] < INF:
+                exact = _bottleneck_dp(table, cluster.gpus_per_node, n, only=n)[n]
+                if exact < INF:
+                    bottleneck = {m: float(floors[m]) for m in range(n + 1, up_to + 1) if floors[m] < INF}
+                    return table, {n: exact, **bottleneck}, n
+    raise PlanningError(_no_fit_message(profile, cluster, up_to))
 
 
 def min_nodes(
@@ -745,20 +756,24 @@ def _sweep_thresholds(
         budgets = {nodes[i]: target(nodes[i]) for i in inside if lower_bound(nodes[i], W) < target(nodes[i])}
         index = next_index + 1
         promising = _promising_markers(table, W, r, budgets, total_per_gpu * gpus, gpus)
-        # Keep the markers, and the node counts, that the node-level bound cannot rule out.
-        markers, still_open = set(), set()
-        for marker in promising:
-            bounds = _marker_bounds(table, gpus, W, r, marker, list(budgets))
-            beaten = {n for n, bound in bounds.items() if bound < budgets[n]}
-            if beaten:
-                markers.add(marker[:3])
-                still_open |= beaten
-        if not markers:
+        if not promising:
             continue
-        budgets = {n: budgets[n] for n in sorted(still_open)}
-        lo = int(np.searchsorted(table.marker_costs, W, side="left"))
-        hi = int(np.searchsorted(table.marker_costs, W, side="right"))
-        costs = NodeCosts(geometry, W, r, table.marker_starts[lo:hi], table.marker_ends[lo:hi])
+        if len(promising) <= MARKER_BOUND_LIMIT:
+            # Few markers: the per-marker node bound also narrows which of them the DP may use.
+            markers, still_open = set(), set()
+            for marker in promising:
+                bounds = _marker_bounds(table, gpus, W, r, marker, list(budgets))
+                beaten = {n for n, bound in bounds.items() if bound < budgets[n]}
+                if beaten:
+                    markers.add(marker[:3])
+                    still_open |= beaten
+            if not markers:
+                continue
+            budgets = {n: budgets[n] for n in sorted(still_open)}
+        else:  # many (equal layers put a marker at every position): one chain bound for all of them
+            markers = {marker[:3] for marker in promising}
+        starts, ends, widths = (np.array([m[i] for m in markers]) for i in range(3))
+        costs = NodeCosts(geometry, W, r, starts, ends, widths)
         bounds = root_bounds(costs, max(budgets))
         budgets = {n: b for n, b in budgets.items() if bounds[n] < b}
         if not budgets:
