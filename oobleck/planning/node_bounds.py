@@ -75,6 +75,8 @@ class NodeGeometry:
         # _most[u]: the most compute of any layer range a stage on as many GPUs as a stage may have
         # keeps in memory with u microbatches in flight (a stage on fewer GPUs keeps less).
         self.stages_per_node = table.stages_per_node
+        self.stage_gpu_limit = table.stage_gpu_limit
+        self.layer_compute = np.diff(self.compute)
         widest = np.zeros((L + 1, L + 1))
         for end in range(1, L + 1):
             widest[:end, end] = table.cap[table.stage_gpu_limit][end]
@@ -175,6 +177,11 @@ class NodeCosts:
             geometry.cross[ends],
             starts <= latest_marker[ends],
         )
+        self._split_band += (
+            self._last_stage_floor(
+                self._split_band[1], self._split_band[2], geometry.layer_compute[np.maximum(ends - 1, 0)]
+            ),
+        )
         fits_last = geometry.whole_cap[:, L] >= 1
         self._last = (
             [np.where(fits_last, m, INF) for m in self._whole_sides(geometry.whole_last)],
@@ -183,18 +190,18 @@ class NodeCosts:
                 geometry.span_compute[:, L],
                 0.0,
                 positions <= latest_marker[L],
+                self._last_stage_floor(geometry.span_compute[:, L], np.zeros(1), geometry.layer_compute[L - 1]),
             ),
         )
         usable = np.isfinite(np.minimum.reduce(self.whole_band))
         self._limits = np.unique(self.cap_band[usable])  # in-flight counts where a whole stage stops fitting
-        self._banded: dict[tuple[int, float], list[np.ndarray]] = {}
+        self._banded: dict[tuple, list[np.ndarray]] = {}
         # The bands indexed by node end, [s, d] -> node [s - d - 1, s), in flight >= 1 (prefixes).
         node_starts = positions[:, None] - np.arange(1, width + 1)[None, :]
         exists = node_starts >= 0
         self.before = np.where(exists, node_starts, L + 1)
-        offsets = np.broadcast_to(np.arange(width)[None, :], node_starts.shape)
-        rows = np.maximum(node_starts, 0)
-        self.by_end = [np.where(exists, band[rows, offsets], INF) for band in self.bands(1)]
+        self._by_end_index = (exists, np.maximum(node_starts, 0), np.broadcast_to(np.arange(width), node_starts.shape))
+        self._by_end: dict[tuple, list[np.ndarray]] = {}
 
     def _whole_sides(self, w: np.ndarray) -> list[np.ndarray]:
         W, r = self.W, self.r
@@ -205,34 +212,61 @@ class NodeCosts:
         ]
 
     def _split_sides(self, parts: tuple, in_flight: int) -> list[np.ndarray]:
-        """Bounds of nodes of two or more stages. Each stage keeps >= ``in_flight`` in flight on at
-        most G GPUs and takes at most W, so it holds at most ``most`` compute; with t stages of
-        compute C_i <= most summing to C, t >= C / most and sum_i C_i / g_i >= (sum_i sqrt C_i)^2 / G
-        (g_i proportional to sqrt C_i minimises it), whose least over such C_i (concave: a vertex,
-        as many at ``most`` as fit) is taken below."""
-        exists, compute, link, holds_marker = parts
+        """Bounds of nodes of two or more stages, each keeping >= ``in_flight`` in flight. A stage
+        holds at most ``most`` compute (what fits its memory on as many GPUs as a stage may have,
+        and w <= W), so t >= C / most and sum_i C_i / g_i >= (sum_i sqrt C_i)^2 / G, least at a
+        vertex of that concave relaxation (``_spread``); and the node's last stage carries its
+        link (``_last_stage_floor``)."""
+        exists, compute, link, holds_marker, last_stage = parts
         geometry, W, r = self.geometry, self.W, self.r
-        G = geometry.gpus
-        most = min(geometry.most_compute(in_flight), W * G) * (1 + BOUND_SLACK)
+        G, y = geometry.gpus, geometry.cheapest_intra
+        most = self._most(in_flight)
         if most <= 0:
             return [np.full(np.shape(exists), INF)] * 3
         stages = np.maximum(max(2, geometry.stages_per_node), np.ceil(compute / most - BOUND_SLACK))
-        y = geometry.cheapest_intra
-        least = _spread(compute, most, G) + (stages - 1) * y + link
-        # Holding the marker (a stage of g < G GPUs and compute at most ``held``, costing rW): the
-        # other stages, each at least w + (r-1)W on either side, hold the rest of the compute on
-        # G - g GPUs (the same bound over them), with all links but one in-node.
+        least = np.maximum(_spread(compute, most, G), last_stage)
+        least = least + (stages - 1) * y + link
+        left = least + stages * r * W
+        right = 2 * least + stages * (r - 1) * W
+        # Holding the marker (a stage of g < G GPUs and compute at most ``held``, costing rW): each
+        # other stage costs at least 2w + (r-1)W (w + rW >= that left of the marker, as w <= W);
+        # they hold the rest of the compute on G - g GPUs, with all links but one in-node.
         marked = np.full(np.shape(compute), INF)
         for g, held in self.marker_widths.items():
             rest = np.maximum(compute - held, 0.0)
             others = np.maximum(1.0, np.ceil(rest / most - BOUND_SLACK))
-            value = _spread(rest, most, G - g) + (others - 1) * y + np.minimum(link, y) + others * (r - 1) * W
-            marked = np.minimum(marked, value)
+            spent = _spread(rest, most, G - g) + (others - 1) * y + np.minimum(link, y)
+            marked = np.minimum(marked, 2 * spent + others * (r - 1) * W)
         return [
-            np.where(exists, least + stages * r * W, INF),
-            np.where(exists, 2 * least + stages * (r - 1) * W, INF),
+            np.where(exists, left, INF),
+            np.where(exists, right, INF),
             np.where(exists & holds_marker, marked + r * W, INF),
         ]
+
+    def _most(self, in_flight: int) -> float:
+        """The most compute one stage holds: what fits its memory on as many GPUs as a stage may
+        have (more GPUs spread the activations), and w <= W."""
+        geometry = self.geometry
+        most = min(geometry.most_compute(in_flight), self.W * geometry.stage_gpu_limit)
+        return max(most, 0.0) * (1 + BOUND_SLACK)
+
+    def _last_stage_floor(self, compute: np.ndarray, link: np.ndarray, last_layer: np.ndarray) -> np.ndarray:
+        """The node's last stage carries its link: on g GPUs it holds at least the node's last
+        layer and at most (W - link) g; the others hold the rest on G - g GPUs (at most (W - y)
+        each), so sum_i C_i / g_i >= C_last / g + (C - C_last) / (G - g), linear in C_last: least
+        at one end of its range."""
+        geometry, W = self.geometry, self.W
+        G, y = geometry.gpus, geometry.cheapest_intra
+        slack = 1 + BOUND_SLACK
+        floor = np.full(np.shape(compute), INF)
+        for g in range(1, min(G - 1, geometry.stage_gpu_limit) + 1):
+            rest_gpus = G - g
+            high = np.minimum(compute, (W - link) * g * slack)
+            low = np.maximum(last_layer, compute - (W - y) * rest_gpus * slack)
+            held = high if g >= rest_gpus else low
+            value = held / g + np.maximum(compute - held, 0.0) / rest_gpus
+            floor = np.minimum(floor, np.where(low <= high, value, INF))
+        return floor
 
     @staticmethod
     def _first_split_start(
@@ -255,13 +289,22 @@ class NodeCosts:
             first = np.where(fits, np.minimum(first, x), first)
         return first
 
+    def key(self, in_flight: int) -> tuple[int, float]:
+        """Equal for in-flight counts between which no memory limit of these bounds changes."""
+        return int(np.searchsorted(self._limits, in_flight, side="left")), self._most(in_flight)
+
+    def by_end(self, in_flight: int) -> list[np.ndarray]:
+        """``bands`` indexed by node end: ``[s, d]`` -> node [s - d - 1, s)."""
+        key = self.key(in_flight)
+        if key not in self._by_end:
+            exists, rows, offsets = self._by_end_index
+            self._by_end[key] = [np.where(exists, band[rows, offsets], INF) for band in self.bands(in_flight)]
+        return self._by_end[key]
+
     def bands(self, in_flight: int) -> list[np.ndarray]:
         """Banded node bounds (left, right, marker) for nodes keeping >= ``in_flight`` in flight
         (the same arrays between two in-flight counts where no memory limit changes)."""
-        key = (
-            int(np.searchsorted(self._limits, in_flight, side="left")),
-            self.geometry.most_compute(in_flight),
-        )
+        key = self.key(in_flight)
         if key not in self._banded:
             fits = self.cap_band >= in_flight
             split = self._split_sides(self._split_band, in_flight)
@@ -305,24 +348,31 @@ def root_bounds(costs: NodeCosts, max_nodes: int) -> np.ndarray:
 
 
 class PrefixBounds:
-    """``left[u][s]``: covering layers [0, s) with u whole nodes left of the marker costs at least
-    this; ``marked[u][s]``: the same with the marker among them (stages after it right of it).
-    Memory is not counted (the DP checks it)."""
+    """``at(f)``: tables ``(left, marked)``; ``left[u][s]``: covering layers [0, s) with u whole
+    nodes left of the marker, every stage keeping >= f microbatches in flight, costs at least
+    this; ``marked[u][s]``: the same with the marker among them (stages after it right of it)."""
 
     def __init__(self, costs: NodeCosts, max_nodes: int):
-        L = costs.geometry.num_layers
-        before = costs.before  # [s, d] -> s - d - 1, or L + 1 (an INF slot) before the start
-        left_b, right_b, marker_b = costs.by_end
-        left = np.full((max_nodes + 1, L + 2), INF)
-        marked = np.full((max_nodes + 1, L + 2), INF)
-        left[0, 0] = 0.0
-        for u in range(1, max_nodes + 1):
-            previous_left = left[u - 1][before]
-            left[u, : L + 1] = (previous_left + left_b).min(axis=1)
-            marked[u, : L + 1] = np.minimum(
-                (previous_left + marker_b).min(axis=1), (marked[u - 1][before] + right_b).min(axis=1)
-            )
-        left, marked = left[:, : L + 1], marked[:, : L + 1]
-        scale = 1 - BOUND_SLACK
-        self.left: list[list[float]] = (left * scale).tolist()
-        self.marked: list[list[float]] = (marked * scale).tolist()
+        self.costs = costs
+        self.max_nodes = max_nodes
+        self._tables: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}
+
+    def at(self, in_flight: int) -> tuple[list[list[float]], list[list[float]]]:
+        costs = self.costs
+        key = costs.key(in_flight)
+        if key not in self._tables:
+            L, max_nodes = costs.geometry.num_layers, self.max_nodes
+            before = costs.before  # [s, d] -> s - d - 1, or L + 1 (an INF slot) before the start
+            left_b, right_b, marker_b = costs.by_end(in_flight)
+            left = np.full((max_nodes + 1, L + 2), INF)
+            marked = np.full((max_nodes + 1, L + 2), INF)
+            left[0, 0] = 0.0
+            for u in range(1, max_nodes + 1):
+                previous_left = left[u - 1][before]
+                left[u, : L + 1] = (previous_left + left_b).min(axis=1)
+                marked[u, : L + 1] = np.minimum(
+                    (previous_left + marker_b).min(axis=1), (marked[u - 1][before] + right_b).min(axis=1)
+                )
+            scale = 1 - BOUND_SLACK
+            self._tables[key] = ((left[:, : L + 1] * scale).tolist(), (marked[:, : L + 1] * scale).tolist())
+        return self._tables[key]

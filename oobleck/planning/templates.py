@@ -71,6 +71,11 @@ INF = math.inf
 # Above this many candidate bottleneck stages at one threshold, the per-marker node bound
 # (``_marker_bounds``, Python per marker) costs more than the chain bound it precedes.
 MARKER_BOUND_LIMIT = 4
+# Node counts without a seed layout are first searched at the thresholds, of PROBE_THRESHOLDS
+# spread over the candidates, that the node-level bound rates best, until one has a layout (at
+# most PROBE_ATTEMPTS).
+PROBE_THRESHOLDS = 64
+PROBE_ATTEMPTS = 8
 
 
 @dataclass(frozen=True)
@@ -433,8 +438,9 @@ def _solve_for_threshold(
     compress = table.compressions_within(W)
     cost, cap = table.cost, table.cap
     bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
-    prefix_left = prefix.left if prefix is not None else None
-    prefix_marked = prefix.marked if prefix is not None else None
+    # Node-level bounds of a prefix whose stages keep >= j + 1 microbatches in flight, by j
+    # (made on first use).
+    prefix_tables: list[Any] = [None] * (table.num_layers + 2)
 
     # Lower bound on the cost of covering [0, start) (inlined in ``solve``; INF if impossible).
     # Once the marker is placed every stage costs w + rW; before it, every stage costs
@@ -468,16 +474,20 @@ def _solve_for_threshold(
     # INF where no marker fits: the search stops as soon as it has passed every marker.
     before_marker = np.full(len(compute), INF)
     if markers is not None:
-        prefix = table.arrays.compute
+        cumulative = table.arrays.compute
         for m_start, m_end, _ in markers:
             k = _fewest_nodes(compute, 0, m_start, per_stage_compute * slack, per_stage_compute * slack)
             if k is None:
                 continue
-            rest = 2 * (prefix[m_end:] - prefix[m_end]) / G + prefix[m_start] / G + (k + 1) * W
+            rest = 2 * (cumulative[m_end:] - cumulative[m_end]) / G + cumulative[m_start] / G + (k + 1) * W
             before_marker[m_end:] = np.minimum(before_marker[m_end:], rest)
     else:
         before_marker[:] = -INF
     before_marker = before_marker.tolist()
+
+    def prefix_at(j: int) -> Any:
+        prefix_tables[j] = prefix.at(j + 1)  # type: ignore[union-attr]
+        return prefix_tables[j]
 
     def solve(a: int, j: int, nl: int, h: int, p: int, budget: float) -> float:
         if a == 0:
@@ -529,8 +539,9 @@ def _solve_for_threshold(
                     stages = min_stages
                 if p2:
                     lower = compute_per_gpu[start] + links_left + stages * rW
-                    if h2 == G and prefix_left is not None:
-                        whole = prefix_left[nl2][start]
+                    if h2 == G and prefix is not None:
+                        tables = prefix_tables[j1] or prefix_at(j1)
+                        whole = tables[0][nl2][start]
                         if whole > lower:
                             lower = whole
                 else:
@@ -538,8 +549,9 @@ def _solve_for_threshold(
                     marked = before_marker[start] + links_but_one + stages * r1W
                     if marked > lower:
                         lower = marked
-                    if h2 == G and prefix_marked is not None:
-                        whole = prefix_marked[nl2][start]
+                    if h2 == G and prefix is not None:
+                        tables = prefix_tables[j1] or prefix_at(j1)
+                        whole = tables[1][nl2][start]
                         if whole > lower:
                             lower = whole
                 if lower >= limit:
@@ -742,6 +754,60 @@ def _sweep_thresholds(
         past = int(np.searchsorted(candidates, hi * (1 + 1e-12), side="right")) if hi < INF else len(candidates)
         return first, past
 
+    def attempt(W: float, budgets: dict[int, float]) -> None:
+        """Search the layouts whose bottleneck is W for every n in ``budgets`` (only those below
+        its budget matter), after the bounds that may rule W out without the DP."""
+        promising = _promising_markers(table, W, r, budgets, total_per_gpu * gpus, gpus)
+        if not promising:
+            return
+        if len(promising) <= MARKER_BOUND_LIMIT:
+            # Few markers: the per-marker node bound also narrows which of them the DP may use.
+            markers, still_open = set(), set()
+            for marker in promising:
+                bounds = _marker_bounds(table, gpus, W, r, marker, list(budgets))
+                beaten = {n for n, bound in bounds.items() if bound < budgets[n]}
+                if beaten:
+                    markers.add(marker[:3])
+                    still_open |= beaten
+            if not markers:
+                return
+            budgets = {n: budgets[n] for n in sorted(still_open)}
+        else:  # many (equal layers put a marker at every position): one chain bound for all of them
+            markers = {marker[:3] for marker in promising}
+        starts, ends, widths = (np.array([m[i] for m in markers]) for i in range(3))
+        costs = NodeCosts(geometry, W, r, starts, ends, widths)
+        bounds = root_bounds(costs, max(budgets))
+        budgets = {n: b for n, b in budgets.items() if bounds[n] < b}
+        if not budgets:
+            return
+        prefix = PrefixBounds(costs, max(budgets))
+        for n, (value, layout) in _solve_for_threshold(table, gpus, W, r, budgets, markers, prefix).items():
+            if n not in best or value < best[n][0]:
+                best[n] = (value, layout)
+
+    # Node counts without a seed (memory rules out one stage per node) start from the threshold
+    # the node-level bound rates best on a coarse grid: the ascending sweep below then meets most
+    # thresholds with a budget close to the optimum instead of none.
+    unseeded = [n for n in nodes if n not in best]
+    if unseeded:
+        first = int(np.searchsorted(candidates, min(bottleneck[n] for n in unseeded) * (1 - 1e-12), side="left"))
+        grid = np.unique(np.linspace(first, len(candidates) - 1, PROBE_THRESHOLDS).astype(np.int64))
+        rated: dict[int, list[tuple[float, float]]] = {n: [] for n in unseeded}
+        for index in grid:
+            W = float(candidates[index])
+            lo = int(np.searchsorted(table.marker_costs, W, side="left"))
+            hi = int(np.searchsorted(table.marker_costs, W, side="right"))
+            marker = (table.marker_starts[lo:hi], table.marker_ends[lo:hi], table.marker_gpus[lo:hi])
+            bounds = root_bounds(NodeCosts(geometry, W, r, *marker), max(unseeded))
+            for n in unseeded:
+                if bounds[n] < INF:
+                    rated[n].append((float(bounds[n]), W))
+        for n in unseeded:
+            for _, W in sorted(rated[n])[:PROBE_ATTEMPTS]:
+                attempt(W, {n: target(n)})
+                if n in best:
+                    break
+
     windows = np.array([window(n) for n in nodes], dtype=np.int64).reshape(-1, 2)
     index = 0
     while len(nodes):
@@ -755,33 +821,12 @@ def _sweep_thresholds(
         inside = np.flatnonzero((windows[:, 0] <= next_index) & (next_index < windows[:, 1]))
         budgets = {nodes[i]: target(nodes[i]) for i in inside if lower_bound(nodes[i], W) < target(nodes[i])}
         index = next_index + 1
-        promising = _promising_markers(table, W, r, budgets, total_per_gpu * gpus, gpus)
-        if not promising:
-            continue
-        if len(promising) <= MARKER_BOUND_LIMIT:
-            # Few markers: the per-marker node bound also narrows which of them the DP may use.
-            markers, still_open = set(), set()
-            for marker in promising:
-                bounds = _marker_bounds(table, gpus, W, r, marker, list(budgets))
-                beaten = {n for n, bound in bounds.items() if bound < budgets[n]}
-                if beaten:
-                    markers.add(marker[:3])
-                    still_open |= beaten
-            if not markers:
-                continue
-            budgets = {n: budgets[n] for n in sorted(still_open)}
-        else:  # many (equal layers put a marker at every position): one chain bound for all of them
-            markers = {marker[:3] for marker in promising}
-        starts, ends, widths = (np.array([m[i] for m in markers]) for i in range(3))
-        costs = NodeCosts(geometry, W, r, starts, ends, widths)
-        bounds = root_bounds(costs, max(budgets))
-        budgets = {n: b for n, b in budgets.items() if bounds[n] < b}
         if not budgets:
             continue
-        prefix = PrefixBounds(costs, max(budgets))
-        for n, (value, layout) in _solve_for_threshold(table, gpus, W, r, budgets, markers, prefix).items():
-            if n not in best or value < best[n][0]:
-                best[n] = (value, layout)
+        before = {n: target(n) for n in budgets}
+        attempt(W, budgets)
+        for n, value in before.items():
+            if target(n) < value:
                 windows[nodes.index(n)] = window(n)
     return best
 

@@ -65,13 +65,16 @@ def test_node_bounds_never_exceed_brute_force(layers, gpus, nodes, seed, memory,
             assert root_bounds(costs, n)[n] <= T * (1 + 1e-12)
             # Every prefix of whole nodes, before the last node.
             prefix = PrefixBounds(costs, n)
+            # The stages before the last node's keep at least one more microbatch in flight each
+            # than the stages after them: the tables for in-flight >= (stages after the prefix) + 1.
             per_stage = _stage_costs(seconds, r)
             k = bottleneck_index(seconds)
             spent, last_node = 0.0, {s.node: i for i, s in enumerate(stages)}
             for i, stage in enumerate(stages[:-1]):
                 spent += per_stage[i]
                 if last_node[stage.node] == i:  # the node ends here
-                    table_ = prefix.marked if i >= k else prefix.left
+                    left, marked = prefix.at(len(stages) - i)
+                    table_ = marked if i >= k else left
                     assert table_[stage.node + 1][stage.end] <= spent * (1 + 1e-12) or math.isclose(
                         table_[stage.node + 1][stage.end], spent, rel_tol=1e-12
                     )
