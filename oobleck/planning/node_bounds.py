@@ -88,6 +88,9 @@ class NodeGeometry:
     def most_compute(self, in_flight: int) -> float:
         return float(self._most[min(in_flight, len(self._most) - 1)])
 
+    def most_compute_of(self, in_flight: np.ndarray) -> np.ndarray:
+        return self._most[np.minimum(in_flight, len(self._most) - 1).astype(np.int64)]
+
     def split_floor(self, link: np.ndarray) -> np.ndarray:
         """``[x, s]``: no node of two or more stages over [x, s) (last link ``link[s]``) has all its
         stages under this: its last stage [b, s) on g < G GPUs takes C(b, s) / g + link, the others
@@ -211,7 +214,7 @@ class NodeCosts:
             np.where(w == W, r * W, INF),
         ]
 
-    def _split_sides(self, parts: tuple, in_flight: int) -> list[np.ndarray]:
+    def _split_sides(self, parts: tuple, most: float | np.ndarray) -> list[np.ndarray]:
         """Bounds of nodes of two or more stages, each keeping >= ``in_flight`` in flight. A stage
         holds at most ``most`` compute (what fits its memory on as many GPUs as a stage may have,
         and w <= W), so t >= C / most and sum_i C_i / g_i >= (sum_i sqrt C_i)^2 / G, least at a
@@ -220,9 +223,8 @@ class NodeCosts:
         exists, compute, link, holds_marker, last_stage = parts
         geometry, W, r = self.geometry, self.W, self.r
         G, y = geometry.gpus, geometry.cheapest_intra
-        most = self._most(in_flight)
-        if most <= 0:
-            return [np.full(np.shape(exists), INF)] * 3
+        exists = exists & (most > 0)
+        most = np.maximum(most, BOUND_SLACK)  # (where it was 0, nothing exists)
         stages = np.maximum(max(2, geometry.stages_per_node), np.ceil(compute / most - BOUND_SLACK))
         least = np.maximum(_spread(compute, most, G), last_stage)
         least = least + (stages - 1) * y + link
@@ -242,6 +244,12 @@ class NodeCosts:
             np.where(exists, right, INF),
             np.where(exists & holds_marker, marked + r * W, INF),
         ]
+
+    def _most_of(self, in_flight: np.ndarray) -> np.ndarray:
+        """``_most`` of every entry of ``in_flight``."""
+        geometry = self.geometry
+        held = geometry.most_compute_of(in_flight)
+        return np.maximum(np.minimum(held, self.W * geometry.stage_gpu_limit), 0.0) * (1 + BOUND_SLACK)
 
     def _most(self, in_flight: int) -> float:
         """The most compute one stage holds: what fits its memory on as many GPUs as a stage may
@@ -307,13 +315,47 @@ class NodeCosts:
         key = self.key(in_flight)
         if key not in self._banded:
             fits = self.cap_band >= in_flight
-            split = self._split_sides(self._split_band, in_flight)
+            split = self._split_sides(self._split_band, self._most(in_flight))
             self._banded[key] = [np.minimum(np.where(fits, w, INF), s) for w, s in zip(self.whole_band, split)]
         return self._banded[key]
 
+    def bands_by_end(self, in_flight: np.ndarray) -> list[np.ndarray]:
+        """``bands`` with its own in-flight count for every node end: ``in_flight[s]``."""
+        band_in_flight = in_flight[np.minimum(self.after, len(in_flight) - 1)]
+        fits = self.cap_band >= band_in_flight
+        split = self._split_sides(self._split_band, self._most_of(band_in_flight))
+        return [np.minimum(np.where(fits, w, INF), s) for w, s in zip(self.whole_band, split)]
+
+    def stage_counts(self, in_flight: np.ndarray) -> np.ndarray:
+        """``[x, d]``: the fewest stages node [x, x + d + 1) can have with all under W, its stages
+        keeping >= ``in_flight[end]`` in flight (INF: none)."""
+        band_in_flight = in_flight[np.minimum(self.after, len(in_flight) - 1)]
+        whole = np.isfinite(np.minimum.reduce(self.whole_band)) & (self.cap_band >= band_in_flight)
+        exists = self._split_band[0]
+        most = self._most_of(band_in_flight)
+        split = np.where(
+            exists & (most > 0),
+            np.maximum(
+                max(2, self.geometry.stages_per_node),
+                np.ceil(self._split_band[1] / np.maximum(most, BOUND_SLACK) - BOUND_SLACK),
+            ),
+            INF,
+        )
+        return np.where(whole, 1.0, split)
+
     def last_vectors(self) -> list[np.ndarray]:
         whole, parts = self._last
-        return [np.minimum(w, s) for w, s in zip(whole, self._split_sides(parts, 1))]
+        return [np.minimum(w, s) for w, s in zip(whole, self._split_sides(parts, self._most(1)))]
+
+    def last_stage_counts(self) -> np.ndarray:
+        whole, parts = self._last
+        most = self._most(1)
+        split = np.where(
+            parts[0] & (most > 0),
+            np.maximum(max(2, self.geometry.stages_per_node), np.ceil(parts[1] / max(most, BOUND_SLACK) - BOUND_SLACK)),
+            INF,
+        )
+        return np.where(np.isfinite(np.minimum.reduce(whole)), 1.0, split)
 
 
 def _spread(compute: np.ndarray, most: float, gpus: int) -> np.ndarray:
@@ -326,8 +368,8 @@ def _spread(compute: np.ndarray, most: float, gpus: int) -> np.ndarray:
 
 def root_bounds(costs: NodeCosts, max_nodes: int) -> np.ndarray:
     """``bound[n]`` (n = 0 .. max_nodes): T of any layout on n nodes whose bottleneck is W is at
-    least this (INF: there is none). Built right to left: the u-th node from the right keeps at
-    least u microbatches in flight."""
+    least this (INF: there is none). Built right to left, with the fewest stages any cover of
+    what lies to the right of a node can have: its stages keep at least one more in flight."""
     bound = np.full(max_nodes + 1, INF)
     if max_nodes < 1:
         return bound
@@ -336,13 +378,19 @@ def root_bounds(costs: NodeCosts, max_nodes: int) -> np.ndarray:
     _, last_right, last_marker = costs.last_vectors()
     right = np.full(L + 2, INF)  # [x]: covering [x, L) right of the marker (slot L + 1: nothing)
     full = np.full(L + 2, INF)  # [x]: the same, holding the marker
-    right[: L + 1], full[: L + 1] = last_right, last_marker
+    fewest = np.full(L + 2, INF)  # [x]: the fewest stages covering [x, L) with the same nodes
+    right[: L + 1], full[: L + 1], fewest[: L + 1] = last_right, last_marker, costs.last_stage_counts()
     bound[1] = full[0]
     for u in range(2, max_nodes + 1):
-        left_b, right_b, marker_b = costs.bands(u)
+        in_flight = np.where(np.isfinite(fewest), fewest + 1, L + 2).astype(np.int64)
+        if np.all(in_flight[np.isfinite(fewest)] <= u):  # (every cover has one stage per node)
+            left_b, right_b, marker_b = costs.bands(u)
+        else:
+            left_b, right_b, marker_b = costs.bands_by_end(np.maximum(in_flight, u))
         next_right, next_full = right[after], full[after]
         right[: L + 1] = (right_b + next_right).min(axis=1)
         full[: L + 1] = np.minimum((marker_b + next_right).min(axis=1), (left_b + next_full).min(axis=1))
+        fewest[: L + 1] = (costs.stage_counts(np.maximum(in_flight, u)) + fewest[after]).min(axis=1)
         bound[u] = full[0]
     return bound * (1 - BOUND_SLACK)
 
