@@ -231,16 +231,23 @@ class ExecutionPlan:
 class LayerTransfer:
     """Copy chunk ``chunk`` of ``chunks`` of layer ``layer``'s state from ``source`` to ``target``.
 
-    A layer needed by a new holder is split into ``chunks`` equal parts (by flattened element
-    range) across distinct surviving holders, so no single source sends it all.
+    A layer is split into ``chunks`` equal parts (by flattened element range), one per surviving
+    holder it is copied from, so no single source sends it all. When several workers need the
+    layer, each chunk travels down a chain through them: its surviving holder sends it to the
+    first (``hop`` 0), which relays it to the second (``hop`` 1), and so on, so every holder sends
+    each chunk at most once however many workers need it. A relayed chunk moves in ``pieces``
+    equal parts, each forwarded as soon as it has arrived, so the chain streams rather than
+    waiting hop by hop (``oobleck.runtime.transfer``).
     """
 
     layer: int
-    source: Worker
+    source: Worker  # a surviving holder (hop 0), or the worker that received this chunk at hop - 1
     target: Worker
     chunk: int
     chunks: int
     nbytes: int  # parameter bytes of this chunk (optimizer state moves with it)
+    hop: int = 0
+    pieces: int = 1
 
 
 @dataclass(frozen=True)
@@ -299,6 +306,8 @@ class ReconfigurationPlan:
                     chunk=t["chunk"],
                     chunks=t["chunks"],
                     nbytes=t["nbytes"],
+                    hop=int(t.get("hop", 0)),
+                    pieces=int(t.get("pieces", 1)),
                 )
                 for t in data["transfers"]
             ),

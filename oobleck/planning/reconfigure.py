@@ -36,11 +36,13 @@ import numpy as np
 from oobleck.errors import PlanningError
 from oobleck.planning.instantiate import _best_multiset, _Sync, build_plan, sync_of
 from oobleck.planning.outputs import ExecutionPlan, LayerTransfer, ReconfigurationPlan, Worker, tolerated_failures
-from oobleck.planning.pipeline_cost import copy_seconds
+from oobleck.planning.pipeline_cost import MOVED_BYTES_PER_PARAM_BYTE, copy_seconds
 from oobleck.planning.templates import TemplateSet
 
 # Default number of distinct surviving holders one layer copy is split across.
 DEFAULT_MAX_SOURCES = 4
+# Default size of the pieces a relayed chunk streams in (moved bytes; planner.copy_piece_mb).
+DEFAULT_COPY_PIECE_BYTES = 4 * 2**20
 # Steps over which a faster fresh plan must repay its extra copying, for direct API callers; runs
 # pass planner.replan_horizon_steps (conf/config.yaml).
 DEFAULT_REPLAN_HORIZON_STEPS = 100
@@ -74,6 +76,7 @@ def reconfigure(
     replan_horizon_steps: int = DEFAULT_REPLAN_HORIZON_STEPS,
     standby: Sequence[int] = (),
     fault_tolerance: int | None = None,
+    piece_bytes: int = DEFAULT_COPY_PIECE_BYTES,
 ) -> ReconfigurationPlan:
     """The plan after ``removed`` nodes fail and ``joined`` nodes arrive (see module docstring).
 
@@ -84,6 +87,8 @@ def reconfigure(
     """
     if max_sources <= 0:
         raise PlanningError(f"planner.transfer_sources={max_sources} must be > 0")
+    if piece_bytes <= 0:
+        raise PlanningError(f"planner.copy_piece_mb={piece_bytes / 2**20:g} must be > 0")
     if replan_horizon_steps < 0:
         raise PlanningError(f"planner.replan_horizon_steps={replan_horizon_steps} must be >= 0")
     layer_bytes = tuple(layer_param_bytes if layer_param_bytes is not None else templates.layer_param_bytes)
@@ -115,7 +120,21 @@ def reconfigure(
     if fresh is not None and fresh[1] != regroup[1]:
         sizes["fresh"] = fresh[1]
     candidates = [
-        _place(name, multiset, plan, untouched, templates, alive, held, live, layer_bytes, max_sources, f, sync)
+        _place(
+            name,
+            multiset,
+            plan,
+            untouched,
+            templates,
+            alive,
+            held,
+            live,
+            layer_bytes,
+            max_sources,
+            piece_bytes,
+            f,
+            sync,
+        )
         for name, multiset in sizes.items()
     ]
     chosen = min(candidates, key=lambda c: c.cost(replan_horizon_steps))  # ties: the first (regroup)
@@ -235,6 +254,7 @@ def _place(
     live: dict[int, tuple[Worker, ...]],
     layer_bytes: Sequence[int],
     max_sources: int,
+    piece_bytes: int,
     f: int,
     sync: _Sync,
 ) -> _Candidate:
@@ -281,8 +301,10 @@ def _place(
     placed = set(int(alive[r]) for r in rows)
     new = build_plan(templates, [len(g) for g in groups], groups, old.global_batch_size, old.microbatch_size, f, sync)
     new = dataclasses.replace(new, fault_tolerance=min(f, tolerated_failures(new)))
-    transfers = _transfers(new, {w: range(a, b) for w, (a, b) in held.items()}, live, layer_bytes, max_sources)
-    seconds = copy_seconds(((t.source[0], t.target[0], t.nbytes) for t in transfers), sync.inter)
+    transfers = _transfers(
+        new, {w: range(a, b) for w, (a, b) in held.items()}, live, layer_bytes, max_sources, piece_bytes
+    )
+    seconds = copy_seconds(transfers, sync.inter)
     return _Candidate(
         name=name,
         plan=new,
@@ -311,30 +333,55 @@ def _transfers(
     live_holders: dict[int, tuple[Worker, ...]],
     layer_param_bytes: Sequence[int],
     max_sources: int,
+    piece_bytes: int = DEFAULT_COPY_PIECE_BYTES,
 ) -> tuple[LayerTransfer, ...]:
     """Copies of every layer a worker holds in ``new`` (stage layers and shadow copies) but not in
-    ``held``, each split across up to ``max_sources`` live holders, least-loaded first."""
+    ``held``: the layer split into chunks across up to ``max_sources`` live holders,
+    least-loaded first. Each chunk goes to every worker that needs the layer: straight from its
+    holder when the layer has no more such workers than chunks (each holder then sends its chunk
+    at most that many times), else down one chain through them all (``_chain``), relayed in
+    pieces of about ``piece_bytes`` moved bytes, so each holder sends each chunk once."""
+    needed: dict[int, list[Worker]] = {}
+    for assignment in new.assignments():
+        have = held.get(assignment.worker, ())
+        for layer in assignment.held_layers:
+            if layer not in have:
+                needed.setdefault(layer, []).append(assignment.worker)
     load: dict[Worker, int] = {}
     transfers = []
-    for assignment in new.assignments():
-        target = assignment.worker
-        have = held.get(target, ())
-        for layer in assignment.held_layers:
-            if layer in have:
+    for layer, targets in sorted(needed.items()):
+        sources = sorted((w for w in live_holders[layer] if w not in targets), key=lambda w: (load.get(w, 0), w))
+        sources = sources[:max_sources]
+        elements = layer_param_bytes[layer] // 4
+        chunks = len(sources)
+        relay = len(targets) > chunks
+        for chunk, source in enumerate(sources):
+            count = elements // chunks + (1 if chunk < elements % chunks else 0)
+            nbytes = 4 * count
+            load[source] = load.get(source, 0) + nbytes * (1 if relay else len(targets))
+            if not relay:
+                transfers += [LayerTransfer(layer, source, target, chunk, chunks, nbytes) for target in targets]
                 continue
-            sources = sorted((w for w in live_holders[layer] if w != target), key=lambda w: (load.get(w, 0), w))
-            sources = sources[:max_sources]
-            elements = layer_param_bytes[layer] // 4
-            chunks = len(sources)
-            for chunk, source in enumerate(sources):
-                count = elements // chunks + (1 if chunk < elements % chunks else 0)
-                transfers.append(
-                    LayerTransfer(
-                        layer=layer, source=source, target=target, chunk=chunk, chunks=chunks, nbytes=4 * count
-                    )
-                )
-                load[source] = load.get(source, 0) + 4 * count
+            pieces = max(1, min(count, -(-MOVED_BYTES_PER_PARAM_BYTE * nbytes // piece_bytes)))
+            order = _chain(source, targets, chunk, chunks)
+            for hop, (sender, target) in enumerate(zip((source, *order), order)):
+                transfers.append(LayerTransfer(layer, sender, target, chunk, chunks, nbytes, hop=hop, pieces=pieces))
     return tuple(transfers)
+
+
+def _chain(source: Worker, targets: Sequence[Worker], chunk: int, chunks: int) -> list[Worker]:
+    """The order a chunk travels through ``targets``: the source's own node first (in-node copies),
+    then node by node, each node's workers together, so the chunk crosses into every other node
+    once; the node order is rotated by chunk, so chunks of one layer start their chains on
+    different nodes (no node is first for all of them)."""
+    by_node: dict[int, list[Worker]] = {}
+    for worker in sorted(targets):
+        by_node.setdefault(worker[0], []).append(worker)
+    local = by_node.pop(source[0], [])
+    nodes = sorted(by_node)
+    shift = chunk * len(nodes) // chunks if nodes else 0
+    nodes = nodes[shift:] + nodes[:shift]
+    return local + [worker for node in nodes for worker in by_node[node]]
 
 
 def _reason(chosen: _Candidate, candidates: Sequence[_Candidate], horizon: int, f: int, alive: int) -> str:
@@ -398,6 +445,7 @@ def plan_transfers(
     layer_param_bytes: Sequence[int],
     *,
     max_sources: int = DEFAULT_MAX_SOURCES,
+    piece_bytes: int = DEFAULT_COPY_PIECE_BYTES,
 ) -> tuple[LayerTransfer, ...]:
     """The layer copies that take ``old`` to ``new`` after ``removed`` nodes failed, for any pair of
     plans (a strategy that builds its own plans, e.g. with shadow copies, uses this); raises
@@ -407,4 +455,4 @@ def plan_transfers(
     for assignment in old.assignments():
         if assignment.worker[0] not in removed:
             held.setdefault(assignment.worker, set()).update(assignment.held_layers)
-    return _transfers(new, held, live, layer_param_bytes, max_sources)
+    return _transfers(new, held, live, layer_param_bytes, max_sources, piece_bytes)
