@@ -334,13 +334,15 @@ def _transfers(
     layer_param_bytes: Sequence[int],
     max_sources: int,
     piece_bytes: int = DEFAULT_COPY_PIECE_BYTES,
+    relay: bool = True,
 ) -> tuple[LayerTransfer, ...]:
     """Copies of every layer a worker holds in ``new`` (stage layers and shadow copies) but not in
     ``held``: the layer split into chunks across up to ``max_sources`` live holders,
     least-loaded first. Each chunk goes to every worker that needs the layer: straight from its
     holder when the layer has no more such workers than chunks (each holder then sends its chunk
     at most that many times), else down one chain through them all (``_chain``), relayed in
-    pieces of about ``piece_bytes`` moved bytes, so each holder sends each chunk once."""
+    pieces of about ``piece_bytes`` moved bytes, so each holder sends each chunk once.
+    ``relay=False``: always straight from the holders (the copies before relays, for comparison)."""
     needed: dict[int, list[Worker]] = {}
     for assignment in new.assignments():
         have = held.get(assignment.worker, ())
@@ -354,12 +356,12 @@ def _transfers(
         sources = sources[:max_sources]
         elements = layer_param_bytes[layer] // 4
         chunks = len(sources)
-        relay = len(targets) > chunks
+        chained = relay and len(targets) > chunks
         for chunk, source in enumerate(sources):
             count = elements // chunks + (1 if chunk < elements % chunks else 0)
             nbytes = 4 * count
-            load[source] = load.get(source, 0) + nbytes * (1 if relay else len(targets))
-            if not relay:
+            load[source] = load.get(source, 0) + nbytes * (1 if chained else len(targets))
+            if not chained:
                 transfers += [LayerTransfer(layer, source, target, chunk, chunks, nbytes) for target in targets]
                 continue
             pieces = max(1, min(count, -(-MOVED_BYTES_PER_PARAM_BYTE * nbytes // piece_bytes)))
@@ -446,13 +448,15 @@ def plan_transfers(
     *,
     max_sources: int = DEFAULT_MAX_SOURCES,
     piece_bytes: int = DEFAULT_COPY_PIECE_BYTES,
+    relay: bool = True,
 ) -> tuple[LayerTransfer, ...]:
     """The layer copies that take ``old`` to ``new`` after ``removed`` nodes failed, for any pair of
     plans (a strategy that builds its own plans, e.g. with shadow copies, uses this); raises
-    ``PlanningError`` when a layer the new plan needs has no live holder."""
+    ``PlanningError`` when a layer the new plan needs has no live holder. ``relay``: see
+    ``_transfers``."""
     live = _check_replicas(old, set(removed))
     held: dict[Worker, set[int]] = {}
     for assignment in old.assignments():
         if assignment.worker[0] not in removed:
             held.setdefault(assignment.worker, set()).update(assignment.held_layers)
-    return _transfers(new, held, live, layer_param_bytes, max_sources, piece_bytes)
+    return _transfers(new, held, live, layer_param_bytes, max_sources, piece_bytes, relay)
