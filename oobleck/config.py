@@ -164,6 +164,7 @@ class PlannerConfig:
     copy_piece_mb: float = MISSING
     replan_horizon: str = MISSING  # schedule | fixed
     replan_horizon_steps: int = MISSING
+    progress_every_s: float = MISSING
 
 
 @dataclass
@@ -504,6 +505,7 @@ def validate(cfg: Config | DictConfig) -> None:
     _positive("planner.copy_piece_mb", cfg.planner.copy_piece_mb)
     _choice("planner.replan_horizon", cfg.planner.replan_horizon, ("schedule", "fixed"))
     _positive("planner.replan_horizon_steps", cfg.planner.replan_horizon_steps, allow_zero=True)
+    _positive("planner.progress_every_s", cfg.planner.progress_every_s)
     _positive("runtime.bucket_mb", cfg.runtime.bucket_mb)
     _positive("runtime.link_probe_mb", cfg.runtime.link_probe_mb, allow_zero=True)
 

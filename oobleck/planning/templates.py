@@ -48,7 +48,7 @@ from __future__ import annotations
 import bisect
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +76,18 @@ MARKER_BOUND_LIMIT = 4
 # most PROBE_ATTEMPTS).
 PROBE_THRESHOLDS = 64
 PROBE_ATTEMPTS = 8
+
+
+@dataclass(frozen=True)
+class TemplateProgress:
+    """How far template generation has come: ``settled`` of ``node_counts`` node counts can no
+    longer improve, and the sweep is at candidate bottleneck ``threshold`` of ``thresholds``
+    (ascending; most node counts settle long before the last)."""
+
+    settled: int
+    node_counts: int
+    threshold: int
+    thresholds: int
 
 
 @dataclass(frozen=True)
@@ -678,8 +690,10 @@ def generate_templates(
     *,
     reference_microbatches_per_stage: int = 4,
     max_gpus_per_stage: int | None = None,
+    progress: Callable[[TemplateProgress], None] | None = None,
 ) -> TemplateSet:
-    """The best template for every node count in [n0, N - f*n0] (exact for the cost model)."""
+    """The best template for every node count in [n0, N - f*n0] (exact for the cost model).
+    ``progress`` is called as the search goes (often: throttle what it prints)."""
     r = reference_microbatches_per_stage
     stage_gpus = _check_inputs(cluster, fault_tolerance, r, max_gpus_per_stage)
     G = cluster.gpus_per_node
@@ -693,7 +707,7 @@ def generate_templates(
         )
     wanted = [n for n in bottleneck if n <= max_nodes and bottleneck[n] < INF]
     with _DeepRecursion(profile.num_layers):
-        best = _sweep_thresholds(table, G, r, wanted, bottleneck)
+        best = _sweep_thresholds(table, G, r, wanted, bottleneck, progress)
     templates = {}
     for n, (_value, layout) in sorted(best.items()):
         template = make_template(profile, cluster, _to_stages(layout, G), r)
@@ -711,7 +725,12 @@ def generate_templates(
 
 
 def _sweep_thresholds(
-    table: _StageTable, gpus: int, r: int, wanted: Sequence[int], bottleneck: dict[int, float]
+    table: _StageTable,
+    gpus: int,
+    r: int,
+    wanted: Sequence[int],
+    bottleneck: dict[int, float],
+    progress: Callable[[TemplateProgress], None] | None = None,
 ) -> dict[int, tuple[float, list[tuple[int, int, int]]]]:
     """Try every distinct stage time W as the bottleneck, ascending, until the bound stops it."""
     candidates = table.candidates
@@ -817,6 +836,9 @@ def _sweep_thresholds(
         if not still.any():
             break
         next_index = int(starts[still].min())
+        if progress is not None:
+            settled = int(((windows[:, 1] <= next_index) | (windows[:, 0] >= windows[:, 1])).sum())
+            progress(TemplateProgress(settled, len(nodes), next_index, len(candidates)))
         W = float(candidates[next_index])
         inside = np.flatnonzero((windows[:, 0] <= next_index) & (next_index < windows[:, 1]))
         budgets = {nodes[i]: target(nodes[i]) for i in inside if lower_bound(nodes[i], W) < target(nodes[i])}
