@@ -191,9 +191,16 @@ class ExecutionPlan:
     @cached_property
     def _layer_holders(self) -> dict[int, tuple[Worker, ...]]:
         holders: dict[int, list[Worker]] = {layer: [] for layer in range(self.num_layers)}
-        for assignment in self.assignments():
-            for layer in assignment.held_layers:
-                holders[layer].append(assignment.worker)
+        if self.shadows:
+            for assignment in self.assignments():
+                for layer in assignment.held_layers:
+                    holders[layer].append(assignment.worker)
+        else:  # the same, in the same order, without building every assignment
+            for pipeline in self.pipelines:
+                for stage in pipeline.template.stages:
+                    workers = [(pipeline.nodes[stage.node], stage.gpu_offset + g) for g in range(stage.gpus)]
+                    for layer in stage.layers:
+                        holders[layer] += workers
         return {layer: tuple(workers) for layer, workers in holders.items()}
 
     def to_dict(self) -> dict[str, Any]:
@@ -248,6 +255,17 @@ class LayerTransfer:
     nbytes: int  # parameter bytes of this chunk (optimizer state moves with it)
     hop: int = 0
     pieces: int = 1
+
+    @classmethod
+    def of_row(cls, row: tuple) -> LayerTransfer:
+        """The transfer whose fields are ``row``, in order: the object ``cls(*row)`` makes, without
+        the frozen ``__init__``'s cost (a reconfiguration builds thousands)."""
+        transfer = object.__new__(cls)
+        transfer.__dict__.update(zip(_TRANSFER_FIELDS, row, strict=True))
+        return transfer
+
+
+_TRANSFER_FIELDS = tuple(LayerTransfer.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
@@ -325,6 +343,9 @@ def tolerated_failures(plan: ExecutionPlan) -> int:
     count of distinct holder nodes, minus one (k pipelines that each hold every layer: k - 1).
     Counts every holder ``ExecutionPlan.layer_holders`` reports.
     """
+    if not plan.shadows:
+        # Every pipeline holds every layer once, on nodes no other pipeline has.
+        return max(0, len(plan.pipelines) - 1) if plan.num_layers else 0
     holders = plan.layer_holders()
     if not holders:
         return 0

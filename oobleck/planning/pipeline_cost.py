@@ -180,19 +180,27 @@ def copy_seconds(copies: Iterable[LayerTransfer | tuple[int, int, float]], inter
     down a chain (``LayerTransfer.hop``) crossing d nodes in p pieces arrives d - 1 pieces after
     its first piece could have (each relay forwards a piece once it has it), the longest such
     wait added."""
+    rows = (
+        (c.layer, c.source[0], c.target[0], c.chunk, c.nbytes, c.hop, c.pieces)
+        if isinstance(c, LayerTransfer)
+        else (-1, c[0], c[1], 0, c[2], 0, 1)
+        for c in copies
+    )
+    return chain_copy_seconds(rows, inter_bandwidth)
+
+
+def chain_copy_seconds(rows: Iterable[tuple[int, int, int, int, float, int, int]], inter_bandwidth: float) -> float:
+    """``copy_seconds`` of ``(layer, source node, target node, chunk, parameter bytes, hop, pieces)``
+    rows (the planner's own form, before it builds ``LayerTransfer``s)."""
     into: dict[int, float] = {}
     out: dict[int, float] = {}
     crossings: dict[tuple[int, int], int] = {}
     piece: dict[tuple[int, int], float] = {}
-    for copy in copies:
-        if isinstance(copy, LayerTransfer):
-            source, target, nbytes = copy.source[0], copy.target[0], float(copy.nbytes)
-            if copy.pieces > 1 or copy.hop > 0:
-                chain = (copy.layer, copy.chunk)
-                crossings[chain] = crossings.get(chain, 0) + (source != target)
-                piece[chain] = nbytes / copy.pieces
-        else:
-            source, target, nbytes = copy
+    for layer, source, target, chunk, nbytes, hop, pieces in rows:
+        if pieces > 1 or hop > 0:
+            chain = (layer, chunk)
+            crossings[chain] = crossings.get(chain, 0) + (source != target)
+            piece[chain] = nbytes / pieces
         if source != target:
             into[target] = into.get(target, 0.0) + nbytes
             out[source] = out.get(source, 0.0) + nbytes
