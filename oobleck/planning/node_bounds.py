@@ -398,14 +398,19 @@ def root_bounds(costs: NodeCosts, max_nodes: int) -> np.ndarray:
 class PrefixBounds:
     """``at(f)``: tables ``(left, marked)``; ``left[u][s]``: covering layers [0, s) with u whole
     nodes left of the marker, every stage keeping >= f microbatches in flight, costs at least
-    this; ``marked[u][s]``: the same with the marker among them (stages after it right of it)."""
+    this; ``marked[u][s]``: the same with the marker among them (stages after it right of it).
+    ``partial(f, g)``: the same, when [0, s) is covered by the rest of a node whose last g GPUs
+    are still free (its stages lie left of s, on those GPUs, with in-node links) and u whole
+    nodes before it."""
 
     def __init__(self, costs: NodeCosts, max_nodes: int):
         self.costs = costs
         self.max_nodes = max_nodes
-        self._tables: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}
+        self._tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._lists: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}
+        self._partial: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}
 
-    def at(self, in_flight: int) -> tuple[list[list[float]], list[list[float]]]:
+    def _arrays(self, in_flight: int) -> tuple[np.ndarray, np.ndarray]:
         costs = self.costs
         key = costs.key(in_flight)
         if key not in self._tables:
@@ -422,5 +427,63 @@ class PrefixBounds:
                     (previous_left + marker_b).min(axis=1), (marked[u - 1][before] + right_b).min(axis=1)
                 )
             scale = 1 - BOUND_SLACK
-            self._tables[key] = ((left[:, : L + 1] * scale).tolist(), (marked[:, : L + 1] * scale).tolist())
+            self._tables[key] = (left[:, : L + 1] * scale, marked[:, : L + 1] * scale)
         return self._tables[key]
+
+    def at(self, in_flight: int) -> tuple[list[list[float]], list[list[float]]]:
+        key = self.costs.key(in_flight)
+        if key not in self._lists:
+            left, marked = self._arrays(in_flight)
+            self._lists[key] = (left.tolist(), marked.tolist())
+        return self._lists[key]
+
+    def partial(self, in_flight: int, free_gpus: int) -> tuple[list[list[float]], list[list[float]]]:
+        """The node's remaining stages cover [x, s) on ``free_gpus`` GPUs: their w sum to at least
+        C(x, s) / free_gpus plus an in-node link, and they hold at most (W - y) per GPU. Left of
+        the marker each costs w + rW; with the marker still to come, either they are right of it
+        (2w + (r-1)W each, the marker among the whole nodes) or one of them is it (rW)."""
+        # Fewer in flight only loosens memory: the tables of the power of two below serve.
+        in_flight = 1 << (max(in_flight, 1).bit_length() - 1)
+        key = (self.costs.key(in_flight), free_gpus)
+        if key not in self._partial:
+            costs = self.costs
+            geometry, W, r = costs.geometry, costs.W, costs.r
+            y, compute = geometry.cheapest_intra, geometry.compute
+            left, marked = self._arrays(in_flight)
+            positions = geometry.positions
+            room = (W - y) * free_gpus * (1 + BOUND_SLACK)
+            first = np.searchsorted(compute, compute - room, side="left")  # the first x the node may start at
+            last = positions - 1  # it holds at least one layer
+            share = compute / free_gpus
+            left_part = _window_min(left - share[None, :], first, last) + share[None, :] + y + r * W
+            right_part = _window_min(marked - 2 * share[None, :], first, last) + 2 * (share[None, :] + y)
+            right_part = right_part + (r - 1) * W
+            holding = _window_min(left, first, last) + r * W
+            scale = 1 - BOUND_SLACK
+            self._partial[key] = (
+                (left_part * scale).tolist(),
+                (np.minimum(right_part, holding) * scale).tolist(),
+            )
+        return self._partial[key]
+
+
+def _window_min(values: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """``out[:, s] = values[:, first[s] .. last[s]].min()`` (INF where the window is empty), by a
+    sparse table over the columns."""
+    rows, columns = values.shape
+    levels = [values]
+    width = 1
+    while 2 * width <= columns:
+        previous = levels[-1]
+        levels.append(np.minimum(previous[:, : columns - 2 * width + 1], previous[:, width : columns - width + 1]))
+        width *= 2
+    length = last - first + 1
+    valid = length >= 1
+    level = np.where(valid, np.floor(np.log2(np.maximum(length, 1))).astype(np.int64), 0)
+    out = np.full((rows, len(first)), INF)
+    for k, table in enumerate(levels):
+        pick = np.flatnonzero(valid & (level == k))
+        if pick.size:
+            span = 1 << k
+            out[:, pick] = np.minimum(table[:, first[pick]], table[:, last[pick] - span + 1])
+    return out

@@ -452,7 +452,7 @@ def _solve_for_threshold(
     bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
     # Node-level bounds of a prefix whose stages keep >= j + 1 microbatches in flight, by j
     # (made on first use).
-    prefix_tables: list[Any] = [None] * (table.num_layers + 2)
+    prefix_tables: list[Any] = [None] * ((table.num_layers + 2) * (G + 1))
 
     # Lower bound on the cost of covering [0, start) (inlined in ``solve``; INF if impossible).
     # Once the marker is placed every stage costs w + rW; before it, every stage costs
@@ -497,9 +497,13 @@ def _solve_for_threshold(
         before_marker[:] = -INF
     before_marker = before_marker.tolist()
 
-    def prefix_at(j: int) -> Any:
-        prefix_tables[j] = prefix.at(j + 1)  # type: ignore[union-attr]
-        return prefix_tables[j]
+    def prefix_at(j: int, h: int) -> Any:
+        """(left, marked) bounds of [0, start) after a stage that is the j-th from the right and
+        leaves h GPUs of its node used (the rest of the node still to fill when h < G)."""
+        assert prefix is not None
+        found = prefix.at(j + 1) if h == G else prefix.partial(j + 1, G - h)
+        prefix_tables[j * (G + 1) + h] = found
+        return found
 
     def solve(a: int, j: int, nl: int, h: int, p: int, budget: float) -> float:
         if a == 0:
@@ -551,21 +555,16 @@ def _solve_for_threshold(
                     stages = min_stages
                 if p2:
                     lower = compute_per_gpu[start] + links_left + stages * rW
-                    if h2 == G and prefix is not None:
-                        tables = prefix_tables[j1] or prefix_at(j1)
-                        whole = tables[0][nl2][start]
-                        if whole > lower:
-                            lower = whole
                 else:
                     lower = 2 * (compute_per_gpu[start] + links_left) + stages * r1W - W
                     marked = before_marker[start] + links_but_one + stages * r1W
                     if marked > lower:
                         lower = marked
-                    if h2 == G and prefix is not None:
-                        tables = prefix_tables[j1] or prefix_at(j1)
-                        whole = tables[1][nl2][start]
-                        if whole > lower:
-                            lower = whole
+                if prefix is not None and start:
+                    tables = prefix_tables[j1 * (G + 1) + h2] or prefix_at(j1, h2)
+                    whole = tables[1 - p2][nl2][start]
+                    if whole > lower:
+                        lower = whole
                 if lower >= limit:
                     continue
                 # The memo lookup of ``solve``, inlined: most sub-searches are answered here.

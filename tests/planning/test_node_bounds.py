@@ -78,3 +78,10 @@ def test_node_bounds_never_exceed_brute_force(layers, gpus, nodes, seed, memory,
                     assert table_[stage.node + 1][stage.end] <= spent * (1 + 1e-12) or math.isclose(
                         table_[stage.node + 1][stage.end], spent, rel_tol=1e-12
                     )
+                else:  # inside a node: its stages so far use these GPUs, the whole nodes before it
+                    used = stage.gpu_offset + stage.gpus
+                    left, marked = prefix.partial(len(stages) - i, used)
+                    table_ = marked if i >= k else left
+                    assert table_[stage.node][stage.end] <= spent * (1 + 1e-12) or math.isclose(
+                        table_[stage.node][stage.end], spent, rel_tol=1e-12
+                    )
