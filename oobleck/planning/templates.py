@@ -30,17 +30,24 @@ drops out of the state altogether (``_StageTable.compressions_within``).
 Speed without giving up exactness (branch and bound): both searches start from the best layout
 with one full-node stage per node (a cheap min-max partition) as an upper bound and look only
 for strictly better layouts; a sub-search that cannot beat its budget stops and is memoised as
-a lower bound. Most thresholds never reach the DP: a W is skipped when no stage of time W can be
-the bottleneck of a better layout, first by a compute bound (``_promising_markers``), then by a
-node-level relaxation that places the marker's node between the nodes to its left and right and
-counts how many nodes each side needs at the capacity W allows (``_marker_bounds``; exact for
-layouts with one stage per node and equal boundary tensors, so it rarely lets a hopeless W
-through). Inside the DP, a state that has not placed the marker yet is bounded through the
-markers still ahead of it, and dies once it has passed them all. The exactness tests compare
-against brute force over every layout, and medium cases against slower searches of earlier
-versions; benchmarks/bench_planner.py measures the speed. With r = 1 extra stages cost nothing
-in Eq. 1-4 (the (r-1) W per stage vanishes), the bounds lose most of their grip and the search
-takes seconds where r = 4 takes a fraction of one.
+a lower bound. Node counts for which memory rules that seed out are first searched at the few
+thresholds the node-level bound below rates best (``PROBE_THRESHOLDS``), so the ascending sweep
+meets most thresholds with a budget near the optimum. Most thresholds never reach the DP: a W is
+skipped when no stage of time W can be the bottleneck of a better layout, first by a compute
+bound (``_promising_markers``), then, for the few markers of distinct layers, by a per-marker
+node relaxation (``_marker_bounds``), then by the node-level chain bound of
+``oobleck.planning.node_bounds`` for every node count at once (``root_bounds``: whole nodes,
+one-stage nodes exact, split nodes bounded by their compute, links and the stages memory forces;
+the one bound that scales when equal layers put a marker at every position). Inside the DP, the
+unexplored prefix [0, a) is bounded by the same node-level tables (``PrefixBounds``: whole nodes,
+or the rest of the current node then whole nodes), and a state that has not placed the marker
+yet is bounded through the markers still ahead of it. The exactness tests compare against brute
+force over every layout (the bounds themselves too: ``tests/planning/test_node_bounds.py``), and
+medium cases against slower searches of earlier versions; benchmarks/bench_planner.py measures
+the speed. Where memory forces several narrow stages per node (few nodes for a large model), the
+node-level bounds are loosest and most of the time goes there. With r = 1 extra stages cost
+nothing in Eq. 1-4 (the (r-1) W per stage vanishes), the bounds lose most of their grip and the
+search takes seconds where r = 4 takes a fraction of one.
 """
 
 from __future__ import annotations
