@@ -9,7 +9,7 @@ compared), because on a shared 2-core machine the load drifts from minute to min
    process exit), joins in between; every recovery's breakdown and the medians.
 2. ``ddp``: 4 processes (``--ddp-nodes``), a pure data-parallel plan (single-node pipelines holding every layer),
    ours (gradient buckets all-reduced during the backward pass) and ours with the reduction after
-   the backward pass (``runtime.overlap_grad_reduce=false``, the runtime before issue 19) against
+   the backward pass (``runtime.overlap_grad_reduce=false``: what overlapping the reduction saves) against
    torch DistributedDataParallel on the same processes, model, batches, optimizer, clipping and
    bucket size (``--bucket-mb``: both sides' bucket cap; gloo).
 3. ``pipeline``: one pipeline of 4 stages against torch.distributed.pipelining's Schedule1F1B on
@@ -68,6 +68,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+# The test helpers (testing/) come from the checkout, which `python benchmarks/<name>.py` does not
+# put on sys.path by itself.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 WARMUP = 5
 RECOVERY_KEYS = ("detect_s", "plan_s", "groups_s", "state_copy_s", "first_step_s", "total_s", "bytes_moved")
 SECTIONS = ("recovery", "ddp", "pipeline", "hetero", "transfer", "scale", "startup")
@@ -84,7 +88,7 @@ def load() -> str:
 
 
 def bench_config(steps: int, *groups: str, **overrides):
-    from oobleck.runtime.testing import tiny_config
+    from testing import tiny_config
 
     cfg = tiny_config(
         *groups, **{"job.steps": steps, "job.global_batch_size": 32, "job.microbatch_size": 2, **overrides}
@@ -164,7 +168,7 @@ def with_overlap(cfg, overlap: bool):
 
 
 def pure_dp_plan(nodes: int, batch: int, micro: int, layers: int):
-    from oobleck.runtime.testing import hand_plan, template
+    from testing import hand_plan, template
 
     per = batch // micro // nodes
     one = template([(0, layers, 0, 0, 1)])
@@ -174,7 +178,7 @@ def pure_dp_plan(nodes: int, batch: int, micro: int, layers: int):
 
 
 def pipeline_plan(splits, batch: int, micro: int, layers: int):
-    from oobleck.runtime.testing import hand_plan, template
+    from testing import hand_plan, template
 
     tmpl = template([(a, b, i, 0, 1) for i, (a, b) in enumerate(splits)])
     return hand_plan(
@@ -183,7 +187,7 @@ def pipeline_plan(splits, batch: int, micro: int, layers: int):
 
 
 def hetero_plan(batch: int, micro: int):
-    from oobleck.runtime.testing import hand_plan, template
+    from testing import hand_plan, template
 
     count = batch // micro
     return hand_plan(
@@ -207,8 +211,8 @@ def peer_worker(kind: str, rank: int, world: int, port: int, cfg_path: str, spli
 
     from oobleck.config import from_container
     from oobleck.data import GlobalBatchSampler, build_dataset, collate
+    from oobleck.layer_state import learning_rate
     from oobleck.models import build_layers, build_reference_model, loss_fn
-    from oobleck.runtime.state import learning_rate
 
     cfg = from_container(json.loads(Path(cfg_path).read_text()))
     torch.set_num_threads(1)

@@ -49,7 +49,7 @@ def schedule(steps: int) -> list[dict]:
 
 def run(strategy: str, steps: int, run_dir: Path, failures: bool, profiles: Path) -> Path:
     from oobleck.elastic.job import launch
-    from oobleck.runtime.testing import tiny_config
+    from testing import tiny_config
 
     cfg = tiny_config(
         f"strategy={strategy}",

@@ -12,19 +12,32 @@ one-line errors and a clean Ctrl-C.
   status 130 (128 + SIGINT, the shell's convention). A body that saved partial results raises
   ``Interrupted`` with a sentence saying what it saved.
 
-Errors Hydra raises before the body runs are ``oobleck.errors.run_app``'s.
+Every entry point starts through ``run_app(main, program)``, which does the same for the errors
+Hydra itself raises before the body runs (an override of the wrong type, an unknown key, a missing
+group option, bad syntax): one line naming the key, its type in the schema and the closest known
+key, exit status 2.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, TextIO
 
-from oobleck.errors import EXIT_INTERRUPTED, exit_with, report_errors
+from oobleck.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_USER_ERROR,
+    body_started,
+    exit_with,
+    report_errors,
+    reset_body,
+    unknown_key_message,
+    unwritable_message,
+)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -123,3 +136,110 @@ def entry(program: str) -> Iterator[Path]:
         except KeyboardInterrupt as stop:
             kept = str(stop) if isinstance(stop, Interrupted) and str(stop) else f"what was printed is in {log}"
             exit_with(f"\n{program}: interrupted (Ctrl-C); {kept}", EXIT_INTERRUPTED, at_once=True)
+
+
+# Hydra prints its own errors over several lines and exits with 1, unless this variable is "1":
+# then it raises them, and ``run_app`` can print them in the one-line format.
+HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
+
+
+def run_app(main: Callable[[], Any], program: str) -> None:
+    """Start a ``@hydra.main`` app so that Hydra's errors too are one line with exit status 2.
+
+    A user who sets ``HYDRA_FULL_ERROR=1`` gets Hydra's full traces, as Hydra documents.
+    """
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if os.environ.get(HYDRA_FULL_ERROR) == "1":
+        main()
+        return
+    os.environ[HYDRA_FULL_ERROR] = "1"
+    reset_body()
+    try:
+        main()
+    except (HydraException, OmegaConfBaseException) as error:
+        exit_with(f"{program}: error: {hydra_error_message(error, program)}", EXIT_USER_ERROR)
+    except KeyboardInterrupt:  # before the task's own handling (oobleck.cli.entry) took over
+        exit_with(f"\n{program}: interrupted (Ctrl-C)", EXIT_INTERRUPTED, at_once=True)
+    except (OSError, ValueError) as error:
+        # Before the body runs, Hydra creates the run dir and opens its log file there; a run dir
+        # that cannot be written fails right there (an OSError, or logging's ValueError around it).
+        cause = _os_error(error)
+        if body_started() or cause is None:
+            raise
+        exit_with(f"{program}: error: {unwritable_message(cause)}", EXIT_USER_ERROR)
+    finally:
+        os.environ.pop(HYDRA_FULL_ERROR, None)
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """The OSError behind ``error`` (itself, or along its causes)."""
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None or isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def hydra_error_message(error: BaseException, program: str) -> str:
+    """One line for a Hydra or OmegaConf error: the key, the value and the fix where it names them
+    (for an unknown key, the closest known one)."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+    from oobleck.config import schema_keys, schema_type
+
+    cause = error if isinstance(error, OmegaConfBaseException) else error.__cause__
+    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+        key = str(cause.full_key)
+        hint = f"(python -m {program} --cfg job shows every key)"
+        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+            parent, _, leaf = key.rpartition(".")
+            if key.startswith("strategy."):
+                return _strategy_key_message(cause, key, hint)
+            if leaf.split("[")[0] not in schema_keys(parent):
+                return unknown_key_message(key, schema_keys(parent), hint)
+        detail = str(getattr(cause, "msg", "") or cause).strip().splitlines()[0]
+        expected = schema_type(key)
+        value = getattr(cause, "value", None)
+        shown = f"{key}={value}" if value is not None else key
+        if expected:
+            return f"{shown}: {detail}; set {key}=<{expected}> {hint}"
+        return f"{shown}: {detail} {hint}"
+    return _one_line(str(error))
+
+
+def _strategy_key_message(cause: Any, key: str, hint: str) -> str:
+    """A ``strategy.<key>=...`` override of a key the strategy's YAML does not list: either a setting
+    of the chosen strategy the YAML leaves at its default (it takes ``+``), or a typo."""
+    from oobleck.strategy import setting_keys, strategy_class
+
+    parent, _, leaf = key.removeprefix("strategy.").rpartition(".")
+    try:
+        root = cause.parent_node._get_root()
+        cls = strategy_class(root.strategy)
+    except Exception:  # no composed config to look at: fall back on the plain message
+        return unknown_key_message(key, [], hint)
+    known = setting_keys(cls, parent)
+    if leaf in known:
+        return f"{key} is a setting of strategy={root.strategy.get('name')} that its YAML does not list; add it with +{key}=<value>"
+    return unknown_key_message(key, known, hint)
+
+
+def _one_line(text: str) -> str:
+    """Hydra's message lines joined by "; " (the list under a line ending in ":" as "...: a, b"),
+    without its config search path."""
+    parts: list[str] = []
+    listing = False
+    for line in (raw.strip() for raw in text.splitlines()):
+        if line.startswith("Config search path"):
+            break
+        if not line:
+            listing = False
+        elif listing:
+            parts[-1] += (" " if parts[-1].endswith(":") else ", ") + line
+        else:
+            parts.append(line)
+            listing = line.endswith(":")
+    return "; ".join(parts)

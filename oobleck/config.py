@@ -10,15 +10,14 @@ before any process starts, raising ``ConfigError`` with one message that names t
 and the fix. ``CONF_DIR`` is where the config tree is (installed or in the checkout);
 ``load_group`` composes one group's section without Hydra.
 
-Sections mirror the config groups: ``paths``, ``model/``, ``cluster/`` (``gpu/`` fills
-``cluster.gpu``), ``profile``, ``job``, ``planner``, ``failures/``, ``strategy/``, ``checkpoint/``,
-``sim`` (filled by ``experiment/``) and ``logger/``.
+Sections mirror the config groups: ``paths``, ``model/`` (typed by its family: ``oobleck.models``),
+``cluster/`` (``gpu/`` fills ``cluster.gpu``), ``profile``, ``job``, ``planner``, ``failures/``,
+``strategy/``, ``checkpoint/``, ``sim`` (filled by ``experiment/``) and ``logger/``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import math
 import typing
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from oobleck.errors import ConfigError, unknown_key_message
+from oobleck.launcher import launcher_class
 from oobleck.planning.inputs import ClusterSpec
 from oobleck.planning.instantiate import MAX_MICROBATCHES, microbatch_limit_message
 
@@ -66,22 +66,6 @@ class PathsConfig:
 
 
 @dataclass
-class ModelConfig:
-    """A GPT-family model; ``conf/model/<name>.yaml`` holds the published sizes."""
-
-    name: str = MISSING
-    n_layer: int = MISSING  # transformer blocks (the layered model adds embedding, final norm, head)
-    n_embd: int = MISSING
-    n_head: int = MISSING
-    vocab_size: int = MISSING
-    seq_len: int = MISSING
-    ffn_mult: int = MISSING
-    dropout: float = MISSING
-    init_std: float = MISSING
-    tie_embeddings: bool = MISSING  # tied input embedding and LM head (trained exactly)
-
-
-@dataclass
 class GPUConfig:
     """A named accelerator (``gpu=<name>``, ``conf/gpu/``): analytic profiles, simulation, and the
     device memory the planner uses (``cluster.device_memory_gb`` follows ``memory_gb``)."""
@@ -99,10 +83,12 @@ class GPUConfig:
 class ClusterConfig:
     """Where workers run: ``local`` (processes on this machine) or ``slurm`` (one agent per node)."""
 
-    kind: str = MISSING  # local | slurm
+    _target_: str = MISSING  # the launcher class (oobleck.launcher.Launcher), e.g. oobleck.elastic.local.LocalLauncher
+    kind: str = MISSING  # local | slurm: the cluster's name, the one its launcher launches
     nodes: int = MISSING
     gpus_per_node: int = MISSING
     device: str = MISSING  # cpu (gloo) | cuda (nccl)
+    backend: str = MISSING  # auto (gloo on cpu, nccl on cuda) | nccl | gloo (also on cuda tensors)
     gpu: GPUConfig = field(default_factory=GPUConfig)
     device_memory_gb: float = MISSING  # memory the planner may use on one device
     intra_node_bandwidth_gbps: float = MISSING  # GB/s between devices of one node
@@ -204,6 +190,7 @@ class RuntimeConfig:
     prefault_copies: bool = MISSING
     reap_margin_s: float = MISSING
     save_final_params: bool = MISSING
+    record_work: bool = MISSING
 
 
 @dataclass
@@ -260,7 +247,9 @@ class LoggerConfig:
 @dataclass
 class Config:
     paths: PathsConfig = field(default_factory=PathsConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    # conf/model/<name>.yaml: ``family`` names the model family, whose config dataclass types the
+    # rest (checked by ``validate`` through ``oobleck.models.registry.model_config``).
+    model: Any = MISSING
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     job: JobConfig = field(default_factory=JobConfig)
@@ -302,8 +291,9 @@ def compose_config(*overrides: str, return_hydra_config: bool = False) -> DictCo
         return compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
 
 
-# Config groups whose files fill one section outside Hydra too (tools, tests, the simulator).
-_GROUP_SECTIONS = {"model": ("model", ModelConfig), "gpu": ("cluster.gpu", GPUConfig)}
+# Config groups whose files fill one section outside Hydra too (tools, tests, the simulator). The
+# model section is typed by its family (``load_model_config`` below types it).
+_GROUP_SECTIONS: dict[str, tuple[str, Any]] = {"model": ("model", None), "gpu": ("cluster.gpu", GPUConfig)}
 
 
 def group_names(group: str) -> list[str]:
@@ -314,13 +304,30 @@ def group_names(group: str) -> list[str]:
 def load_group(group: str, name: str, **overrides: Any) -> DictConfig:
     """``<group>=<name>`` as Hydra composes that section (``model`` or ``gpu``), without Hydra:
     the section's base values in config.yaml, then ``conf/<group>/<name>.yaml``, then ``overrides``,
-    typed by the schema."""
+    typed by the schema (the model section: untyped here)."""
     section, schema = _GROUP_SECTIONS[group]
     path = CONF_DIR / group / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"{group}={name!r} has no {path}; choose one of {', '.join(group_names(group))}")
     base = OmegaConf.select(OmegaConf.load(CONF_DIR / "config.yaml"), section, default=None) or {}
-    return OmegaConf.merge(OmegaConf.structured(schema), base, OmegaConf.load(path), overrides)  # type: ignore[return-value]
+    typed = [OmegaConf.structured(schema)] if schema is not None else []
+    return OmegaConf.merge(*typed, base, OmegaConf.load(path), overrides)  # type: ignore[return-value]
+
+
+def model_names() -> list[str]:
+    """The ``model=`` names (``conf/model/*.yaml``)."""
+    return group_names("model")
+
+
+def load_model_config(name: str, **overrides: Any) -> DictConfig:
+    """The config of model ``name`` outside Hydra (tests, benchmarks, notebooks), with ``overrides``
+    (e.g. ``n_layer=2``) applied: exactly what ``model=<name>`` composes in a Hydra app, typed and
+    checked by its family (a ``DictConfig`` that can still be changed, like Hydra's)."""
+    from oobleck.models.registry import model_config  # torch-free: the family's schema and checks
+
+    typed = OmegaConf.structured(model_config(load_group("model", name, **overrides)))
+    OmegaConf.set_readonly(typed, False)
+    return typed
 
 
 def _section_schema(section: str) -> Any:
@@ -333,7 +340,12 @@ def _section_schema(section: str) -> Any:
 
 
 def schema_keys(section: str) -> list[str]:
-    """The field names the schema declares for a dotted section ("" for the top level)."""
+    """The field names the schema declares for a dotted section ("" for the top level). The model
+    section is typed by its family: the keys of every family."""
+    if section == "model":
+        from oobleck.models.registry import FAMILIES  # torch-free
+
+        return sorted({f.name for family in FAMILIES.values() for f in dataclasses.fields(family.config)})
     return list(_field_types(_section_schema(section)))
 
 
@@ -391,25 +403,6 @@ def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}; set {key}=<one of them>")
 
 
-def node_address(cluster: Any, node: int) -> str:
-    """The address node ``node``'s workers bind gloo to on a local cluster: the controller's (one
-    loopback address for all), or with ``cluster.node_address_base`` set, that address plus
-    ``node`` (an address of each node's own lets a traffic shaper give each node its own link)."""
-    base = cluster.node_address_base
-    if base is None:
-        return str(cluster.master_addr)
-    if cluster.kind != "local":
-        raise ConfigError(
-            f"cluster.node_address_base={base} needs cluster.kind=local (got {cluster.kind}); set cluster.node_address_base=null"
-        )
-    try:
-        return str(ipaddress.IPv4Address(str(base)) + node)
-    except (ValueError, ipaddress.AddressValueError) as error:
-        raise ConfigError(
-            f"cluster.node_address_base={base} does not give node {node} an IPv4 address ({error}); use e.g. 127.0.1.0"
-        ) from None
-
-
 def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
     bound = ">= 0" if allow_zero else "> 0"
     if value is None or (isinstance(value, float) and not math.isfinite(value)):  # NaN passes every comparison below
@@ -426,16 +419,15 @@ def validate(cfg: Config | DictConfig) -> None:
     """
     if isinstance(cfg, DictConfig):
         check_known_keys(cfg)
-    model, cluster, job = cfg.model, cfg.cluster, cfg.job
-    for key in ("n_layer", "n_embd", "n_head", "vocab_size", "seq_len"):
-        _positive(f"model.{key}", getattr(model, key))
-    if model.n_embd % model.n_head:
-        raise ConfigError(
-            f"model.n_embd={model.n_embd} is not divisible by model.n_head={model.n_head}; "
-            "choose a head count that divides the width"
-        )
-    _choice("cluster.kind", cluster.kind, ("local", "slurm"))
+    cluster, job = cfg.cluster, cfg.job
+    _validate_model(cfg)
+    launcher_class(cluster).check_config(cluster)  # the kind, and what only some launchers support
     _choice("cluster.device", cluster.device, ("cpu", "cuda"))
+    _choice("cluster.backend", cluster.backend, ("auto", "nccl", "gloo"))
+    if cluster.backend == "nccl" and cluster.device != "cuda":
+        raise ConfigError(
+            f"cluster.backend=nccl needs cluster.device=cuda (got {cluster.device}); use cluster.backend=auto or gloo"
+        )
     _positive("cluster.nodes", cluster.nodes)
     _positive("cluster.gpus_per_node", cluster.gpus_per_node)
     ClusterSpec.from_config(cluster)  # the planner's limits on memory and bandwidth (NaN, 1e-300 GB/s)
@@ -446,13 +438,6 @@ def validate(cfg: Config | DictConfig) -> None:
             f"cluster.heartbeat_timeout_s={cluster.heartbeat_timeout_s} must exceed "
             f"cluster.heartbeat_interval_s={cluster.heartbeat_interval_s}"
         )
-    if cluster.fork_workers and cluster.kind != "local":
-        raise ConfigError(
-            f"cluster.fork_workers=true needs cluster.kind=local (got {cluster.kind}: each node execs its own "
-            "workers); set cluster.fork_workers=false"
-        )
-    if cluster.node_address_base is not None:
-        node_address(cluster, 0)  # raises ConfigError when the base is unusable
     if not 0 <= cluster.master_port <= 65535:
         raise ConfigError(f"cluster.master_port={cluster.master_port} must be in 0..65535 (0 picks a free port)")
     _choice("profile.source", cfg.profile.source, ("auto", "measured", "analytic", "file"))
@@ -563,6 +548,14 @@ def _validate_checkpoint(cfg: Config | DictConfig) -> None:
         raise ConfigError(
             "job.resume='' is empty; set job.resume=null (fresh start), job.resume=auto or job.resume=<checkpoint path>"
         )
+
+
+def _validate_model(cfg: Config | DictConfig) -> None:
+    from oobleck.models.registry import model_config  # torch-free: the family's schema and checks
+
+    if OmegaConf.is_missing(cfg, "model") if isinstance(cfg, DictConfig) else cfg.model is MISSING:
+        raise ConfigError("no model is chosen; set model=<name> (conf/model/)")
+    model_config(cfg.model)
 
 
 def strategy_names() -> tuple[str, ...]:

@@ -1,10 +1,11 @@
-"""The project's exception types and the one place that turns them into CLI messages.
+"""The project's exception types and how a program's last line prints them.
 
 Every error a user can cause (bad config, profile, trace, CLI input) is an ``OobleckError`` with a
-single message that names what is wrong and how to fix it. Entry points wrap their body in
-``report_errors`` so such errors print as one line, without a traceback, and exit with status 2;
-and they start through ``run_app``, which does the same for the errors Hydra itself raises before
-the body runs (an override of the wrong type, an unknown key, a missing group option, bad syntax).
+single message that names what is wrong and how to fix it. Programs wrap their body in
+``report_errors`` so such errors print as one line, without a traceback, and exit with status 2.
+The errors Hydra raises before an entry point's body runs are turned into the same one line by
+``oobleck.cli.run_app``, which needs the config schema; this module imports nothing of the project,
+so every module can raise these errors.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NoReturn
+from collections.abc import Iterable, Iterator
+from typing import NoReturn
 
 
 class OobleckError(Exception):
@@ -79,7 +80,17 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
 EXIT_REQUEUE = 75  # sysexits.h EX_TEMPFAIL: slurm/run.sbatch requeues the job on it
 
 
-_body = {"started": False}  # set once an entry point's body runs (``report_errors``)
+_body = {"started": False}  # set once a program's body runs (``report_errors``)
+
+
+def body_started() -> bool:
+    """Whether a program's body has started (entered ``report_errors``) since ``reset_body``."""
+    return _body["started"]
+
+
+def reset_body() -> None:
+    """Mark the body as not started (``oobleck.cli.run_app``, before Hydra composes the config)."""
+    _body["started"] = False
 
 
 def exit_with(message: str, exit_code: int, *, at_once: bool = False) -> NoReturn:
@@ -91,9 +102,8 @@ def exit_with(message: str, exit_code: int, *, at_once: bool = False) -> NoRetur
     traceback, after the line was printed, and the exit status would no longer say what happened.
     ``at_once`` (a Ctrl-C: the user wants out, and every file worth keeping was closed by the
     body's own cleanup) skips that teardown: streams and log handlers are flushed and the process
-    exits with ``exit_code`` right away. (CI twice saw a Ctrl-C'd profile print its line and still
-    end by SIGINT during the teardown, which no local repeat reproduced; exiting at once leaves no
-    window for that.)
+    exits with ``exit_code`` right away: a teardown that runs no Python code cannot be interrupted
+    between the line and the exit.
     """
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -120,114 +130,7 @@ def report_errors(program: str) -> Iterator[None]:
         exit_with(f"{program}: error: {error}", EXIT_USER_ERROR)
 
 
-# Hydra prints its own errors over several lines and exits with 1, unless this variable is "1":
-# then it raises them, and ``run_app`` can print them in the one-line format.
-HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
-
-
-def run_app(main: Callable[[], Any], program: str) -> None:
-    """Start a ``@hydra.main`` app so that Hydra's errors too are one line with exit status 2.
-
-    A user who sets ``HYDRA_FULL_ERROR=1`` gets Hydra's full traces, as Hydra documents.
-    """
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    if os.environ.get(HYDRA_FULL_ERROR) == "1":
-        main()
-        return
-    os.environ[HYDRA_FULL_ERROR] = "1"
-    _body["started"] = False
-    try:
-        main()
-    except (HydraException, OmegaConfBaseException) as error:
-        exit_with(f"{program}: error: {hydra_error_message(error, program)}", EXIT_USER_ERROR)
-    except KeyboardInterrupt:  # before the task's own handling (oobleck.cli.entry) took over
-        exit_with(f"\n{program}: interrupted (Ctrl-C)", EXIT_INTERRUPTED, at_once=True)
-    except (OSError, ValueError) as error:
-        # Before the body runs, Hydra creates the run dir and opens its log file there; a run dir
-        # that cannot be written fails right there (an OSError, or logging's ValueError around it).
-        cause = _os_error(error)
-        if _body["started"] or cause is None:
-            raise
-        exit_with(f"{program}: error: {unwritable_message(cause)}", EXIT_USER_ERROR)
-    finally:
-        os.environ.pop(HYDRA_FULL_ERROR, None)
-
-
 def unwritable_message(error: OSError, where: str | None = None) -> str:
     """One line for a run dir that cannot be written, naming the key that chooses it."""
     where = where or (str(error.filename) if error.filename else "the run dir")
     return f"cannot write {where} ({error.strerror or error}); set hydra.run.dir=<a writable directory>"
-
-
-def _os_error(error: BaseException) -> OSError | None:
-    """The OSError behind ``error`` (itself, or along its causes)."""
-    seen: BaseException | None = error
-    for _ in range(8):
-        if seen is None or isinstance(seen, OSError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def hydra_error_message(error: BaseException, program: str) -> str:
-    """One line for a Hydra or OmegaConf error: the key, the value and the fix where it names them
-    (for an unknown key, the closest known one)."""
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
-
-    from oobleck.config import schema_keys, schema_type  # here: oobleck.config imports this module
-
-    cause = error if isinstance(error, OmegaConfBaseException) else error.__cause__
-    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
-        key = str(cause.full_key)
-        hint = f"(python -m {program} --cfg job shows every key)"
-        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
-            parent, _, leaf = key.rpartition(".")
-            if key.startswith("strategy."):
-                return _strategy_key_message(cause, key, hint)
-            if leaf.split("[")[0] not in schema_keys(parent):
-                return unknown_key_message(key, schema_keys(parent), hint)
-        detail = str(getattr(cause, "msg", "") or cause).strip().splitlines()[0]
-        expected = schema_type(key)
-        value = getattr(cause, "value", None)
-        shown = f"{key}={value}" if value is not None else key
-        if expected:
-            return f"{shown}: {detail}; set {key}=<{expected}> {hint}"
-        return f"{shown}: {detail} {hint}"
-    return _one_line(str(error))
-
-
-def _strategy_key_message(cause: Any, key: str, hint: str) -> str:
-    """A ``strategy.<key>=...`` override of a key the strategy's YAML does not list: either a setting
-    of the chosen strategy the YAML leaves at its default (it takes ``+``), or a typo."""
-    from oobleck.strategy import setting_keys, strategy_class
-
-    parent, _, leaf = key.removeprefix("strategy.").rpartition(".")
-    try:
-        root = cause.parent_node._get_root()
-        cls = strategy_class(root.strategy)
-    except Exception:  # no composed config to look at: fall back on the plain message
-        return unknown_key_message(key, [], hint)
-    known = setting_keys(cls, parent)
-    if leaf in known:
-        return f"{key} is a setting of strategy={root.strategy.get('name')} that its YAML does not list; add it with +{key}=<value>"
-    return unknown_key_message(key, known, hint)
-
-
-def _one_line(text: str) -> str:
-    """Hydra's message lines joined by "; " (the list under a line ending in ":" as "...: a, b"),
-    without its config search path."""
-    parts: list[str] = []
-    listing = False
-    for line in (raw.strip() for raw in text.splitlines()):
-        if line.startswith("Config search path"):
-            break
-        if not line:
-            listing = False
-        elif listing:
-            parts[-1] += (" " if parts[-1].endswith(":") else ", ") + line
-        else:
-            parts.append(line)
-            listing = line.endswith(":")
-    return "; ".join(parts)

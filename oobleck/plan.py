@@ -18,9 +18,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from oobleck.cli import entry
+from oobleck.cli import entry, run_app
 from oobleck.config import CONF_DIR, register_configs, to_container, validate
-from oobleck.errors import run_app
 from oobleck.planning.inputs import ClusterSpec, ModelProfile
 from oobleck.planning.instantiate import instantiate
 from oobleck.planning.outputs import ExecutionPlan

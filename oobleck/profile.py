@@ -16,9 +16,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from oobleck.cli import entry
+from oobleck.cli import entry, run_app
 from oobleck.config import CONF_DIR, register_configs, validate
-from oobleck.errors import run_app
 from oobleck.planning.inputs import ModelProfile
 
 PROGRAM = "oobleck.profile"

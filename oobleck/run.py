@@ -15,11 +15,10 @@ import contextlib
 import hydra
 from omegaconf import DictConfig
 
-from oobleck.cli import entry
+from oobleck.cli import entry, run_app
 from oobleck.config import CONF_DIR, register_configs, validate
 from oobleck.elastic.forkserver import fork_server_for
 from oobleck.elastic.protocol import new_run_id
-from oobleck.errors import run_app
 
 PROGRAM = "oobleck.run"
 

@@ -28,9 +28,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, open_dict
 
-from oobleck.cli import Interrupted, entry
+from oobleck.cli import Interrupted, entry, run_app
 from oobleck.config import CONF_DIR, group_names, register_configs, to_container, validate
-from oobleck.errors import run_app
 
 PROGRAM = "oobleck.simulate"
 
@@ -47,6 +46,19 @@ def summary_table(summary) -> str:
     return format_throughput_table(summary) + (
         note if starts > 1 or ("no_durable_progress" in summary and summary["no_durable_progress"].any()) else ""
     )
+
+
+def run_sections(cfg: DictConfig, model: str, strategy: str) -> dict[str, Any]:
+    """The ``model`` and ``strategy`` sections of one simulated run's config, as it ran (its wandb run
+    shows them where a real run's config has them)."""
+    from omegaconf import OmegaConf
+
+    from oobleck.sim.experiment import model_config, strategy_settings
+
+    return {
+        "model": OmegaConf.to_container(model_config(model), resolve=True),
+        "strategy": strategy_settings(cfg, strategy),
+    }
 
 
 def toy_setting_notice(cfg: DictConfig) -> str | None:
@@ -143,7 +155,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
             file=sys.stderr,
             flush=True,
         )
-        log_simulation(cfg, result.first_start(), figures, run_dir, config)
+        log_simulation(cfg, result.first_start(), figures, run_dir, config, lambda m, s: run_sections(cfg, m, s))
     print(summary_table(result.summary), flush=True)
     print(f"{PROGRAM}: {total} simulations in {result.seconds:.1f} s; outputs in {run_dir}", flush=True)
     if notice:

@@ -46,6 +46,9 @@ def test_unknown_key_and_wrong_type_are_rejected(make_config):
             "fewer than the f+1=3 pipelines",
         ),
         (["cluster.device=tpu"], "cluster.device='tpu' is not one of cpu, cuda"),
+        (["cluster.backend=mpi"], "cluster.backend='mpi' is not one of auto, nccl, gloo"),
+        (["cluster.backend=nccl"], "cluster.backend=nccl needs cluster.device=cuda (got cpu)"),
+        (["model=llama_tiny", "model.n_kv_head=3"], "model.n_head=4 is not a multiple of model.n_kv_head=3"),
         (["cluster.nodes=0"], "cluster.nodes=0 must be > 0"),
         (["model.n_head=5"], "not divisible by model.n_head=5"),
         (["job.fault_tolerance=-1"], "job.fault_tolerance=-1 must be >= 0"),
@@ -118,7 +121,7 @@ def test_the_yaml_gives_every_value(make_config, choices):
 
 
 def test_outside_hydra_a_group_is_what_hydra_composes(make_config):
-    from oobleck.models import load_model_config, model_names
+    from oobleck.config import load_model_config, model_names
     from oobleck.profiling import gpu_names, load_gpu_config
 
     for name in model_names():

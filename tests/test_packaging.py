@@ -60,6 +60,7 @@ def test_the_wheel_carries_the_config_tree_the_code_and_the_commands(wheel):
     assert conf and {f"oobleck/{path}" for path in conf} <= names  # conf/x.yaml ships as oobleck/conf/x.yaml
     code = [path for path in _tracked("oobleck", "baselines", "analysis") if path.endswith(".py")]
     assert set(code) <= names
+    assert not [n for n in names if n.startswith(("testing/", "tests/", "benchmarks/"))]  # helpers stay in the checkout
     assert {"oobleck/faults/traces/synthetic/10m.csv", "oobleck/data/corpus/python_reference.txt"} <= names
     for script in SCRIPTS:
         assert f"{script} = oobleck.{script.split('-')[1]}:cli" in entry_points

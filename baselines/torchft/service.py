@@ -3,11 +3,12 @@
 ``lighthouse_service`` is what ``Torchft.services`` returns: the controller enters it before any
 node starts (it first refuses the harness's checkpoints, which torchft neither writes nor resumes;
 then it starts a ``torchft._torchft.LighthouseServer`` bound to ``cluster.master_addr``, loopback on a
-local cluster, on a free port) and leaves it after the workers are gone. It yields the address the
-workers' Managers dial. On the way out it reads the final record each replica left in the store
-(``FINAL_COUNT``/``final_record``: its checksums, attempts, votes, heals) and writes
-``torchft.json`` in the run dir: per replica, and whether every replica that finished holds
-bit-identical state.
+local cluster, on a free port, with the run's detection timeout: ``config.detection``, said on the
+console when the strategy overrides it) and leaves it after the workers are gone. It yields the
+address the workers' Managers dial. On the way out it reads the final record each worker left in
+the store (``FINAL_COUNT``/``final_record``: its checksums, attempts, votes, heals) and writes
+``torchft.json`` in the run dir: per worker, whether every finished holder of a layer holds it
+bit-identical, and the detection timeouts the run used.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
+from baselines.torchft.config import require_torchft, run_detection
 from oobleck.errors import ConfigError
 from oobleck.strategy import RunInfo
 
@@ -48,10 +50,11 @@ def refuse_checkpoints(run_config: Mapping[str, Any]) -> None:
 
 @contextlib.contextmanager
 def lighthouse_service(config: Any, run: RunInfo) -> Iterator[dict[str, Any]]:
-    from baselines.torchft.policy import require_torchft
-
     refuse_checkpoints(run.config)
     require_torchft(config.log_level)
+    timeouts, cluster_timeout_s = run_detection(config, run.config)
+    if timeouts.overrides:
+        print(f"torchft: detection timeouts from a {timeouts.describe(cluster_timeout_s)}", flush=True)
     from torchft.coordination import LighthouseServer
 
     server = LighthouseServer(
@@ -59,7 +62,7 @@ def lighthouse_service(config: Any, run: RunInfo) -> Iterator[dict[str, Any]]:
         min_replicas=int(config.min_replicas),
         join_timeout_ms=int(config.join_timeout_ms),
         quorum_tick_ms=int(config.quorum_tick_ms),
-        heartbeat_timeout_ms=int(config.heartbeat_timeout_ms),
+        heartbeat_timeout_ms=timeouts.heartbeat_timeout_ms,
     )
     # address() names this machine's hostname; the workers dial the address it is bound to.
     address = f"http://{run.host}:{int(server.address().rsplit(':', 1)[1])}"
@@ -67,7 +70,11 @@ def lighthouse_service(config: Any, run: RunInfo) -> Iterator[dict[str, Any]]:
         yield {"lighthouse": address}
     finally:
         try:
-            summary = {"lighthouse": address, **summarize_replicas(read_final_records(run.store_address))}
+            summary = {
+                "lighthouse": address,
+                "detection": timeouts.to_dict(cluster_timeout_s),
+                **summarize_replicas(read_final_records(run.store_address)),
+            }
             run.run_dir.mkdir(parents=True, exist_ok=True)
             (run.run_dir / "torchft.json").write_text(json.dumps(summary, indent=1))
         finally:
@@ -84,13 +91,17 @@ def read_final_records(store_address: str) -> list[dict[str, Any]]:
 
 
 def summarize_replicas(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """torchft.json: each finished replica's record and whether their states are bit-identical."""
+    """torchft.json: each worker's record and whether the finished holders of every layer hold it
+    bit-identical (a worker holds the whole model, or its stage's layers in a group of several)."""
     finished = [r for r in records if r.get("finished")]
-    checksums = {json.dumps(r["checksums"], sort_keys=True) for r in finished}
+    by_layer: dict[str, set[int]] = {}
+    for record in finished:
+        for layer, checksum in record["checksums"].items():
+            by_layer.setdefault(layer, set()).add(checksum)
     return {
-        "replicas_finished": len(finished),
-        "replicas_identical": len(checksums) == 1 if finished else None,
+        "replicas_finished": len({r.get("replica", r["node"]) for r in finished}),
+        "replicas_identical": all(len(c) == 1 for c in by_layer.values()) if finished else None,
         "nodes": sorted(r["node"] for r in finished),
-        "failed_votes": sum(r["failed_votes"] for r in records),
+        "failed_votes": sum(r["failed_votes"] for r in records if r.get("stage_last", True)),
         "replicas": sorted(records, key=lambda r: (r["node"], r["incarnation"])),
     }

@@ -1,33 +1,39 @@
-"""The torchft worker: one replica group per node, training the whole model with torchft's Manager.
+"""The torchft worker: one node's part of a replica group, trained with torchft's real Manager.
 
 ``python -m baselines.torchft.worker --store HOST:PORT --node-id K --local-rank 0 --incarnation I``
 (the CLI of ``oobleck.runtime.worker``; node agents start it because ``Torchft.worker_module``
 names it). It reads the run config and the lighthouse address (``keys.SERVICES``) from the
-controller's store, hosts its replica group's own TCPStore (torchft's Manager keeps its server
-address there), builds the same model and AdamW as ``oobleck.runtime.reference``, registers, and
-then loops until ``job.steps`` updates committed:
+controller's store, beats like every worker (``oobleck.runtime.liveness``), reads the first plan
+(``keys.plan``: which replica group it belongs to, at which position, with which layers), and
+builds its Manager (group rank = position; the group's first node hosts the group's TCPStore)
+and its part of the model (``baselines.torchft.replica``). Then, until ``job.steps`` updates
+committed, each attempt is torchft's training step:
 
-1. ``Manager.start_quorum()`` (synchronous quorum, ``use_async_quorum=False``): the lighthouse
-   returns the replicas taking part, torchft reconfigures its ``ProcessGroupGloo`` when they
-   changed, and a replica that is behind (a joiner) receives a live peer's state (``PGTransport``)
-   before the step: its model, optimizer and data position;
-2. the harness's step-indexed global batch (``GlobalBatchSampler``) of the *batch index* is split
-   over the quorum's participants by participating rank, so every update trains one whole global
-   batch whatever the quorum size; each replica scales its microbatch losses by 1/global batch;
-3. one flat ``Manager.allreduce(SUM)`` of the gradients plus the summed loss and, per
-   participant, its node id and heal times (so every replica can report the whole step);
-4. ``Manager.should_commit()`` (the vote): on True, clip, set the learning rate of the update
-   and step AdamW; the first replica to commit update k reports it (``keys.step_report``, then
-   ``keys.decision`` with the step time, under generation 0, so the controller's ledger and
-   outputs work unchanged). On False nothing is applied, and the batch index moves on anyway
-   (``redo_uncommitted_batches=false``, as torchft's training loops drop a failed step's batch):
-   the report of the next committed update counts the batches skipped.
+1. ``Manager.start_quorum()``. ``strategy.async_quorum=true`` (the Manager's default): the quorum
+   runs in the background while the replica trains its fixed shard of the batch (``groups``) and
+   its gradient reduction waits for it; a replica that is behind (a joiner) is not a participant
+   (its gradient counts zero) and applies the state it healed with before the optimizer step.
+   ``false``: the quorum (and any heal) first, then the batch is split over the participants by
+   participating rank, so every update trains the whole batch.
+2. Forward and backward of this replica's microbatches, each summed loss scaled so that the
+   quorum's average of the gradients is the gradient of the mean loss over the samples trained;
+   the gradient is averaged over the quorum through ``Manager.allreduce`` (torchft's DDP hook, or
+   the stage's own reduction). The batch index is ``batches_drawn`` (moves on at every attempt, as
+   torchft's data loaders do; it travels with a healed state), or the step with
+   ``redo_uncommitted_batches``.
+3. A small ``Manager.allreduce`` (sum) by the workers that hold the loss: the summed loss and, per
+   participant, its name, shard and heal times, so every replica can report the whole step.
+4. ``Manager.should_commit()`` (the vote): on True, clip, set the learning rate of the update and
+   step AdamW; the first replica to commit update k reports it (``keys.step_report``, then
+   ``keys.decision`` with the step time, under generation 0, so the controller's ledger and outputs
+   work unchanged). The report names the batch, the shards trained and what was skipped.
 
-Faults armed at a phase (``strike/<node>``) fire at the same points as in the harness's own worker
-(forward, backward, all-reduce, optimizer of the update in flight). At the end every replica
-leaves a final record (checksums, attempts, votes, heals; ``baselines.torchft.service``).
-A worker that raises writes its traceback to ``error/<node>/<local rank>`` and exits 1
-(``oobleck.runtime.entry``, shared with the harness's own worker).
+A node of a group of several whose peer is gone leaves (its replica group is broken for good; it
+returns, and the harness counts the node lost). A node that joined a run of such groups stands by
+until the run ends. Faults armed at a phase (``strike/<node>``) fire at the same points as in the
+harness's own worker. At the end every worker leaves a final record (checksums, attempts, votes,
+heals; ``baselines.torchft.service``). A worker that raises writes its traceback to
+``error/<node>/<local rank>`` and exits 1 (``oobleck.runtime.entry``).
 """
 
 from __future__ import annotations
@@ -36,46 +42,31 @@ import io
 import json
 import os
 import socket
+import sys
 import time
 import warnings
 from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from baselines.torchft.policy import TorchftConfig, require_torchft
+from baselines.torchft.config import TorchftConfig, replica_shards, require_torchft, run_detection
+from baselines.torchft.groups import PeerWatch, group_store, make_manager, resolve_shards, vacant_shard
+from baselines.torchft.replica import GroupLost, PipelineStage, WholeModel, layer_checksums
+from baselines.torchft.report import SLOT, Row, rows_of, step_report
 from baselines.torchft.service import FINAL_COUNT, final_record
-from oobleck.config import from_container
+from oobleck.config import from_container, to_container
 from oobleck.data import GlobalBatchSampler, build_dataset, collate
 from oobleck.errors import RunError
-from oobleck.models import build_reference_model, loss_fn
+from oobleck.launcher import launcher_class
+from oobleck.planning.outputs import ExecutionPlan
 from oobleck.runtime import keys
 from oobleck.runtime.comm import make_store
 from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, parse_strike, run_worker, stop_requested
-from oobleck.runtime.state import learning_rate, tensor_hash
+from oobleck.runtime.liveness import Liveness
+from oobleck.runtime.state import learning_rate
 from oobleck.strategy import strategy_config
-
-# Per participant in the all-reduced tensor: node id + 1, healed this attempt (0/1), seconds the
-# heal took (quorum and state transfer), seconds from registering to that heal (a fresh joiner).
-SLOT = 4
-
-
-def host_group_store(addr: str) -> tuple[dist.TCPStore, socket.socket]:
-    """A TCPStore for this replica group, listening on ``addr`` only (a free port)."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind((addr, 0))
-    listener.listen(64)
-    store = dist.TCPStore(
-        addr,
-        listener.getsockname()[1],
-        is_master=True,
-        wait_for_workers=False,
-        master_listen_fd=listener.fileno(),
-        use_libuv=True,
-    )
-    return store, listener
 
 
 class TorchftWorker:
@@ -89,87 +80,140 @@ class TorchftWorker:
         # torchft 0.2.0's PGTransport trips torch 2.13's deprecation and read-only buffer warnings.
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"torchft\.")
         warnings.filterwarnings("ignore", category=UserWarning, module=r"torchft\.")
-        from torchft import Manager, ProcessGroupGloo
-        from torchft.checkpointing.pg_transport import PGTransport
-
         if cluster.device != "cpu":
             raise RunError(
                 f"strategy=torchft runs torchft's ProcessGroupGloo on CPUs; cluster.device={cluster.device} is not wired up (use cpu)"
             )
         if int(cluster.torch_threads) > 0:
             torch.set_num_threads(int(cluster.torch_threads))
-        if cluster.kind == "local":
+        single_machine = launcher_class(cluster).single_machine
+        if single_machine:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # torchft's gloo groups on loopback
+        self.secret = os.environ.get(keys.SECRET_ENV, "")  # handed down by the agent: strikes and stop are signed
+        self.liveness = Liveness(
+            make_store(host, port, 60.0),
+            keys.heartbeat(node, local_rank, incarnation),
+            self.secret,
+            float(cluster.heartbeat_interval_s),
+        )
         self.job = job
         self.steps = int(job.steps)
         self.batch = int(job.global_batch_size)
         self.micro = int(job.microbatch_size)
         self.dataset = build_dataset(job, self.cfg.model)
         self.sampler = GlobalBatchSampler(len(self.dataset), self.batch, int(job.seed))
-        self.model = build_reference_model(self.cfg.model, int(job.seed))
-        self.params = list(self.model.parameters())  # a tied weight is one parameter, counted once
-        self.optimizer = torch.optim.AdamW(
-            self.params,
-            lr=float(job.lr),
-            betas=(float(job.beta1), float(job.beta2)),
-            weight_decay=float(job.weight_decay),
-        )
+        self.pg_timeout_s = run_detection(self.config, to_container(self.cfg))[0].pg_timeout_s
+        self.advertised = cluster.master_addr if single_machine else socket.gethostname()
         # The data position travels with the state when a replica heals.
         self.batches_drawn = 0  # attempts so far: the batch index of the next attempt
         self.last_committed_batch = -1
+        self.last_shards: list[int] = []  # shards trained in the last committed step
+        self.shard: int | None = None  # this replica's fixed shard (async quorum)
         self.healed_at: float | None = None
+        self.heal_report: tuple[float, float] | None = None  # (heal_s, join_to_heal_s) until reported
         self.registered_at = 0.0
         self.attempts = self.commits = self.failed_votes = self.failed_since_commit = 0
         self.heals: list[dict[str, float]] = []
         self.strike: dict[str, Any] | None = None
-        self.secret = os.environ.get(keys.SECRET_ENV, "")  # handed down by the agent: strikes and stop are signed
         self.phase_seconds: dict[str, float] = {}
+        self.quorum_wait_s = 0.0
+        self.manager: Any = None
+        self.replica: WholeModel | PipelineStage | None = None
+        self.watch: PeerWatch | None = None
+        self.left: str | None = None
 
-        c = self.config
-        advertised = cluster.master_addr if cluster.kind == "local" else socket.gethostname()
-        self.group_store, self._listener = host_group_store(advertised)
-        self.pg = ProcessGroupGloo(timeout=timedelta(seconds=float(c.pg_timeout_s)))
-        services = json.loads(self.store.get(keys.SERVICES))
-        self.manager = Manager(
-            pg=self.pg,
-            load_state_dict=self._load_state_dict,
-            state_dict=self._state_dict,
-            min_replica_size=int(c.min_replicas),
-            use_async_quorum=False,  # the batch is split over the quorum, so it is needed before the forward
-            timeout=timedelta(seconds=float(c.timeout_s)),
-            quorum_timeout=timedelta(seconds=float(c.quorum_timeout_s)),
-            connect_timeout=timedelta(seconds=float(c.connect_timeout_s)),
-            rank=0,
-            world_size=1,
-            store_addr=advertised,
-            store_port=self.group_store.port,
-            lighthouse_addr=services["lighthouse"],
-            replica_id=f"node{node}",  # torchft reads the trailing digits as the replica group id
-            hostname=advertised,
-            heartbeat_interval=timedelta(milliseconds=int(c.heartbeat_interval_ms)),
-            # A healing replica receives the state over the same gloo group (as torchft's train_ddp.py).
-            checkpoint_transport=PGTransport(
-                self.pg, timeout=timedelta(seconds=float(c.timeout_s)), device=torch.device("cpu")
-            ),
-            init_sync=False,  # every replica builds the same seeded initial state
+    # ------------------------------------------------------------------ the replica group
+    def _join(self, document: dict[str, Any]) -> bool:
+        """Build the Manager and the replica for this node's place in the first plan; False: this node
+        stands by (it joined a run of multi-node groups)."""
+        plan = ExecutionPlan.from_dict(document["plan"])
+        c, cluster = self.config, self.cfg.cluster
+        k = int(c.nodes_per_replica)
+        self.shards = len(plan.pipelines)
+        place = next(((p.index, p.nodes.index(self.node)) for p in plan.pipelines if self.node in p.nodes), None)
+        if place is None and k > 1:
+            return False
+        group, rank = place if place is not None else (None, 0)
+        self.shard = group  # a joiner gets one when it heals (groups.vacant_shard)
+        members = plan.pipelines[group].nodes if group is not None else (self.node,)
+        self.name = members[0]
+        self.group_store, self._listener, store_host, store_port = group_store(
+            self.store, self.secret, group, rank, k, self.advertised, float(cluster.startup_timeout_s)
         )
+        self.manager = make_manager(
+            c,
+            rank=rank,
+            world_size=k,
+            store_host=store_host,
+            store_port=store_port,
+            lighthouse=json.loads(self.store.get(keys.SERVICES))["lighthouse"],
+            # torchft reads the trailing digits as the replica group's id
+            replica_id=f"node{self.node}" if k == 1 else f"group{group}",
+            hostname=self.advertised,
+            pg_timeout_s=self.pg_timeout_s,
+            state_dict=self._state_dict,
+            load_state_dict=self._load_state_dict,
+        )
+        if k == 1:
+            self.replica = WholeModel(self.cfg, self.manager, lambda: self._phase("allreduce"), self._wait_quorum)
+            return True
+        stage = plan.pipelines[group].template.stages[rank]
+        peers = {n: int(document["incarnations"].get(str(n), 0)) for n in members if n != self.node}
+        self.watch = PeerWatch(
+            make_store(self.store.host, self.store.port, 60.0),
+            self.secret,
+            peers,
+            float(cluster.heartbeat_timeout_s),
+            float(cluster.heartbeat_interval_s),
+            self._peer_lost,
+        )
+        self.replica = PipelineStage(
+            self.cfg, self.manager, stage.layers, rank, k, self.group_store, self.pg_timeout_s, self._wait_quorum
+        )
+        return True
+
+    def _peer_lost(self, node: int) -> None:
+        """From the peer watch: the main thread may be blocked in torchft waiting for that peer."""
+        self._leave(f"node {node} of its replica group sent no heartbeat for {self.cfg.cluster.heartbeat_timeout_s} s")
+        exit_now(0)
+
+    def _leave(self, why: str) -> None:
+        """This node's replica group is broken: say so, stop heartbeating to the lighthouse, leave."""
+        self.left = why
+        print(
+            f"torchft: node {self.node} leaves: {why}; its replica group cannot train any more",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            self.publish_final()
+        except Exception:  # the run's store may be going away too
+            pass
+        if self.manager is not None:
+            self.manager.shutdown(wait=False)
 
     # ------------------------------------------------------------------ torchft's state hooks
     def _state_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model.state_dict(),
-            "optim": self.optimizer.state_dict(),
-            "data": {"batches_drawn": self.batches_drawn, "last_committed_batch": self.last_committed_batch},
+        assert self.replica is not None
+        data = {
+            "batches_drawn": self.batches_drawn,
+            "last_committed_batch": self.last_committed_batch,
+            "shards": list(self.last_shards),
         }
+        return {**self.replica.state_dict(), "data": data}
 
     def _load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optim"])
-        self.batches_drawn = int(state["data"]["batches_drawn"])
-        self.last_committed_batch = int(state["data"]["last_committed_batch"])
+        assert self.replica is not None
+        self.replica.load_state_dict(state)
+        data = state["data"]
+        self.batches_drawn = int(data["batches_drawn"])
+        self.last_committed_batch = int(data["last_committed_batch"])
+        self.last_shards = [int(s) for s in data["shards"]]
+        if self.shard is None:
+            self.shard = vacant_shard(self.last_shards, self.shards, self.node % self.shards)
         self.healed_at = time.time()
 
-    # ------------------------------------------------------------------ faults
+    # ------------------------------------------------------------------ faults and timing
     def _read_strike(self) -> None:
         key = keys.strike(self.node)
         if self.strike is None and self.store.check([key]):
@@ -180,160 +224,197 @@ class TorchftWorker:
                     "strategy=torchft has no reconfiguration phase to strike in (torchft heals in place); use phase any|forward|backward|allreduce|optimizer"
                 )
 
-    def _phase(self, phase: str, step: int) -> None:
+    def _phase(self, phase: str, step: int | None = None) -> None:
         strike = self.strike
+        step = self.manager.current_step() if step is None else step
         if strike is None or strike["phase"] != phase or step < int(strike["step"]):
             return
         self.strike = None
         carry_out_strike(strike, self.store, self.node, f"step {step}, phase {phase}")
+
+    def _wait_quorum(self) -> None:
+        started = time.perf_counter()
+        self.manager.wait_quorum()
+        self.quorum_wait_s += time.perf_counter() - started
 
     def _time(self, name: str, seconds: float) -> None:
         self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + seconds
 
     # ------------------------------------------------------------------ training
     def run(self) -> bool:
-        """Train until ``job.steps`` updates committed (True) or the run stops (False)."""
+        """Train until ``job.steps`` updates committed (True), or the run stops or this node leaves (False)."""
         self.registered_at = time.time()  # run_worker registered this worker just now
         self.store.wait([keys.GEN], timedelta(seconds=float(self.cfg.cluster.startup_timeout_s)))
         # torchft needs no new generation; its steps are reported under the first (checkpoints,
         # which would need one, are refused before launch: baselines.torchft.service).
         self.generation = int(self.store.get(keys.GEN))
-        while self.manager.current_step() < self.steps:
-            if stop_requested(self.store, self.secret):
-                return False
-            self.attempt()
+        if not self._join(json.loads(self.store.get(keys.plan(self.generation)))):
+            return self._stand_by()
+        try:
+            while self.manager.current_step() < self.steps:
+                if stop_requested(self.store, self.secret):
+                    return False
+                self.attempt()
+        except GroupLost as error:
+            self._leave(f"its replica group failed ({error})")
+            return False
+        except Exception:
+            if self.watch is None:
+                raise
+            # In a group of several nodes torchft's own calls fail when a peer is gone (its Manager
+            # server, its votes): give the peer watch the time to tell, which ends this process.
+            cluster = self.cfg.cluster
+            time.sleep(float(cluster.heartbeat_timeout_s) + 2 * float(cluster.heartbeat_interval_s))
+            raise
+        if self.watch is not None:
+            self.watch.stop()
         self.publish_final()
         return True
 
+    def _stand_by(self) -> bool:
+        """A joined node of a run of multi-node groups: idle until the run stops (the store going
+        away ends the wait too)."""
+        interval = float(self.cfg.cluster.heartbeat_interval_s)
+        while not stop_requested(self.store, self.secret):
+            time.sleep(interval)
+        return False
+
+    def _microbatches(self) -> tuple[list[int], float]:
+        """This attempt's microbatches and the loss scale that makes the quorum's average exact."""
+        microbatches = self.batch // self.micro
+        if self.config.async_quorum:
+            return list(replica_shards(microbatches, self.shards, self._shard())), self.shards / self.batch
+        participants, rank = self.manager.num_participants(), self.manager.participating_rank()
+        if rank is None:
+            return [], 0.0
+        lo, hi = rank * microbatches // participants, (rank + 1) * microbatches // participants
+        return list(range(lo, hi)), participants / self.batch
+
     def attempt(self) -> None:
-        manager = self.manager
+        manager, replica = self.manager, self.replica
+        assert replica is not None
         self._read_strike()
         step = manager.current_step()
         started = time.perf_counter()
         attempt_wall = time.time()
-        self.healed_at = None
-        manager.start_quorum()  # synchronous: quorum, group reconfiguration and any heal
-        quorum_done = time.perf_counter()
-        step = manager.current_step()  # a heal brings the step count of the peer
-        participants, rank = manager.num_participants(), manager.participating_rank()
+        self.healed_at, self.quorum_wait_s = None, 0.0
+        manager.start_quorum()  # async: returns at once; sync: quorum, group reconfiguration and any heal
+        if not self.config.async_quorum:
+            self.quorum_wait_s = time.perf_counter() - started
+            step = manager.current_step()  # a heal brings the step count of the peer
+            self._note_heal(attempt_wall)
         batch = step if self.config.redo_uncommitted_batches else self.batches_drawn
-        microbatches = self.batch // self.micro
-        lo, hi = (
-            (rank * microbatches // participants, (rank + 1) * microbatches // participants)
-            if rank is not None
-            else (0, 0)
-        )
+        microbatches, scale = self._microbatches()
 
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = 0.0
-        self._phase("forward", step)
-        for index, mb in enumerate(range(lo, hi)):
-            inputs, targets = collate(self.dataset, self.sampler.microbatch_indices(batch, mb, self.micro))
-            loss = loss_fn(self.model(inputs), targets)
-            if index == 0:
-                self._phase("backward", step)
-            (loss / self.batch).backward()
-            loss_sum += float(loss.detach())
-        if hi == lo:
-            self._phase("backward", step)
-        computed = time.perf_counter()
+        def load(mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return collate(self.dataset, self.sampler.microbatch_indices(batch, mb, self.micro))
 
-        self._phase("allreduce", step)
-        slots = torch.zeros(SLOT * participants)
-        if rank is not None:
-            healed = self.healed_at is not None
-            slots[SLOT * rank : SLOT * (rank + 1)] = torch.tensor(
-                [
-                    self.node + 1.0,
-                    1.0 if healed else 0.0,
-                    self.healed_at - attempt_wall if healed else 0.0,
-                    self.healed_at - self.registered_at if healed and self.commits == 0 else 0.0,
-                ]
-            )
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = torch.cat([g.reshape(-1) for g in grads] + [torch.tensor([loss_sum]), slots])
-        manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p).clone()
-            offset += n
+        replica.zero_grad()
+        loss_sum = replica.train(load, microbatches, scale, lambda phase: self._phase(phase, step))
+        computed, quorum_in_compute = time.perf_counter(), self.quorum_wait_s
+        replica.finish_gradients(lambda phase: self._phase(phase, step))
         reduced = time.perf_counter()
-
-        committed = manager.should_commit()  # the vote
+        shared = self._share_step(loss_sum) if replica.reports_steps else None
+        shared_at = time.perf_counter()
+        committed = manager.should_commit()  # the vote; an async heal is applied here
         voted = time.perf_counter()
+        if self.config.async_quorum and self.healed_at is not None:
+            self._note_heal(attempt_wall)
+            # It trained an old batch on old weights; it now holds its peers' state and data position.
+            redo = self.config.redo_uncommitted_batches
+            batch = manager.current_step() - (1 if committed else 0) if redo else self.batches_drawn
         self.attempts += 1
         self.batches_drawn += 1  # the batch is spent whatever the vote (unless redone by config)
         if not committed:
             self.failed_votes += 1
             self.failed_since_commit += 1
-            self._time("quorum", quorum_done - started)
+            self._time("quorum", self.quorum_wait_s)
             return
+        step = manager.current_step() - 1  # the update just committed (a replica that healed took its peers' count)
         self._phase("optimizer", step)
-        if float(self.job.grad_clip) > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, float(self.job.grad_clip))
-        for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(self.job, step)
-        self.optimizer.step()
+        replica.step(float(self.job.grad_clip), learning_rate(self.job, step))
         done = time.perf_counter()
         self.commits += 1
         skipped = batch - self.last_committed_batch - 1
         self.last_committed_batch = batch
-        values = flat[offset:].tolist()
-        rows = [values[1 + SLOT * r : 1 + SLOT * (r + 1)] for r in range(participants)]
-        healed_rows = [r for r in rows if r[1] > 0]
-        for r in healed_rows:
-            if int(r[0]) - 1 == self.node:
-                self.heals.append({"step": step, "heal_s": r[2], "join_to_heal_s": r[3]})
-        report = {
-            "loss_sum": values[0],
-            "samples": microbatches * self.micro,
-            "nodes": participants,
-            "pipelines": participants,
-            "attempts": self.failed_since_commit + 1,
-            "batch": batch,
-            "skipped_batches": skipped,
-            "skipped_samples": skipped * self.batch,
-            "replicas": sorted(int(r[0]) - 1 for r in rows),
-            "healed": sorted(int(r[0]) - 1 for r in healed_rows),
-            "heal_s": round(max((r[2] for r in healed_rows), default=0.0), 4),
-            "join_to_heal_s": round(max((r[3] for r in healed_rows), default=0.0), 4),
-            "quorum_s": round(quorum_done - started, 4),
-        }
-        self.failed_since_commit = 0
-        # The first replica to commit update ``step`` reports it; its decision (which carries the
-        # step time) comes last, so the ledger finds the report when it reads the decision.
-        self.store.compare_set(keys.step_report(self.generation, step), "", json.dumps(report))
-        self.store.compare_set(keys.decision(self.generation, step), "", keys.commit_decision(False, done - started))
+        self.failed_since_commit, attempts = 0, self.failed_since_commit + 1
+        if shared is not None:  # a healing replica trained an old batch on old weights: it does not report
+            self._report(step, batch, skipped, attempts, shared, done - started)
         for name, seconds in (
-            ("quorum", quorum_done - started),
-            ("forward_backward", computed - quorum_done),
-            ("allreduce", reduced - computed),
-            ("commit_vote", voted - reduced),
+            ("quorum", self.quorum_wait_s),
+            ("forward_backward", computed - started - quorum_in_compute),
+            ("allreduce", reduced - computed - (self.quorum_wait_s - quorum_in_compute)),
+            ("step_report", shared_at - reduced),
+            ("commit_vote", voted - shared_at),
             ("optimizer", done - voted),
         ):
             self._time(name, seconds)
 
-    # ------------------------------------------------------------------ the end
-    def checksums(self) -> dict[str, int]:
-        """Per layer: a hash of its parameters and AdamW moments (equal on every replica, bit for bit)."""
-        result = {}
-        for index, layer in enumerate(self.model):
-            pieces = []
-            for p in layer.parameters():
-                state = self.optimizer.state.get(p, {})
-                pieces += [p.detach().reshape(-1)] + [
-                    state[k].reshape(-1) for k in ("exp_avg", "exp_avg_sq") if k in state
-                ]
-            result[str(index)] = tensor_hash(torch.cat(pieces))
-        return result
+    def _note_heal(self, attempt_wall: float) -> None:
+        if self.healed_at is not None:
+            joined = self.healed_at - self.registered_at if self.commits == 0 else 0.0
+            self.heal_report = (self.healed_at - attempt_wall, joined)
+            self.heals.append(
+                {"step": self.manager.current_step(), "heal_s": self.heal_report[0], "join_to_heal_s": joined}
+            )
 
+    def _share_step(self, loss_sum: float) -> tuple[float, list[Row]] | None:
+        """Step 3 of the module docstring: the summed loss and every participant's row (None: this
+        replica did not take part, healing, so its loss and data position are not this step's)."""
+        manager = self.manager
+        participants, rank = manager.num_participants(), manager.participating_rank()
+        slots = torch.zeros(SLOT * participants)
+        if rank is not None:
+            heal = self.heal_report
+            row = Row(self.name, self._shard(), heal[0] if heal else None, heal[1] if heal else 0.0)
+            slots[SLOT * rank : SLOT * (rank + 1)] = torch.tensor(row.values())
+            self.heal_report = None  # reported in a step this replica trained
+        flat = torch.cat([torch.tensor([loss_sum], dtype=torch.float32), slots])
+        manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
+        values = flat.tolist()
+        return (values[0], rows_of(values[1:])) if rank is not None else None
+
+    def _shard(self) -> int:
+        return self.shard if self.shard is not None else self.node % self.shards
+
+    def _report(
+        self, step: int, batch: int, skipped: int, attempts: int, shared: tuple[float, list[Row]], step_s: float
+    ) -> None:
+        loss_sum, rows = shared
+        asynchronous = bool(self.config.async_quorum)
+        self.last_shards = sorted(r.shard for r in rows)
+        if asynchronous and self.config.nodes_per_replica == 1:  # joiners exist only with one-node groups
+            self.shard = resolve_shards([(r.name, r.shard) for r in rows], self.shards).get(self.name, self.shard)
+        report = step_report(
+            rows,
+            loss_sum=loss_sum,
+            batch=batch,
+            batch_size=self.batch,
+            shards=self.shards if asynchronous else None,
+            skipped_batches=skipped,
+            attempts=attempts,
+            nodes_per_replica=int(self.config.nodes_per_replica),
+            quorum_s=self.quorum_wait_s,
+        )
+        # The first replica to commit update ``step`` reports it; its decision (which carries the
+        # step time) comes last, so the ledger finds the report when it reads the decision.
+        self.store.compare_set(keys.step_report(self.generation, step), "", json.dumps(report))
+        self.store.compare_set(keys.decision(self.generation, step), "", keys.commit_decision(False, step_s))
+
+    # ------------------------------------------------------------------ the end
     def close(self) -> None:
-        self.manager.shutdown(wait=False)
+        if self.watch is not None:
+            self.watch.stop()
+        if self.manager is not None:
+            self.manager.shutdown(wait=False)
+        self.liveness.stop()
 
     def publish_final(self) -> None:
-        if self.cfg.runtime.save_final_params:
-            for index, layer in enumerate(self.model):
+        replica = self.replica
+        if replica is None:
+            return
+        if self.cfg.runtime.save_final_params and self.left is None:
+            for index, layer in replica.layers().items():
                 key = keys.final_params(index)
                 if not self.store.check([key]):  # replicas are identical: any one's copy will do
                     buffer = io.BytesIO()
@@ -341,11 +422,14 @@ class TorchftWorker:
                     self.store.set(key, buffer.getvalue())
         record = {
             "node": self.node,
+            "replica": self.name,
+            "stage_last": replica.reports_steps,
             "incarnation": self.incarnation,
             "pid": os.getpid(),
-            "finished": True,
+            "finished": self.left is None,
+            "left": self.left,
             "steps": self.manager.current_step(),
-            "checksums": self.checksums(),
+            "checksums": layer_checksums(replica.layers(), replica.optimizer),
             "attempts": self.attempts,
             "commits": self.commits,
             "failed_votes": self.failed_votes,

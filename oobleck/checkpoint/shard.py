@@ -1,7 +1,7 @@
 """One layer's shard: its flat training state plus the metadata to check it against the model.
 
 A shard is a layer's ``flat_state`` (``[3, numel]``: parameters, exp_avg, exp_avg_sq; see
-``oobleck.runtime.state``) in a self-describing file, readable without pickle:
+``oobleck.layer_state``) in a self-describing file, readable without pickle:
 
     bytes 0..7    magic ``OOBSHRD1`` (format version 1)
     bytes 8..15   header length H, little-endian unsigned 64-bit
@@ -31,7 +31,7 @@ from oobleck.checkpoint.durable import IO_CHUNK_BYTES, durable_write, make_dirs
 from oobleck.checkpoint.layout import shard_name
 from oobleck.checkpoint.manifest import ShardRecord
 from oobleck.errors import CheckpointError
-from oobleck.runtime.state import STATE_KINDS, LayerState, install_flat_state
+from oobleck.layer_state import STATE_KINDS, LayerState, install_flat_state
 
 MAGIC = b"OOBSHRD1"
 _LENGTH = struct.Struct("<Q")

@@ -27,7 +27,7 @@ from oobleck.checkpoint.catalog import prepare_step_dir
 from oobleck.checkpoint.manifest import Manifest, ShardRecord, write_manifest
 from oobleck.checkpoint.shard import Shard, shard_meta, write_shard
 from oobleck.errors import CheckpointError
-from oobleck.runtime.state import LayerState, flat_state_into
+from oobleck.layer_state import LayerState, flat_state_into
 
 
 class HostBufferPool:

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from oobleck.checkpoint import Manifest, ShardRecord, checkpoint_root, fingerprint, prune, step_dir, write_manifest
 from oobleck.checkpoint.assignment import assign_checkpoint_writers
+from oobleck.elastic.events import EventKind
 from oobleck.planning.outputs import ExecutionPlan, Worker
 from oobleck.runtime import keys
+from oobleck.runtime.plan_document import CheckpointPlan
 
 
 @dataclass
@@ -72,18 +74,18 @@ class CheckpointCoordinator:
         return self.completed[step]
 
     # ------------------------------------------------------------------ generations
-    def writers(self, plan: ExecutionPlan, layer_bytes: list[int]) -> dict[str, list[int]]:
-        """The published ``checkpoint_writers`` of a generation: layer -> [node, local rank]."""
+    def writers(self, plan: ExecutionPlan, layer_bytes: list[int]) -> dict[int, Worker]:
+        """Who writes each layer's shard in a generation of ``plan``: layer -> (node, local rank)."""
         self.num_layers = plan.num_layers
         holders = {layer: [w for w in workers] for layer, workers in plan.layer_holders().items()}
         assigned = assign_checkpoint_writers(holders, dict(enumerate(layer_bytes)))
-        return {str(layer): list(worker) for layer, worker in sorted(assigned.items())}
+        return {layer: (int(worker[0]), int(worker[1])) for layer, worker in sorted(assigned.items())}
 
-    def document(self, plan: ExecutionPlan, layer_bytes: list[int]) -> dict[str, Any]:
-        """What a generation's document says about checkpoints (every worker reads it)."""
+    def document(self, plan: ExecutionPlan, layer_bytes: list[int]) -> CheckpointPlan:
+        """What a generation's plan document says about checkpoints (every worker reads it)."""
         # Writers are named even without periodic checkpoints: a checkpoint may be asked for at
         # any boundary of this generation (a signal before a time limit, a planned restart).
-        return {"dir": str(self.root), "every_steps": self.every_steps, "writers": self.writers(plan, layer_bytes)}
+        return CheckpointPlan(str(self.root), self.every_steps, self.writers(plan, layer_bytes))
 
     # ------------------------------------------------------------------ progress
     def request(self, at_least: int) -> None:
@@ -96,13 +98,11 @@ class CheckpointCoordinator:
             if time.time() - self.last_completed_at >= float(self.every_s):
                 self.request(next_step + 1)
 
-    def noticed(self, generation: int, boundary: int, writers: dict[str, list[int]]) -> None:
+    def noticed(self, generation: int, boundary: int, writers: Mapping[int, Worker]) -> None:
         """A step committed with a checkpoint after it: its shards are being written."""
         if boundary in self.completed:
             return
-        self.pending[boundary] = Pending(
-            boundary, generation, {int(k): (int(v[0]), int(v[1])) for k, v in writers.items()}, time.time()
-        )
+        self.pending[boundary] = Pending(boundary, generation, dict(writers), time.time())
         if self.requested is not None and boundary >= self.requested:
             self.requested = None
 
@@ -115,7 +115,7 @@ class CheckpointCoordinator:
             if waiting and not self._collect(pending):
                 del self.pending[boundary]
                 self.event(
-                    "checkpoint_abandoned",
+                    EventKind.CHECKPOINT_ABANDONED,
                     checkpoint_step=boundary,
                     reason=f"node {node} died before writing layers {sorted(waiting)}",
                 )
@@ -171,7 +171,7 @@ class CheckpointCoordinator:
             "writers": len(ranks),
             "path": str(path),
         }
-        self.event("checkpoint", **row)
+        self.event(EventKind.CHECKPOINT, **row)
         self.completed_rows.append(row)
 
     def finish(self, deadline: float, drain: Callable[[], None], exited: Callable[[Worker], bool]) -> None:
@@ -187,7 +187,9 @@ class CheckpointCoordinator:
         for boundary in list(self.pending):
             del self.pending[boundary]
             self.event(
-                "checkpoint_abandoned", checkpoint_step=boundary, reason="the run ended before every shard was reported"
+                EventKind.CHECKPOINT_ABANDONED,
+                checkpoint_step=boundary,
+                reason="the run ended before every shard was reported",
             )
 
     def discard_after(self, step: int) -> None:

@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from oobleck.errors import RunError
+from oobleck.elastic.events import EventKind
 from oobleck.faults.injector import Action, Injector
 from oobleck.faults.kinds import FaultKind, Phase
 from oobleck.runtime import keys
@@ -50,12 +50,10 @@ class FaultFiring:
         event = action.event
         if action.kind is FaultKind.JOIN:
             ids = list(action.nodes) or list(range(self.next_node_id, self.next_node_id + action.count))
-            if self.membership.launcher is None:
-                raise RunError(f"{event.origin}: joins start new agents, which this cluster kind cannot do")
             for node in ids:
                 self.next_node_id = max(self.next_node_id, node + 1)
                 self.membership.start_node(node)
-            self.event("join_started", nodes=ids, origin=event.origin)
+            self.event(EventKind.JOIN_STARTED, nodes=ids, origin=event.origin)
             return
         if action.armed:
             for node in action.nodes:
@@ -65,7 +63,7 @@ class FaultFiring:
                 self.store.set(keys.strike(node), keys.sign(self.secret, json.dumps(strike)))
             self.armed.append((event, tuple(action.nodes)))
             self.event(
-                "fault_armed",
+                EventKind.FAULT_ARMED,
                 nodes=list(action.nodes),
                 phase=event.phase.value,
                 action=event.kind.value,
@@ -75,4 +73,4 @@ class FaultFiring:
         assert action.kind.signal is not None, f"{action.kind} is struck by workers, never by the controller"
         for node in action.nodes:
             self.membership.kill(node, action.kind.signal)
-        self.event("fault_injected", nodes=list(action.nodes), fault=action.kind.value, origin=event.origin)
+        self.event(EventKind.FAULT_INJECTED, nodes=list(action.nodes), fault=action.kind.value, origin=event.origin)

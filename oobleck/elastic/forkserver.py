@@ -67,10 +67,11 @@ def own_process_group() -> dict[str, Any]:
 
 
 def forks_workers(cfg: Any) -> bool:
-    """Whether a run forks its workers: ``cluster.fork_workers`` on a local cluster of CPU workers.
-    CUDA workers are exec'd: a process forked after CUDA was initialised cannot use it, and torch's
-    imports may initialise it (``torch.cuda.is_available()``), so the server cannot promise not to."""
-    return cfg.cluster.kind == "local" and bool(cfg.cluster.fork_workers) and cfg.cluster.device == "cpu"
+    """Whether a run forks its workers: its launcher says (``Launcher.forks_workers``; on a local
+    cluster, ``cluster.fork_workers`` with CPU workers)."""
+    from oobleck.launcher import launcher_class
+
+    return launcher_class(cfg.cluster).forks_workers(cfg.cluster)
 
 
 def fork_server_for(cfg: Any, run_id: str) -> ForkServer | None:

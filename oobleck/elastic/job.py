@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import signal
 import sys
@@ -23,42 +24,23 @@ from pathlib import Path
 from typing import Any
 
 from oobleck.config import to_container, validate
-from oobleck.elastic.controller import Controller, Outcome, summarize
+from oobleck.elastic.accounting import summarize
+from oobleck.elastic.controller import Controller
 from oobleck.elastic.forkserver import ForkServer, fork_server_for
+from oobleck.elastic.ledger import Outcome
 from oobleck.elastic.protocol import new_run_id
 from oobleck.errors import OobleckError, RunError, unwritable_message
 from oobleck.faults.schedule import FaultEvent, build_schedule
+from oobleck.launcher import launcher_class
 from oobleck.planning.horizon import mean_change_gap_s, replan_horizon_steps
 from oobleck.planning.outputs import ExecutionPlan
+from oobleck.schedules import checked_schedule
 from oobleck.strategy import Decision, Kind, Strategy, StrategyContext, build_strategy
 
 
 def check_device(cfg: Any) -> None:
-    if cfg.cluster.device != "cuda":
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        where = "this allocation's first node" if cfg.cluster.kind == "slurm" else "this machine"
-        ask = (
-            "request GPUs with sbatch --gpus-per-node=<g> (slurm/run.sbatch), or "
-            if cfg.cluster.kind == "slurm"
-            else ""
-        )
-        raise RunError(f"cluster.device=cuda but CUDA is not available on {where}; {ask}use cluster.device=cpu")
-    if cfg.cluster.kind == "local" and torch.cuda.device_count() < int(cfg.cluster.gpus_per_node):
-        raise RunError(
-            f"cluster.gpus_per_node={cfg.cluster.gpus_per_node} but this machine has {torch.cuda.device_count()} CUDA devices"
-        )
-    if cfg.cluster.kind == "local" and int(cfg.cluster.nodes) > 1:
-        # A worker takes device cuda:<local rank>, so every local "node" would put its workers on
-        # the same GPUs, and NCCL refuses two ranks of one communicator on one device
-        # ("Duplicate GPU detected", ncclInvalidUsage, in its init).
-        raise RunError(
-            f"cluster.kind=local with cluster.device=cuda runs on one machine's GPUs, but cluster.nodes={cfg.cluster.nodes} "
-            "local nodes would all use devices cuda:0.. (NCCL refuses two ranks on one GPU); use cluster.nodes=1 "
-            "(cluster.gpus_per_node up to the device count), cluster=slurm, or cluster.device=cpu"
-        )
+    """Refuse devices the run cannot have where it starts (its launcher's ``check_devices``)."""
+    launcher_class(cfg.cluster).check_devices(cfg.cluster)
 
 
 def make_strategy(cfg: Any) -> Strategy:
@@ -148,6 +130,7 @@ def _launch(
     started = time.perf_counter()
     initial = initial_decision(strategy, int(cfg.cluster.nodes), initial_plan)
     assert initial.layout is not None
+    checked_schedule(initial.layout.plan)  # a plan whose schedule cannot run fails before any process starts
     horizon, why = replan_horizon(cfg, schedule, initial.layout.iteration_s)
     strategy.context.replan_horizon_steps = horizon
     print(
@@ -197,6 +180,8 @@ def _launch(
     summary = summarize(outcome, cfg)
     if cfg.runtime.save_final_params:
         save_final_params(controller, run_dir / "final_params.pt")
+    if cfg.runtime.record_work:
+        save_work_ledger(controller, run_dir / "work.json")
     if rec is not None:
         rec.write_json(
             "probes.json", {str(g): {str(r): p for r, p in ranks.items()} for g, ranks in outcome.probes.items()}
@@ -249,6 +234,27 @@ def save_resolved_config(config: dict[str, Any], run_dir: Path) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.create(config), path)
+
+
+def save_work_ledger(controller: Controller, path: Path) -> None:
+    """Every committed step's compute ops, per rank (``runtime.record_work``), into one JSON file:
+    ``{step: {"generation": g, "ranks": {rank: {"worker": [node, gpu], "ops": [[kind, microbatch,
+    start, end, lo, hi], ...]}}}}``."""
+    from oobleck.runtime import keys
+
+    assert controller.ledger is not None
+    ledger: dict[str, Any] = {}
+    for row in controller.outcome.steps:
+        step, generation = int(row["step"]), int(row["generation"])
+        plan = controller.ledger.generations[generation].layout.plan
+        ranks = {}
+        for a in plan.assignments():
+            key = keys.work(generation, step, a.rank)
+            if not controller.store.check([key]):
+                raise RunError(f"rank {a.rank} of generation {generation} did not record its work of step {step}")
+            ranks[str(a.rank)] = {"worker": list(a.worker), "ops": json.loads(controller.store.get(key))}
+        ledger[str(step)] = {"generation": generation, "ranks": ranks}
+    path.write_text(json.dumps(ledger))
 
 
 def save_final_params(controller: Controller, path: Path) -> None:

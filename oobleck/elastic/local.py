@@ -1,6 +1,9 @@
 """Starting node agents as local processes (``cluster.kind=local``), and finding stray ones.
 
-Each agent leads a process group of its own, so a node is one process group: killing the node is
+``LocalLauncher`` (``_target_`` of ``conf/cluster/local.yaml``) runs every node on this machine:
+each node's workers bind gloo to the controller's address, or to an address of their own
+(``cluster.node_address_base``), and CPU workers are forked from one process that imported torch
+once (``cluster.fork_workers``). Each agent leads a process group of its own, so a node is one process group: killing the node is
 ``killpg(agent pid, SIGKILL)`` and takes its workers with it. Agents exec their workers
 (``python -m``), or, with ``cluster.fork_workers``, have the run's fork server fork them
 (``oobleck.elastic.forkserver``): then a worker joins its agent's process group from the server,
@@ -10,51 +13,83 @@ rather than a session of their own.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from oobleck.elastic.forkserver import ForkServer, own_process_group
-from oobleck.elastic.launcher import Launcher
+from oobleck.elastic.forkserver import own_process_group
+from oobleck.errors import ConfigError, RunError
+from oobleck.launcher import Launcher
 
 
 class LocalLauncher(Launcher):
-    """Starts ``python -m oobleck.elastic.agent`` for a node id, each leading a process group."""
+    """Starts ``python -m oobleck.elastic.agent`` for a node id, each leading a process group.
+    Agents ask the fork server (its owner, ``launch``, closes it) for their workers when there is
+    one, else they exec them."""
 
-    def __init__(
-        self, controller: str, run_id: str, secret: str = "", *, fork_server: ForkServer | None = None
-    ) -> None:
-        """``fork_server``: agents ask it for their workers (its owner, ``launch``, closes it);
-        without one they exec them."""
-        super().__init__(secret)
-        self.controller = controller
-        self.run_id = run_id
-        self.fork_server = fork_server
+    kind = "local"
+    single_machine = True
+    per_node_addresses = True
 
-    @property
-    def worker_server(self) -> str:
-        """Where agents ask for forked workers ("" when they exec them)."""
-        return self.fork_server.address if self.fork_server is not None else ""
+    @classmethod
+    def check_config(cls, cluster: Any) -> None:
+        super().check_config(cluster)
+        if cluster.node_address_base is not None:
+            cls.worker_address(cluster, 0)  # raises ConfigError when the base is unusable
+
+    @classmethod
+    def check_devices(cls, cluster: Any) -> None:
+        super().check_devices(cluster)
+        if cluster.device != "cuda":
+            return
+        import torch
+
+        if torch.cuda.device_count() < int(cluster.gpus_per_node):
+            raise RunError(
+                f"cluster.gpus_per_node={cluster.gpus_per_node} but this machine has {torch.cuda.device_count()} CUDA devices"
+            )
+        if int(cluster.nodes) > 1 and cluster.backend == "auto":
+            # A worker takes device cuda:<local rank>, so every local "node" puts its workers on the
+            # same GPUs, and NCCL refuses two ranks of one communicator on one device ("Duplicate GPU
+            # detected", ncclInvalidUsage, in its init). gloo does not; an explicit nccl is the
+            # user's word that this NCCL allows it.
+            raise RunError(
+                f"cluster.kind=local with cluster.device=cuda runs on one machine's GPUs, but cluster.nodes={cluster.nodes} "
+                "local nodes would all use devices cuda:0.. (NCCL refuses two ranks on one GPU); use cluster.backend=gloo "
+                "(collectives staged through host memory), cluster.nodes=1 (cluster.gpus_per_node up to the device "
+                "count), cluster=slurm, or cluster.device=cpu"
+            )
+
+    @classmethod
+    def forks_workers(cls, cluster: Any) -> bool:
+        """``cluster.fork_workers`` with CPU workers. CUDA workers are exec'd: a process forked after
+        CUDA was initialised cannot use it, and torch's imports may initialise it
+        (``torch.cuda.is_available()``), so the server cannot promise not to."""
+        return bool(cluster.fork_workers) and cluster.device == "cpu"
+
+    @classmethod
+    def worker_address(cls, cluster: Any, node: int) -> str:
+        """The controller's address (one loopback address for all), or with
+        ``cluster.node_address_base`` set, that address plus ``node`` (an address of each node's
+        own lets a traffic shaper give each node its own link)."""
+        base = cluster.node_address_base
+        if base is None:
+            return str(cluster.master_addr)
+        try:
+            return str(ipaddress.IPv4Address(str(base)) + node)
+        except (ValueError, ipaddress.AddressValueError) as error:
+            raise ConfigError(
+                f"cluster.node_address_base={base} does not give node {node} an IPv4 address ({error}); use e.g. 127.0.1.0"
+            ) from None
 
     def start(self, node: int) -> None:
-        command = [
-            sys.executable,
-            "-m",
-            "oobleck.elastic.agent",
-            "--controller",
-            self.controller,
-            "--node-id",
-            str(node),
-            "--run-id",
-            self.run_id,
-        ]
         # A session of its own keeps a terminal out of the node entirely; forked workers need the
         # controller's session (see the module docstring), where a process group does the same.
         grouping: dict[str, Any] = own_process_group() if self.fork_server is not None else {"start_new_session": True}
         self.processes[node] = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, env=self.agent_environment(), **grouping
+            self.agent_command(node), stdin=subprocess.DEVNULL, env=self.agent_environment(), **grouping
         )
 
     def send_signal(self, node: int, sig: int) -> None:

@@ -1,7 +1,7 @@
 """Membership: which nodes exist, which are up, which failed, and the agents' connections.
 
-The controller's view of the cluster, fed by the agent port (line-JSON, ``protocol``) and the
-store: a node is *up* once its agent said hello with the run's secret and every worker of its
+The controller's view of the cluster, fed by the agent port (``agent_port``: the agents' messages,
+once they said hello with the run's secret) and the store: a node is *up* once its agent said hello with the run's secret and every worker of its
 current incarnation registered in the store; it *fails* when a worker exits unexpectedly, its
 agent's connection closes, or its heartbeats stop for ``cluster.heartbeat_timeout_s`` (it is then
 killed, to be sure it is gone). Every worker also beats on its own (``oobleck.elastic.watchdog``):
@@ -12,10 +12,8 @@ controller takes (``take_changes``) and hands to the strategy. Workers are resta
 *incarnation*) by their agents on request; exits of an older incarnation are expected, not
 failures.
 
-A client that does not present the secret, or sends a message that is not valid, or says
-nothing within ``HELLO_TIMEOUT_S``, is dropped with one log line; it can neither crash the
-controller nor take a node down. Messages count only from the connection a node's agent said
-hello on: a second connection for the node is dropped and its close is not the node's.
+Messages count only from the connection a node's agent said hello on: a second connection for
+the node is dropped and its close is not the node's.
 """
 
 from __future__ import annotations
@@ -34,14 +32,13 @@ from typing import Any
 
 import torch.distributed as dist
 
-from oobleck.elastic.protocol import Channel, ProtocolError, same_secret
+from oobleck.elastic.agent_port import AgentPort
+from oobleck.elastic.events import EventKind
+from oobleck.elastic.protocol import Channel
 from oobleck.elastic.watchdog import Beat, Verdict, WorkerBeats, parse_beat, unanswered
 from oobleck.errors import RunError
 from oobleck.runtime import keys
 
-# A connection must say hello within this long (an agent does at once); one that does not is
-# dropped, so idle connections cannot pile up threads and descriptors in the controller.
-HELLO_TIMEOUT_S = 10.0
 # A boot wait polls the store this often (``check``, not a blocking ``wait``: no thread may still
 # be inside the store's C++ wait when the store goes away, an exception there at exit aborts the
 # process, and a wait in timed slices logs a warning per slice).
@@ -104,7 +101,7 @@ class Membership:
         self.gpus = int(cfg.cluster.gpus_per_node)
         self.nodes: dict[int, NodeState] = {}
         self.messages: queue.Queue = queue.Queue()
-        self.server: socket.socket | None = None
+        self.port: AgentPort | None = None
         self.launcher: Any = None
         self.closing = False
         self._boot_waits: list[threading.Thread] = []
@@ -118,69 +115,18 @@ class Membership:
 
     # ------------------------------------------------------------------ agent port
     def listen(self) -> None:
-        cluster = self.cfg.cluster
-        port = int(cluster.master_port) + 1 if int(cluster.master_port) else 0
-        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            server.bind((cluster.master_addr, port))
-        except OSError as error:
-            raise RunError(
-                f"cannot open the agent port {cluster.master_addr}:{port} ({error}); "
-                "set cluster.master_port=<free port> (the agent port is the next one) or 0"
-            ) from None
-        server.listen(64)
-        self.server = server
-        threading.Thread(target=self._accept, daemon=True, name="agent-accept").start()
+        """Open the agent port (``oobleck.elastic.agent_port``)."""
+        self.port = AgentPort(self.cfg.cluster, self.secret, self.messages, lambda: self.closing)
+
+    @property
+    def server(self) -> socket.socket | None:
+        """The agent port's listening socket."""
+        return self.port.server if self.port is not None else None
 
     @property
     def agent_address(self) -> str:
-        assert self.server is not None
-        return f"{self.cfg.cluster.master_addr}:{self.server.getsockname()[1]}"
-
-    def _accept(self) -> None:
-        assert self.server is not None
-        while True:
-            try:
-                sock, peer = self.server.accept()
-            except OSError:
-                return
-            sock.settimeout(HELLO_TIMEOUT_S)
-            threading.Thread(target=self._read_agent, args=(Channel(sock), peer), daemon=True).start()
-
-    def _drop(self, channel: Channel, peer: Any, why: str) -> None:
-        print(f"oobleck: dropped an agent connection from {peer[0]}:{peer[1]}: {why}", file=sys.stderr, flush=True)
-        channel.close()
-
-    def _read_agent(self, channel: Channel, peer: Any) -> None:
-        node: int | None = None
-        while True:
-            try:
-                message = channel.recv()
-            except ProtocolError as error:
-                if node is not None:
-                    self.messages.put(("lost", node, channel, time.time()))
-                self._drop(channel, peer, str(error))
-                return
-            if message is None:
-                if node is not None:
-                    self.messages.put(("lost", node, channel, time.time()))
-                elif not self.closing:
-                    self._drop(channel, peer, f"closed or silent for {HELLO_TIMEOUT_S} s before saying hello")
-                return
-            if node is None:
-                if message["type"] != "hello":
-                    return self._drop(channel, peer, f"{message['type']} before hello")
-                if not same_secret(message["secret"], self.secret):
-                    return self._drop(channel, peer, "wrong or missing run secret")
-                node = int(message["node"])
-                channel.sock.settimeout(None)  # an agent may stay quiet between heartbeats
-                self.messages.put(("hello", node, (channel, message), time.time()))
-            elif message["type"] == "hello" or int(message.get("node", node)) != node:
-                self.messages.put(("lost", node, channel, time.time()))
-                return self._drop(channel, peer, f"node {node}'s agent spoke for another node or said hello twice")
-            else:
-                self.messages.put((message["type"], node, (channel, message), time.time()))
+        assert self.port is not None
+        return self.port.address
 
     # ------------------------------------------------------------------ nodes
     def start_node(self, node: int) -> None:
@@ -268,7 +214,7 @@ class Membership:
                     "heartbeat_s": float(self.cfg.cluster.heartbeat_interval_s),
                     "incarnation": state.incarnation,
                     "worker_module": self.worker_module,
-                    "fork_server": getattr(self.launcher, "worker_server", ""),  # "": agents exec their workers
+                    "fork_server": self.launcher.worker_server if self.launcher is not None else "",
                 }
             )
             self._await_workers(node, state.incarnation)
@@ -289,7 +235,7 @@ class Membership:
             state.registered_at = when
             if self.accepting_joins and not state.was_up:
                 self._joined[node] = when
-                self.event("join", node=node)
+                self.event(EventKind.JOIN, node=node)
             state.was_up = True
             return
         if kind == "exit":
@@ -433,7 +379,7 @@ class Membership:
         elif self.store.check([keys.strike_time(node)]):
             cause = _wall_time(self.store.get(keys.strike_time(node)), cause)
         cause = cause if cause is not None else detected
-        self.event("failure", node=node, reason=reason, detect_s=round(detected - cause, 4))
+        self.event(EventKind.FAILURE, node=node, reason=reason, detect_s=round(detected - cause, 4))
         self._joined.pop(node, None)
         self._removed[node] = (cause, detected - cause)
 
@@ -458,14 +404,8 @@ class Membership:
         for state in self.nodes.values():
             if state.channel is not None:
                 state.channel.close()
-        if self.server is not None:
-            # close() alone neither wakes the accept thread (blocked in accept, it keeps this
-            # object and the store alive) nor ends the LISTEN state; shutdown does both.
-            try:
-                self.server.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self.server.close()
+        if self.port is not None:
+            self.port.close()  # its accept thread would keep this object, and the store, alive
         self._boot_waits_end.set()
         for thread in self._boot_waits:
             thread.join(timeout=BOOT_POLL_S + 1.0)

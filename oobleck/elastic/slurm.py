@@ -14,11 +14,12 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
+from collections.abc import Mapping
+from typing import Any
 
-from oobleck.elastic.launcher import Launcher
 from oobleck.errors import RunError
+from oobleck.launcher import Launcher
 
 STEP_LOOKUP_TIMEOUT_S = 30.0
 SLURM_COMMAND_TIMEOUT_S = 30.0
@@ -37,10 +38,22 @@ def _run(command: list[str]) -> str:
 class SlurmLauncher(Launcher):
     """Starts ``python -m oobleck.elastic.agent`` as one Slurm job step per node; kills and reaps them."""
 
+    kind = "slurm"
+    controller_host = "this allocation's first node"
+    gpu_hint = "request GPUs with sbatch --gpus-per-node=<g> (slurm/run.sbatch), or "
+
     def __init__(
-        self, controller: str, run_id: str, secret: str = "", *, environ: dict[str, str] | None = None
+        self,
+        cluster: Any,
+        controller: str,
+        run_id: str,
+        *,
+        environment: Mapping[str, str] | None = None,
+        fork_server: Any = None,
+        job_environ: Mapping[str, str] | None = None,
     ) -> None:
-        env = dict(os.environ if environ is None else environ)
+        """``job_environ``: where the Slurm job's variables are read (default: this process's)."""
+        env = dict(os.environ if job_environ is None else job_environ)
         if "SLURM_JOB_ID" not in env:
             raise RunError(
                 "cluster.kind=slurm must run inside a Slurm allocation (SLURM_JOB_ID is not set); "
@@ -48,9 +61,7 @@ class SlurmLauncher(Launcher):
             )
         if shutil.which("srun") is None or shutil.which("scancel") is None:
             raise RunError("cluster.kind=slurm needs srun and scancel on PATH")
-        super().__init__(secret)
-        self.controller = controller
-        self.run_id = run_id
+        super().__init__(cluster, controller, run_id, environment=environment, fork_server=fork_server)
         self.job_id = env["SLURM_JOB_ID"]
         self.slots = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
         self.slot_of: dict[int, int] = {}
@@ -82,15 +93,7 @@ class SlurmLauncher(Launcher):
             "--kill-on-bad-exit=0",
             f"--job-name={self._step_name(node)}",
             "--quiet",
-            sys.executable,
-            "-m",
-            "oobleck.elastic.agent",
-            "--controller",
-            self.controller,
-            "--node-id",
-            str(node),
-            "--run-id",
-            self.run_id,
+            *self.agent_command(node),
         ]
         self.processes[node] = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=self.agent_environment())
         self.slot_of[node] = slot

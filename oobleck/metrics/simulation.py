@@ -11,7 +11,7 @@ artifact. The extra ``figures`` run holds the figures, the summary table and all
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,23 +42,32 @@ def _rows(frame: Any, model: str, trace: str, strategy: str) -> Any:
     return frame[(frame["model"] == model) & (frame["trace"] == trace) & (frame["strategy"] == strategy)]
 
 
-def run_config(cfg: Any, config: Mapping[str, Any], model: str, trace: str, strategy: str) -> dict[str, Any]:
+# (model name, strategy name) -> the ``model`` and ``strategy`` sections of that simulated run's
+# config, as the simulator ran it (``oobleck.simulate`` passes them: the simulator's own modules
+# sit above these writers).
+RunSections = Callable[[str, str], Mapping[str, Any]]
+
+
+def run_config(
+    config: Mapping[str, Any], sections: RunSections, model: str, trace: str, strategy: str
+) -> dict[str, Any]:
     """The experiment's config with this run's model, strategy and failure trace in the places a
     real run's config has them, so one dashboard filter or grouping works for both."""
-    from omegaconf import OmegaConf
-
-    from oobleck.sim.experiment import model_config, strategy_settings
-
     out = dict(config)
-    out["model"] = OmegaConf.to_container(model_config(model), resolve=True)
-    out["strategy"] = strategy_settings(cfg, strategy)
+    out.update(sections(model, strategy))
     out["failures"] = {"kind": "trace", "trace": trace}
     out["sim_run"] = {"model": model, "trace": trace, "strategy": strategy}
     return out
 
 
 def _log_one(
-    cfg: Any, result: Any, run_dir: Path, config: Mapping[str, Any], summary: Mapping[str, Any], sweep: Any
+    cfg: Any,
+    result: Any,
+    run_dir: Path,
+    config: Mapping[str, Any],
+    sections: RunSections,
+    summary: Mapping[str, Any],
+    sweep: Any,
 ) -> Path:
     model, trace, strategy = (str(summary[k]) for k in LABELS)
     segments = _rows(result.metrics, model, trace, strategy)
@@ -80,7 +89,7 @@ def _log_one(
     run = WandbRun(
         settings,
         identity,
-        run_config(cfg, config, model, trace, strategy),
+        run_config(config, sections, model, trace, strategy),
         run_dir,
         axes=SIM_AXES,
         time_key=SIM_TIME,
@@ -101,7 +110,7 @@ def _log_one(
         "sim_metrics.csv": segments.to_csv(index=False),
         "sim_events.csv": events.to_csv(index=False),
         "sim_summary.csv": _rows(result.summary, model, trace, strategy).to_csv(index=False),
-        "config.yaml": config_yaml(run_config(cfg, config, model, trace, strategy)),
+        "config.yaml": config_yaml(run_config(config, sections, model, trace, strategy)),
     }
     run.artifact(f"sim-files-{run.run.id}", "sim-files", {}, texts)
     return run.finish(dict(summary))
@@ -131,10 +140,14 @@ def _log_figures(
     return run.finish({"runs": int(len(result.summary)), "wall_time_s": float(result.seconds)})
 
 
-def log_simulation(cfg: Any, result: Any, figures: list[Path], run_dir: Path, config: Mapping[str, Any]) -> list[Path]:
+def log_simulation(
+    cfg: Any, result: Any, figures: list[Path], run_dir: Path, config: Mapping[str, Any], sections: RunSections
+) -> list[Path]:
     """Log every simulated run and the figures run; returns their local wandb folders."""
     sweep = sweep_job(run_dir)
-    folders = [_log_one(cfg, result, run_dir, config, row, sweep) for row in result.summary.to_dict(orient="records")]
+    folders = [
+        _log_one(cfg, result, run_dir, config, sections, row, sweep) for row in result.summary.to_dict(orient="records")
+    ]
     group = choose_group(cfg.logger.wandb.group, cfg.experiment, sweep, f"sim-{run_dir.name}")
     folders.append(_log_figures(cfg, result, figures, run_dir, config, sweep, group))
     return folders

@@ -1,109 +1,100 @@
-"""Analytic per-layer profiles of a named GPU from FLOPs, bytes and bandwidth (no GPU needed).
+"""Analytic per-layer profiles of a named GPU from FLOPs, bytes and bandwidth (no GPU, no torch).
 
-For paper-scale planning and simulation. Each layer's time is a roofline:
+For paper-scale planning and simulation. Each pass of a layer takes a roofline:
 ``max(FLOPs / (peak * achieved_flop_fraction), bytes / (bandwidth * achieved_bandwidth_fraction))``,
-with the fractions (assumptions) in ``conf/gpu/<name>.yaml``. Backward is twice the forward
-(two matrix products per forward one: input and weight gradients).
+with the fractions (assumptions) in ``conf/gpu/<name>.yaml``. The FLOPs, bytes and activation
+sizes of each layer come from its model family (``Architecture.layer_cost``: the formulas and their
+sources are in ``oobleck/models/<family>/__init__.py``), at the GPU's ``activation_bytes_per_value``.
+Parameters are counted at 4 bytes (fp32 master weights), as in measured profiles; the planner
+adds gradients and optimizer state.
 
-FLOPs per microbatch of b sequences of length T, width C, MLP width f*C, vocabulary V:
-- transformer block forward: ``(8 + 4f) b T C^2 + 4 b T^2 C`` (QKV 6, output projection 2,
-  MLP 4f; attention scores and weighted sum 4 b T^2 C) = ``24 b T C^2 + 4 b T^2 C`` for f = 4;
-- LM head forward: ``2 b T C V``; the embedding is a memory-bound gather.
-Activation memory kept for backward (16-bit values, no recomputation) follows Korthikanti et al.,
-"Reducing Activation Recomputation in Large Transformer Models" (MLSys'23), eq. 1:
-``T b C (34 + 5 a T / C)`` bytes per block with a heads, scaled by ``activation_bytes_per_value / 2``
-(and by the MLP width when f != 4). Parameters are counted at 4 bytes (fp32 master weights), as in
-measured profiles; the planner adds gradients and optimizer state.
+The split backward (``LayerProfile.backward_input_s`` / ``backward_weight_s``, for schedules that
+run the two apart) gives each half its own FLOPs (``LayerCost.backward_input_flops`` /
+``backward_weight_flops``, as Qi et al., "Zero Bubble Pipeline Parallelism", ICLR'24, Table 1,
+count them) and half the backward's memory traffic (each half reads the layer's weights and
+activations once). A layer whose input takes no gradient (token ids) has no input half: its whole
+backward is the weight half.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from oobleck.models import layer_name, num_layers, parameter_count, tied_parameters
+from oobleck.models.architecture import Architecture, LayerCost
+from oobleck.models.registry import architecture
 from oobleck.planning.inputs import LayerProfile, ModelProfile
 
 FP32_BYTES = 4
-INDEX_BYTES = 8  # int64 token ids
 TFLOP = 1e12
 GB = 1e9
+GPU_KEYS = (
+    "name",
+    "peak_tflops",
+    "memory_gb",
+    "memory_bandwidth_gbps",
+    "achieved_flop_fraction",
+    "achieved_bandwidth_fraction",
+    "activation_bytes_per_value",
+)
 
 
-def block_forward_flops(model_cfg: Any, microbatch_size: int) -> float:
-    b, t, c, f = microbatch_size, model_cfg.seq_len, model_cfg.n_embd, model_cfg.ffn_mult
-    return (8 + 4 * f) * b * t * c * c + 4 * b * t * t * c
-
-
-def head_forward_flops(model_cfg: Any, microbatch_size: int) -> float:
-    return 2 * microbatch_size * model_cfg.seq_len * model_cfg.n_embd * model_cfg.vocab_size
-
-
-def block_activation_bytes(model_cfg: Any, microbatch_size: int, bytes_per_value: int) -> int:
-    b, t, c, a, f = microbatch_size, model_cfg.seq_len, model_cfg.n_embd, model_cfg.n_head, model_cfg.ffn_mult
-    # Korthikanti et al.: 34 T b C + 5 a T^2 b bytes at 2 bytes/value; the MLP's 4C-wide
-    # intermediate (GeLU input and output) accounts for 16 of the 34 when f = 4.
-    per_token_width = 34 + 4 * (f - 4)
-    return int((t * b * c * per_token_width + 5 * a * t * t * b) * bytes_per_value / 2)
-
-
-def _seconds(flops: float, nbytes: float, gpu: Any) -> float:
+def roofline_seconds(flops: float, nbytes: float, gpu: Any) -> float:
+    """The longer of the compute time and the memory time on ``gpu`` (``cluster.gpu``)."""
     compute = flops / (gpu.peak_tflops * TFLOP * gpu.achieved_flop_fraction)
     memory = nbytes / (gpu.memory_bandwidth_gbps * GB * gpu.achieved_bandwidth_fraction)
     return max(compute, memory)
 
 
+def compute_bound(cost: LayerCost, gpu: Any) -> bool:
+    """Whether the roofline puts the layer's forward pass on the compute side."""
+    compute = cost.forward_flops / (gpu.peak_tflops * TFLOP * gpu.achieved_flop_fraction)
+    return compute >= roofline_seconds(cost.forward_flops, cost.forward_bytes, gpu)
+
+
+def backward_halves(cost: LayerCost, gpu: Any) -> tuple[float, float]:
+    """Seconds of the input-gradient and the weight-gradient passes run apart (module docstring)."""
+    backward = roofline_seconds(cost.backward_flops, cost.backward_bytes, gpu)
+    if cost.backward_input_flops == 0:
+        return 0.0, backward
+    if cost.backward_weight_flops == 0:
+        return backward, 0.0
+    half_bytes = cost.backward_bytes / 2
+    return (
+        roofline_seconds(cost.backward_input_flops, half_bytes, gpu),
+        roofline_seconds(cost.backward_weight_flops, half_bytes, gpu),
+    )
+
+
+def layer_profile(cost: LayerCost, gpu: Any) -> LayerProfile:
+    inputs, weights = backward_halves(cost, gpu)
+    return LayerProfile(
+        name=cost.name,
+        forward_s=roofline_seconds(cost.forward_flops, cost.forward_bytes, gpu),
+        backward_s=roofline_seconds(cost.backward_flops, cost.backward_bytes, gpu),
+        param_bytes=cost.params * FP32_BYTES,
+        activation_bytes=cost.activation_bytes,
+        output_bytes=cost.output_bytes,
+        backward_input_s=inputs,
+        backward_weight_s=weights,
+    )
+
+
 def analytic_layer(model_cfg: Any, gpu_cfg: Any, microbatch_size: int, index: int) -> LayerProfile:
-    b, t, c, v = microbatch_size, model_cfg.seq_len, model_cfg.n_embd, model_cfg.vocab_size
-    p = int(gpu_cfg.activation_bytes_per_value)
-    params = parameter_count(model_cfg, index)
-    name = layer_name(model_cfg, index)
-    boundary = b * t * c * p
-    if name == "embedding":
-        # Gather two rows per token, write the sum; backward scatters into a dense fp32 gradient.
-        flops = float(b * t * c)
-        activation = b * t * INDEX_BYTES + b * t * c  # ids + a 1-byte dropout mask per value
-        forward = _seconds(flops, 3 * boundary, gpu_cfg)
-        backward = _seconds(flops, params * FP32_BYTES + 2 * boundary, gpu_cfg)
-        return LayerProfile(name, forward, backward, params * FP32_BYTES, activation, boundary)
-    if name == "head":
-        flops = head_forward_flops(model_cfg, b)
-        # LayerNorm and LM-head inputs at 16 bit plus fp32 logits for the softmax/cross entropy.
-        activation = 2 * boundary + b * t * v * FP32_BYTES
-        traffic = params * p + activation
-        forward = _seconds(flops, traffic, gpu_cfg)
-        backward = _seconds(2 * flops, 2 * traffic, gpu_cfg)
-        # The head ends the model: it sends no boundary tensor onward.
-        return LayerProfile(name, forward, backward, params * FP32_BYTES, activation, 0)
-    flops = block_forward_flops(model_cfg, b)
-    activation = block_activation_bytes(model_cfg, b, p)
-    traffic = params * p + activation
-    forward = _seconds(flops, traffic, gpu_cfg)
-    backward = _seconds(2 * flops, 2 * traffic, gpu_cfg)
-    return LayerProfile(name, forward, backward, params * FP32_BYTES, activation, boundary)
+    arch = architecture(model_cfg)
+    return layer_profile(arch.layer_cost(index, microbatch_size, int(gpu_cfg.activation_bytes_per_value)), gpu_cfg)
 
 
 def analytic_profile(model_cfg: Any, gpu_cfg: Any, microbatch_size: int) -> ModelProfile:
     """The profile ``gpu_cfg`` (``cluster.gpu``) would give ``model_cfg`` at this microbatch size."""
-    layers = tuple(analytic_layer(model_cfg, gpu_cfg, microbatch_size, i) for i in range(num_layers(model_cfg)))
+    arch: Architecture = architecture(model_cfg)
+    width = int(gpu_cfg.activation_bytes_per_value)
+    layers = tuple(layer_profile(arch.layer_cost(i, microbatch_size, width), gpu_cfg) for i in range(arch.num_layers))
     return ModelProfile(
-        model=str(model_cfg.name),
+        model=arch.name,
         microbatch_size=int(microbatch_size),
         device=f"analytic:{gpu_cfg.name}",
         layers=layers,
         source="analytic",
-        tied_layers=tuple(t.layers for t in tied_parameters(model_cfg)),
-        metadata={
-            "gpu": {
-                key: getattr(gpu_cfg, key)
-                for key in (
-                    "name",
-                    "peak_tflops",
-                    "memory_gb",
-                    "memory_bandwidth_gbps",
-                    "achieved_flop_fraction",
-                    "achieved_bandwidth_fraction",
-                    "activation_bytes_per_value",
-                )
-            },
-        },
+        tied_layers=arch.tied_pairs,
+        metadata={"gpu": {key: getattr(gpu_cfg, key) for key in GPU_KEYS}},
     )

@@ -27,7 +27,7 @@ import torch
 from omegaconf import OmegaConf
 
 from oobleck.errors import ProfileError
-from oobleck.models import num_layers
+from oobleck.models.registry import architecture
 from oobleck.planning.inputs import ModelProfile
 from oobleck.profiling.allreduce import measure_allreduce
 from oobleck.profiling.analytic import analytic_profile
@@ -51,10 +51,8 @@ def resolve_source(cfg: Any) -> str:
 
 
 def load_profile_file(path: str, model_cfg: Any, microbatch_size: int) -> ModelProfile:
-    from oobleck.models import num_layers
-
     profile = ModelProfile.load(path)
-    expected_layers = num_layers(model_cfg)
+    expected_layers = architecture(model_cfg).num_layers
     if profile.model != model_cfg.name or profile.num_layers != expected_layers:
         raise ProfileError(
             f"{path} profiles model {profile.model!r} with {profile.num_layers} layers, but model={model_cfg.name} "
@@ -88,10 +86,11 @@ def cached_measured_profile(cfg: Any, *, refresh: bool = False, progress: Any | 
             return cached
     estimate = check_measurement(cfg, device)
     say = _say if progress is None else (lambda line: None)
-    layers = num_layers(cfg.model)
+    layers = architecture(cfg.model).num_layers
     say(
         f"profiling model={cfg.model.name} on {label}: {layers} layers x "
-        f"{int(cfg.profile.warmup) + int(cfg.profile.repeats)} forward+backward runs, {estimate.describe()}"
+        f"{int(cfg.profile.warmup) + int(cfg.profile.repeats)} x 2 forward+backward runs (fused and split "
+        f"backward), {estimate.describe()}"
     )
     with _layer_bar(cfg, layers, progress) as step:
         profile = measure_profile(

@@ -2,10 +2,10 @@
 by default ``~/.cache/oobleck/profiles``; ``OOBLECK_CACHE_DIR`` moves it).
 
 A file is named by model, microbatch size and device, and stores the key it was made for: a hash
-of the model config, microbatch size, device, torch version and profile schema. A file whose
-stored key differs (the model config, torch or the schema changed: *stale*) or that does not load
-(truncated, not JSON, invalid values: *corrupt*) is reported with a warning and re-profiled; the
-caller then overwrites it.
+of the model config, microbatch size, device, torch version, profile schema and what a
+measurement holds (``MEASUREMENT``). A file whose stored key differs (the model config, torch or
+the schema changed: *stale*) or that does not load (truncated, not JSON, invalid values:
+*corrupt*) is reported with a warning and re-profiled; the caller then overwrites it.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from oobleck.errors import ProfileError
 from oobleck.planning.inputs import PROFILE_SCHEMA_VERSION, ModelProfile
+
+# What a measured profile holds; a cached file measured before a field was added is re-measured.
+# 2: the backward split into input and weight passes (LayerProfile.backward_input_s/_weight_s).
+MEASUREMENT = 2
 
 
 class ProfileCacheWarning(UserWarning):
@@ -40,6 +44,7 @@ def cache_key(model_cfg: Any, microbatch_size: int, device: str, torch_version: 
         "device": device,
         "torch": torch_version,
         "schema": PROFILE_SCHEMA_VERSION,
+        "measurement": MEASUREMENT,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 

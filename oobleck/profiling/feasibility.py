@@ -1,16 +1,17 @@
 """Whether a measured profile is worth starting here: its memory and time, estimated up front.
 
 Measuring (``oobleck.profiling.measure``) builds one layer at a time on the device and runs
-``warmup + repeats`` forward and backward passes of one microbatch. Before the first layer,
+``warmup + repeats`` forward and backward passes of one microbatch, twice (fused and split backward). Before the first layer,
 ``estimate_measurement`` works out
 
 - the memory of the largest layer: fp32 parameters and gradients (8 bytes per parameter) plus the
-  activations autograd keeps for one microbatch at 4 bytes per value (the analytic model's count,
-  ``oobleck.profiling.analytic``), doubled for backward's temporaries;
-- the time: the model's forward FLOPs (the analytic model's) times three (a backward costs two
-  forwards) times the runs, at the FLOP rate a short matrix-product probe reaches on this device
-  with the thread count the measurement uses. A layer does worse than a large matrix product
-  (attention, norms and the gathers are memory-bound), so the estimate is a lower bound.
+  activations autograd keeps for one microbatch at 4 bytes per value (the family's count,
+  ``Architecture.layer_cost``), doubled for backward's temporaries;
+- the time: the model's forward and backward FLOPs (the family's count) times the runs (each
+  measured with a fused and with a split backward), at the FLOP rate a short matrix-product probe
+  reaches on this device with the thread count the measurement uses. A layer does worse than a
+  large matrix product (attention, norms and the gathers are memory-bound), so the estimate is a
+  lower bound.
 
 ``check_measurement`` raises ``ProfileError`` pointing at ``profile.source=analytic`` when the
 largest layer does not fit the free memory, or the time exceeds ``profile.max_measure_s``.
@@ -26,12 +27,13 @@ from typing import Any
 import torch
 
 from oobleck.errors import ProfileError
-from oobleck.models import layer_name, num_layers, parameter_count
-from oobleck.profiling.analytic import block_activation_bytes, block_forward_flops, head_forward_flops
+from oobleck.models.architecture import LayerCost
+from oobleck.models.registry import architecture
 
 FP32_BYTES = 4
 PARAM_AND_GRAD_BYTES = 2 * FP32_BYTES
 BACKWARD_TEMPORARIES = 2  # backward holds about as much again as the saved activations
+MEASURED_BACKWARDS = 2  # each run is measured with a fused and with a split backward (measure.py)
 PROBE_SIZE = 512  # square fp32 matrix product: large enough to reach the device's matmul rate
 PROBE_SECONDS = 0.2
 
@@ -69,26 +71,9 @@ def _size(nbytes: float) -> str:
     return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"
 
 
-def layer_training_bytes(model_cfg: Any, index: int, microbatch_size: int) -> int:
-    """Memory of measuring layer ``index``: fp32 parameters and gradients plus saved activations."""
-    name = layer_name(model_cfg, index)
-    b, t, c, v = microbatch_size, int(model_cfg.seq_len), int(model_cfg.n_embd), int(model_cfg.vocab_size)
-    if name == "head":
-        activations = b * t * v * FP32_BYTES * 2 + 2 * b * t * c * FP32_BYTES  # logits and their softmax, inputs
-    elif name == "embedding":
-        activations = b * t * c * FP32_BYTES
-    else:
-        activations = block_activation_bytes(model_cfg, b, FP32_BYTES)
-    return parameter_count(model_cfg, index) * PARAM_AND_GRAD_BYTES + activations * BACKWARD_TEMPORARIES
-
-
-def forward_flops(model_cfg: Any, index: int, microbatch_size: int) -> float:
-    name = layer_name(model_cfg, index)
-    if name == "head":
-        return head_forward_flops(model_cfg, microbatch_size)
-    if name == "embedding":
-        return float(microbatch_size * model_cfg.seq_len * model_cfg.n_embd)
-    return block_forward_flops(model_cfg, microbatch_size)
+def layer_training_bytes(cost: LayerCost) -> int:
+    """Memory of measuring a layer (costed at fp32): parameters and gradients plus saved activations."""
+    return cost.params * PARAM_AND_GRAD_BYTES + cost.activation_bytes * BACKWARD_TEMPORARIES
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -129,9 +114,10 @@ def estimate_measurement(
     model_cfg: Any, microbatch_size: int, device: torch.device, *, runs: int, threads: int | None
 ) -> MeasurementEstimate:
     """The memory and time of measuring ``model_cfg`` with ``runs`` forward+backward passes per layer."""
-    layers = range(num_layers(model_cfg))
-    peak, largest = max((layer_training_bytes(model_cfg, i, microbatch_size), layer_name(model_cfg, i)) for i in layers)
-    flops = 3.0 * runs * sum(forward_flops(model_cfg, i, microbatch_size) for i in layers)
+    arch = architecture(model_cfg)
+    costs = [arch.layer_cost(i, microbatch_size, FP32_BYTES) for i in range(arch.num_layers)]
+    peak, largest = max((layer_training_bytes(cost), cost.name) for cost in costs)
+    flops = runs * sum(cost.forward_flops + cost.backward_flops for cost in costs)
     rate = matmul_flop_rate(device, threads)
     return MeasurementEstimate(flops / rate, peak, largest, available_bytes(device), rate)
 
@@ -144,7 +130,7 @@ def check_measurement(cfg: Any, device: torch.device) -> MeasurementEstimate:
         model,
         int(cfg.job.microbatch_size),
         device,
-        runs=int(profile.warmup) + int(profile.repeats),
+        runs=MEASURED_BACKWARDS * (int(profile.warmup) + int(profile.repeats)),
         threads=int(cfg.cluster.torch_threads) or None,
     )
     instead = f"use profile.source=analytic (the FLOP/byte model of the {cfg.cluster.gpu.name}, cluster.gpu; gpu=<name> picks another)"
@@ -160,7 +146,7 @@ def check_measurement(cfg: Any, device: torch.device) -> MeasurementEstimate:
     if estimate.seconds > float(profile.max_measure_s):
         raise ProfileError(
             f"measuring model={model.name} on {where} would take {estimate.duration} "
-            f"({num_layers(model)} layers x {int(profile.warmup) + int(profile.repeats)} runs at the "
+            f"({architecture(model).num_layers} layers x {MEASURED_BACKWARDS * (int(profile.warmup) + int(profile.repeats))} runs at the "
             f"{estimate.flop_rate / 1e9:.0f} GFLOP/s this device reaches), over profile.max_measure_s={profile.max_measure_s:g}; "
             f"{instead}, or raise profile.max_measure_s"
         )

@@ -1,10 +1,21 @@
 """Measured per-layer profiles: a real forward and a real backward of every layer, one at a time.
 
-Each layer is built alone (as a stage would build it) and run on a microbatch shaped like the one
-it receives in a pipeline: token ids for the embedding, a ``[b, T, C]`` activation that requires
-grad for the others (so backward also computes the input gradient a stage sends upstream). The
-last layer's forward includes the loss and its backward starts from it, as on the last stage.
-Times are medians over ``repeats`` after ``warmup`` runs; on CUDA each phase is synchronised.
+Each layer is built alone from the model's ``ModelSpec`` (as a stage would build it) and run on a
+microbatch shaped like the one it receives in a pipeline: token ids for the first layer, the
+boundary activation (``ModelSpec.boundary_shape``) that requires grad for the others (so backward
+also computes the input gradient a stage sends upstream). The last layer's forward includes the
+loss and its backward starts from it, as on the last stage. Times are medians over ``repeats``
+after ``warmup`` runs; on CUDA each phase is synchronised.
+
+Each run is measured twice: with one fused backward (``backward_s``, what 1F1B runs), and with the
+backward split into its input pass and its weight pass (``backward_input_s``,
+``backward_weight_s``: what zero-bubble schedules run apart), by torch's own split-backward helpers
+(``torch.distributed.pipelining._backward.stage_backward_input`` / ``stage_backward_weight``, which
+its zero-bubble schedules use: the input pass keeps the gradients of the intermediates the weights
+need, the weight pass starts from them). The first layer's input is token ids, which take no
+gradient: its input pass is empty (0 s) and its weight pass is its whole backward. The helpers
+walk the autograd graph in Python on every call, which on layers as small as the tiny models'
+costs more than the passes themselves (split > fused there); on layers of GPU size it does not.
 
 Memory: ``param_bytes`` from the parameters; ``activation_bytes`` = the bytes autograd saves for
 backward during one forward (captured with saved-tensor hooks, parameters excluded, each storage
@@ -23,7 +34,7 @@ from typing import Any
 import torch
 
 from oobleck.errors import ProfileError
-from oobleck.models import build_layer, layer_name, loss_fn, num_layers, tied_parameters
+from oobleck.models.spec import ModelSpec, model_spec
 from oobleck.planning.inputs import LayerProfile, ModelProfile
 
 
@@ -59,8 +70,19 @@ def _saved_bytes(run: Callable[[], torch.Tensor], exclude: set[int]) -> tuple[to
     return out, total
 
 
+def _split_backward(out: torch.Tensor, grad_out: torch.Tensor | None, x: torch.Tensor | None, layer: Any) -> Any:
+    """The input pass of a split backward; returns the weight pass to run next (a callable)."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    if x is None:  # token ids: no input gradient, the weight pass is the whole backward
+        return lambda: out.backward(grad_out)
+    params = list(layer.parameters())
+    _, groups = stage_backward_input([out], None if grad_out is None else [grad_out], [x], iter(params))
+    return lambda: stage_backward_weight(iter(params), groups)
+
+
 def measure_layer(
-    model_cfg: Any,
+    spec: ModelSpec,
     index: int,
     microbatch_size: int,
     device: torch.device,
@@ -69,53 +91,72 @@ def measure_layer(
     repeats: int,
     seed: int,
 ) -> LayerProfile:
-    """Forward and backward seconds, parameter, activation and boundary bytes of one layer."""
-    last = num_layers(model_cfg) - 1
-    layer = build_layer(model_cfg, index, seed, device=device)
+    """Forward, backward (fused, and split into input and weight passes) seconds, parameter,
+    activation and boundary bytes of layer ``index`` of ``spec``."""
+    arch = spec.architecture
+    last = arch.num_layers - 1
+    layer = spec.build_layer(index, str(device), True)
     layer.train()
     generator = torch.Generator(device="cpu").manual_seed(seed + index)
-    shape = (microbatch_size, model_cfg.seq_len)
-    ids = torch.randint(0, model_cfg.vocab_size, shape, generator=generator).to(device)
-    targets = torch.randint(0, model_cfg.vocab_size, shape, generator=generator).to(device)
-    hidden = torch.randn(*shape, model_cfg.n_embd, generator=generator).to(device)
+    tokens = (microbatch_size, arch.seq_len)
+    ids = torch.randint(0, arch.vocab_size, tokens, generator=generator).to(device)
+    targets = torch.randint(0, arch.vocab_size, tokens, generator=generator).to(device)
+    hidden = None
+    if index > 0:
+        shape = spec.boundary_shape(index - 1, microbatch_size)
+        hidden = torch.randn(*shape, generator=generator).to(device=device, dtype=spec.boundary_dtype)
     sync = _sync(device)
     param_ptrs = {p.untyped_storage().data_ptr() for p in layer.parameters()}
 
-    def forward() -> torch.Tensor:
-        if index == 0:
-            return layer(ids)
+    def forward() -> tuple[torch.Tensor, torch.Tensor | None]:
+        if hidden is None:
+            return layer(ids), None
         x = hidden.detach().requires_grad_(True)
         out = layer(x)
-        return loss_fn(out, targets) if index == last else out
+        return (spec.loss(out, targets) if index == last else out), x
 
-    out, activation_bytes = _saved_bytes(forward, param_ptrs)
+    out, activation_bytes = _saved_bytes(lambda: forward()[0], param_ptrs)
     output_bytes = 0 if index == last else out.numel() * out.element_size()
     grad_out = None if index == last else torch.randn_like(out)
     del out
 
-    forward_times: list[float] = []
-    backward_times: list[float] = []
+    times: dict[str, list[float]] = {"forward": [], "backward": [], "input": [], "weight": []}
     for attempt in range(warmup + repeats):
-        layer.zero_grad(set_to_none=True)
-        sync()
-        start = time.perf_counter()
-        out = forward()
-        sync()
-        middle = time.perf_counter()
-        out.backward(grad_out)
-        sync()
-        end = time.perf_counter()
-        if attempt >= warmup:
-            forward_times.append(middle - start)
-            backward_times.append(end - middle)
+        for split in (False, True):
+            layer.zero_grad(set_to_none=True)
+            sync()
+            start = time.perf_counter()
+            out, x = forward()
+            sync()
+            middle = time.perf_counter()
+            if split:
+                weight_pass = _split_backward(out, grad_out, x, layer)
+                sync()
+                between = time.perf_counter()
+                weight_pass()
+                sync()
+                end = time.perf_counter()
+                passes = {"input": (between - middle) if x is not None else 0.0, "weight": end - between}
+            else:
+                out.backward(grad_out)
+                sync()
+                end = time.perf_counter()
+                passes = {"backward": end - middle}
+            if attempt >= warmup:
+                times["forward"].append(middle - start)
+                for kind, seconds in passes.items():
+                    times[kind].append(seconds)
+            del out, x
     param_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
     return LayerProfile(
-        name=layer_name(model_cfg, index),
-        forward_s=statistics.median(forward_times),
-        backward_s=statistics.median(backward_times),
+        name=arch.layer_names[index],
+        forward_s=statistics.median(times["forward"]),
+        backward_s=statistics.median(times["backward"]),
         param_bytes=int(param_bytes),
         activation_bytes=int(activation_bytes),
         output_bytes=int(output_bytes),
+        backward_input_s=statistics.median(times["input"]),
+        backward_weight_s=statistics.median(times["weight"]),
     )
 
 
@@ -148,24 +189,25 @@ def measure_profile(
     if threads:
         torch.set_num_threads(threads)
     started = time.perf_counter()
+    spec = model_spec(model_cfg, seed)
     try:
-        total = num_layers(model_cfg)
+        total = spec.num_layers
         layers = []
         for index in range(total):
             layers.append(
-                measure_layer(model_cfg, index, microbatch_size, device, warmup=warmup, repeats=repeats, seed=seed)
+                measure_layer(spec, index, microbatch_size, device, warmup=warmup, repeats=repeats, seed=seed)
             )
             if progress is not None:
                 progress(index + 1, total)
     finally:
         torch.set_num_threads(previous_threads)
     return ModelProfile(
-        model=str(model_cfg.name),
+        model=spec.name,
         microbatch_size=int(microbatch_size),
         device=device_label(device),
         layers=tuple(layers),
         source="measured",
-        tied_layers=tuple(t.layers for t in tied_parameters(model_cfg)),
+        tied_layers=spec.architecture.tied_pairs,
         metadata={
             "torch": torch.__version__,
             "threads": threads or previous_threads,

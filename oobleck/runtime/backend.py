@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from oobleck.config import node_address
 from oobleck.errors import RunError
+from oobleck.launcher import launcher_class
 
 if TYPE_CHECKING:
     from oobleck.runtime.comm import Waiter
@@ -56,11 +56,16 @@ class Backend(abc.ABC):
 
 @dataclass(frozen=True)
 class GlooBackend(Backend):
-    """gloo over TCP; ``transport`` is gloo's device (the interface its pairs bind to)."""
+    """gloo over TCP; ``transport`` is gloo's device (the interface its pairs bind to).
+
+    On ``device="cuda:<i>"`` tensors stay on the GPU and gloo stages each collective through host
+    memory (its CUDA broadcast and all-reduce copy on a side stream), so several workers can share
+    one GPU; its future completes once the result is copied back, and ``wait`` then orders the
+    current stream after that copy."""
 
     transport: Any = None
+    device: str = "cpu"
     name = "gloo"
-    device = "cpu"
 
     def new_group(self, store: Any, rank: int, size: int, timeout_s: float) -> Any:
         options = dist.ProcessGroupGloo._Options()
@@ -73,6 +78,8 @@ class GlooBackend(Backend):
 
     def wait(self, waiter: Waiter, work: Any, what: str) -> None:
         waiter.wait_future_of(work, what)
+        if self.device != "cpu":
+            work.wait()  # done already: orders the current CUDA stream after the copy back
 
     def release(self, groups: list[Any]) -> None:
         return None  # parked as they are: see the module docstring
@@ -122,23 +129,28 @@ def abort_nccl_groups(groups: list[Any]) -> None:
 def open_backend(cluster: Any, node: int, local_rank: int) -> Backend:
     """Prepare this worker process for ``cluster.device`` and return its backend.
 
-    cuda: in-process recovery needs communicator errors not to kill the process (an inherited
+    cuda: each worker owns the GPU of its local rank; with NCCL (``cluster.backend`` auto or
+    nccl) in-process recovery needs communicator errors not to kill the process (an inherited
     ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` of 1 or 3 would kill the survivors; aborted generations'
-    communicators are aborted explicitly by ``release``), and each worker owns the GPU of its
-    local rank. cpu: gloo binds to the node's address on a local cluster (``cluster.node_address_base``:
-    the controller's, loopback, unless each node has its own), and to the host's default interface
-    elsewhere.
+    communicators are aborted explicitly by ``release``); ``cluster.backend=gloo`` runs gloo on
+    the GPU's tensors. cpu (and gloo on the GPU): gloo binds to the address the cluster's launcher
+    gives the node (``Launcher.worker_address``: on a local cluster the controller's, loopback,
+    unless ``cluster.node_address_base`` gives each node its own; elsewhere the host's default
+    interface).
     """
+    device = "cpu"
     if cluster.device == "cuda":
         if not torch.cuda.is_available():
             raise RunError("cluster.device=cuda but this worker sees no CUDA device; set cluster.device=cpu")
-        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
         torch.cuda.set_device(local_rank)
-        return NcclBackend(device=f"cuda:{local_rank}")
-    hostname = node_address(cluster, node) if cluster.kind == "local" else ""
+        device = f"cuda:{local_rank}"
+        if cluster.backend != "gloo":
+            os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+            return NcclBackend(device=device)
+    hostname = launcher_class(cluster).worker_address(cluster, node)
     transport = (
         dist.ProcessGroupGloo.create_device(hostname=hostname)
         if hostname
         else dist.ProcessGroupGloo.create_default_device()
     )
-    return GlooBackend(transport=transport)
+    return GlooBackend(transport=transport, device=device)

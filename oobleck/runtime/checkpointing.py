@@ -1,7 +1,7 @@
 """A worker's part in checkpoints: writing the layers it is the writer of, and loading layers.
 
 When a step commits with ``commit+checkpoint``, each worker snapshots the layers the generation
-names it the writer of (``checkpoint.writers`` in the plan document) into host memory and hands
+names it the writer of (``PlanDocument.checkpoint``) into host memory and hands
 them to its background writer (``oobleck.checkpoint.AsyncCheckpointWriter``); training goes on.
 When the shards are on disk, a reporter (its own store connection) publishes each shard's record
 and the writer's timings for the controller, which writes the manifest. ``restore_layers`` loads
@@ -20,10 +20,11 @@ from typing import Any
 
 from oobleck.checkpoint import AsyncCheckpointWriter, WriteHandle, read_manifest, restore_layer, step_dir
 from oobleck.checkpoint.durable import make_dirs
+from oobleck.layer_state import LayerState
 from oobleck.planning.outputs import Worker
 from oobleck.runtime import keys
 from oobleck.runtime.comm import make_store
-from oobleck.runtime.state import LayerState
+from oobleck.runtime.plan_document import CheckpointPlan
 
 
 class CheckpointWriter:
@@ -38,12 +39,12 @@ class CheckpointWriter:
         self._lock = threading.Lock()
         self._reporters: list[threading.Thread] = []
 
-    def write(self, boundary: int, document: Mapping[str, Any], layers: Mapping[int, LayerState]) -> None:
+    def write(self, boundary: int, checkpoint: CheckpointPlan, layers: Mapping[int, LayerState]) -> None:
         """Snapshot and submit this worker's layers of the checkpoint of ``boundary`` committed steps."""
-        mine = sorted(int(layer) for layer, writer in document["writers"].items() if tuple(writer) == self.worker)
+        mine = checkpoint.layers_written_by(self.worker)
         if not mine:
             return
-        path = step_dir(document["dir"], boundary)
+        path = step_dir(checkpoint.dir, boundary)
         make_dirs(path)
         snap = self.writer.snapshot(layers[layer] for layer in mine)
         handle = self.writer.submit(path, snap)

@@ -5,7 +5,8 @@ protocol can be read in one place:
 
 - ``config`` (JSON of the resolved run config), ``services`` (JSON: what the strategy's run-long
   services publish, e.g. torchft's lighthouse address), ``gen`` (the newest generation number),
-  ``plan/<g>`` (JSON: the plan of generation g, its reconfiguration and the step to resume at);
+  ``plan/<g>`` (the ``PlanDocument`` of generation g, ``oobleck.runtime.plan_document``: its plan,
+  its reconfiguration, the step to resume at, ...; a typed value validated where it is read);
 - ``abort/<g>``: generation g is over (a newer one exists, or the run stops: then ``stop`` holds why);
 - ``g<g>/decision/<s>``: the commit decision of step s in generation g, "commit <seconds>" (or
   "commit+checkpoint <seconds>": commit, then every layer's writer checkpoints the state after
@@ -183,6 +184,12 @@ def probe(generation: int, rank: int) -> str:
 def final_params(layer: int) -> str:
     """A layer's parameters after the last step (``runtime.save_final_params``), from one holder."""
     return f"final/{layer}"
+
+
+def work(generation: int, step: int, rank: int) -> str:
+    """The compute ops a rank ran in step s (JSON, set before its commit vote when
+    ``runtime.record_work``): the work ledger, which shows every sample processed once."""
+    return f"g{generation}/work/{step}/{rank}"
 
 
 def phase_times(node: int, local_rank: int) -> str:

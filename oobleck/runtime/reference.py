@@ -1,7 +1,7 @@
 """Single-process training of the same model on the same global batches: the truth to compare with.
 
-Same layers (``build_reference_model``, tied weights as one parameter), same sampler, loss scaled by
-1/global batch, ``clip_grad_norm_`` and one ``torch.optim.AdamW`` with the same hyper-parameters and
+Same layers (the model's ``ModelSpec.reference_model``, tied weights as one parameter), the spec's
+loss, same sampler, loss scaled by 1/global batch, ``clip_grad_norm_`` and one ``torch.optim.AdamW`` with the same hyper-parameters and
 learning-rate schedule as the runtime. Used by the exactness tests and the benchmarks.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from oobleck.data import GlobalBatchSampler, build_dataset, collate
-from oobleck.models import build_reference_model, loss_fn
+from oobleck.models.spec import model_spec
 from oobleck.runtime.state import learning_rate
 
 
@@ -28,12 +28,20 @@ class ReferenceResult:
 
 
 def train_reference(
-    cfg: Any, steps: int | None = None, *, device: str = "cpu", batches: Sequence[int] | None = None
+    cfg: Any,
+    steps: int | None = None,
+    *,
+    device: str = "cpu",
+    batches: Sequence[int] | None = None,
+    microbatches: Sequence[Sequence[int]] | None = None,
 ) -> ReferenceResult:
     """Train on ``device`` (the truth is the CPU; a GPU run measures its kernels against it).
 
     Update k trains on the sampler's global batch of step ``batches[k]`` (default: k), with the
-    learning rate of step k: the truth for a strategy that skips batches by design (torchft)."""
+    learning rate of step k: the truth for a strategy that skips batches by design (torchft).
+    ``microbatches[k]``, when given, lists the microbatches (of ``job.microbatch_size``) of that
+    batch update k trains, repeats counting twice, and the loss is their mean: the truth for a
+    strategy that trains part of a batch by design (torchft's replicas each on a fixed shard)."""
     job, model_cfg = cfg.job, cfg.model
     if batches is None:
         batches = range(int(job.steps) if steps is None else steps)
@@ -42,7 +50,8 @@ def train_reference(
     if int(cfg.cluster.torch_threads) > 0:
         torch.set_num_threads(int(cfg.cluster.torch_threads))  # as the workers do
     torch.manual_seed(int(job.seed))
-    model = build_reference_model(model_cfg, int(job.seed), device=device)
+    spec = model_spec(model_cfg, int(job.seed))
+    model = spec.reference_model(device)
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=float(job.lr),
@@ -55,10 +64,12 @@ def train_reference(
     losses, step_ends = [], []
     for step in range(steps):
         total = 0.0
-        for mb in range(batch // micro):
+        trained = list(microbatches[step]) if microbatches is not None else list(range(batch // micro))
+        samples = len(trained) * micro
+        for mb in trained:
             inputs, targets = collate(dataset, sampler.microbatch_indices(batches[step], mb, micro))
-            loss = loss_fn(model(inputs.to(device)), targets.to(device))
-            (loss / batch).backward()
+            loss = spec.loss(model(inputs.to(device)), targets.to(device))
+            (loss / samples).backward()
             total += float(loss.detach())
         if float(job.grad_clip) > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), float(job.grad_clip))
@@ -66,7 +77,7 @@ def train_reference(
             group["lr"] = learning_rate(job, step)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(total / batch)
+        losses.append(total / samples)
         step_ends.append(time.perf_counter())
     layers = {
         i: {k: v.detach().to("cpu", copy=True) for k, v in layer.state_dict().items()} for i, layer in enumerate(model)

@@ -4,15 +4,16 @@
 connects to the controller's TCPStore, reads the run config, registers, and then lives through
 generations:
 
-1. read the newest plan that includes this worker (``plan/<g>``); a plan naming a newer
-   incarnation of this node means a restart replaced this process: it exits;
+1. read the newest plan document that includes this worker (``plan/<g>``, a ``PlanDocument``); a
+   plan naming a newer incarnation of this node means a restart replaced this process: it exits;
 2. *establish* the generation: build its process groups, then get the state of the layers it
    holds (its stage's and its shadow copies'): load them from the checkpoint the plan names (a
    start, resume or restart), build the seeded initial state (step 0), or receive parameters and
    AdamW state of newly assigned layers (chunked, checksummed) and send those others need; pass
    the ``established`` barrier, drop layers no longer held, report timings and checksums;
-3. train from the plan's resume step: 1F1B (plus the redundant forward of shadow copies),
-   gradient all-reduce, global-norm clipping, the commit decision, the optimizer step, and, when
+3. train from the plan's resume step: the plan's schedule (``oobleck.schedules``: 1F1B, Bamboo's
+   redundant forwards, re-routed stages), gradient all-reduce, global-norm clipping, the commit
+   decision, the optimizer step, and, when
    the commit says so, snapshot the layers this worker writes and write them in the background.
    An abort of the generation (a membership change) at any wait jumps back to 1 with the state
    of the last committed step intact.
@@ -39,8 +40,8 @@ from oobleck.config import from_container
 from oobleck.data import GlobalBatchSampler, build_dataset
 from oobleck.errors import RunError
 from oobleck.faults.kinds import Phase
+from oobleck.layer_state import LayerState, layer_checksum, layer_state, learning_rate
 from oobleck.models.spec import model_spec
-from oobleck.planning.outputs import ExecutionPlan, ReconfigurationPlan
 from oobleck.runtime import keys
 from oobleck.runtime.backend import open_backend
 from oobleck.runtime.checkpointing import CheckpointWriter, restore_layers
@@ -48,7 +49,7 @@ from oobleck.runtime.comm import Aborted, AbortWatch, Communicator, Reaper, Wait
 from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, parse_strike, run_worker, stop_requested
 from oobleck.runtime.executor import StepContext, clip_and_step, global_grad_norm, run_schedule, sync_gradients
 from oobleck.runtime.liveness import Liveness
-from oobleck.runtime.state import LayerState, layer_checksum, layer_state, learning_rate
+from oobleck.runtime.plan_document import PlanDocument
 from oobleck.runtime.topology import Topology, build_topology, group_specs
 from oobleck.runtime.transfer import PreparedLayers, incoming_layers, probe_links, transfer_state
 
@@ -190,11 +191,10 @@ class Worker:
     def run(self) -> None:
         generation = self.next_generation(None)
         while generation is not None:
-            document = json.loads(self.store.get(keys.plan(generation)))
-            if int(document.get("incarnations", {}).get(str(self.node), 0)) > self.incarnation:
+            document = PlanDocument.from_json(self.store.get(keys.plan(generation)))
+            if document.incarnation(self.node) > self.incarnation:
                 raise Superseded()
-            plan = ExecutionPlan.from_dict(document["plan"])
-            topology = build_topology(plan, self.worker, self.spec.tied_layers)
+            topology = build_topology(document.plan, self.worker, self.spec.tied_layers)
             self.liveness.enter(generation, topology.rank if topology is not None else -1)
             if topology is None:  # not used by this generation: wait for the next one
                 generation = self.next_generation(generation)
@@ -203,7 +203,7 @@ class Worker:
             comm = Communicator(
                 generation,
                 topology.rank,
-                group_specs(topology, _reconfiguration(document)),
+                group_specs(topology, document.reconfiguration),
                 host=self.host,
                 port=self.port,
                 timeout_s=self.timeout_s,
@@ -214,30 +214,30 @@ class Worker:
                 finished = self.train(generation, document, topology, comm)
             except Aborted:
                 finished = False
-            pending = comm.pending()
-            self.reaper.park(comm.release(), pending)
+            for items, pending in comm.release():
+                self.reaper.park(items, pending)
             if finished:
                 self.checkpointer.close(float(self.cfg.checkpoint.write_timeout_s))
                 return
             generation = self.next_generation(generation)
 
     # ------------------------------------------------------------------ establish
-    def establish(self, generation: int, document: dict[str, Any], topology: Topology, comm: Communicator) -> None:
-        committed = int(document["resume_step"])
+    def establish(self, generation: int, document: PlanDocument, topology: Topology, comm: Communicator) -> None:
+        committed = document.resume_step
         held = topology.assignment.held_layers
         load_s = 0.0
-        if document.get("load_checkpoint"):
+        reconfiguration = document.reconfiguration
+        if document.load_checkpoint:
             # A start from a checkpoint (a resume or a restart): every worker loads what it holds.
             loading = time.monotonic()
-            self.layers = restore_layers(document["load_checkpoint"], held, self._empty_layer, committed)
+            self.layers = restore_layers(document.load_checkpoint, held, self._empty_layer, committed)
             load_s = time.monotonic() - loading
-        elif document.get("reconfiguration") is None or committed == 0:
+        elif reconfiguration is None or committed == 0:
             # Before the first commit every layer is its seeded initial state: each worker builds
-            # its own (the controller plans no copies then; see Controller._reconfigure).
+            # its own (the controller plans no copies then; see DecisionExecutor._reconfigure).
             for index in held:
                 if index not in self.layers:
                     self.layers[index] = self._new_layer(index, 0)
-        reconfiguration = _reconfiguration(document)
         incoming = incoming_layers(topology, reconfiguration)
         empty_layer: Callable[[int], LayerState] = lambda index: self._empty_layer(index, committed)  # noqa: E731
         prepared = None
@@ -337,7 +337,7 @@ class Worker:
         self.strike = None
         carry_out_strike(strike, self.store, self.node, f"step {step}, phase {phase}")
 
-    def train(self, generation: int, document: dict[str, Any], topology: Topology, comm: Communicator) -> bool:
+    def train(self, generation: int, document: PlanDocument, topology: Topology, comm: Communicator) -> bool:
         job = self.cfg.job
         ctx = StepContext(
             topology=topology,
@@ -350,17 +350,18 @@ class Worker:
             device=self.device,
             bucket_bytes=self.bucket_bytes,
             overlap_grad_reduce=bool(self.cfg.runtime.overlap_grad_reduce),
+            record_work=bool(self.cfg.runtime.record_work),
         )
         try:
             return self._train_steps(generation, document, topology, ctx)
         finally:
             ctx.close()
 
-    def _train_steps(self, generation: int, document: dict[str, Any], topology: Topology, ctx: StepContext) -> bool:
+    def _train_steps(self, generation: int, document: PlanDocument, topology: Topology, ctx: StepContext) -> bool:
         job = self.cfg.job
-        step = int(document["resume_step"])
+        step = document.resume_step
         world = len(topology.world)
-        every_steps = int(document["checkpoint"]["every_steps"])
+        every_steps = document.checkpoint.every_steps
         times = self.phase_seconds
         while step < int(job.steps):
             self._read_strike()
@@ -377,6 +378,8 @@ class Worker:
             norm = global_grad_norm(ctx)
             if topology.is_last:
                 self.store.set(keys.loss(generation, step, topology.rank), repr(loss))
+            if ctx.record_work:
+                self.store.set(keys.work(generation, step, topology.rank), json.dumps(ctx.work))
             # The last rank to vote decides; compare_set hands it the decision that stands (the
             # controller's abort may have come first), and the others read it: two round trips.
             decision_key = keys.decision(generation, step)
@@ -391,7 +394,7 @@ class Worker:
             ctx.phase(Phase.OPTIMIZER)
             clip_and_step(ctx, norm, float(job.grad_clip), learning_rate(job, step))
             if keys.decision_kind(decision) == keys.COMMIT_CHECKPOINT:
-                self.checkpointer.write(step + 1, document["checkpoint"], self.layers)
+                self.checkpointer.write(step + 1, document.checkpoint, self.layers)
             t4 = time.perf_counter()
             for name, seconds in (
                 ("pipeline_1f1b", t1 - t0),
@@ -428,11 +431,6 @@ class Worker:
                 buffer = io.BytesIO()
                 torch.save({k: v.detach().cpu() for k, v in self.layers[index].module.state_dict().items()}, buffer)
                 self.store.set(keys.final_params(index), buffer.getvalue())
-
-
-def _reconfiguration(document: dict[str, Any]) -> ReconfigurationPlan | None:
-    data = document.get("reconfiguration")
-    return ReconfigurationPlan.from_dict(data) if data else None
 
 
 def _timed_out(timeout_s: float, what: str, key: str) -> RunError:

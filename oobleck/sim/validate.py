@@ -23,7 +23,7 @@ returns one row per metric, with the target and whether it is met):
 Each for the planner's cost model as is, for a ``calibrated`` one (one per-microbatch overhead
 fitted on the run's own first generation: in-sample for that generation) and, given a
 ``RuntimeOverhead`` measured on *different* calibration runs (``calibrate``), for a ``predicted``
-one: the out-of-sample validation (issues 6 and 13). ``RuntimeOverhead`` (oobleck/recovery_costs.py)
+one: the out-of-sample validation, the one a simulated figure can lean on. ``RuntimeOverhead`` (oobleck/recovery_costs.py)
 states the model; ``calibrate`` measures each of its terms on the calibration runs (pooled):
 
 - the step terms (per microbatch, per step, per worker, the compute scale of the CPU floor):
@@ -70,8 +70,9 @@ from oobleck.recovery_costs import RuntimeOverhead, StepShape, checkpoint_cost, 
 from oobleck.sim.engine import SimResult, simulate
 from oobleck.strategy import Decision, Layout, RunState, Strategy
 
-THROUGHPUT_TOLERANCE = 0.15  # issue 6: simulated throughput within 15% of the measured one
-RECOVERY_TOLERANCE = 0.5  # issue 6: recovery time within 50%
+# The targets the simulator is held to (a figure built on it says how far it is from real runs).
+THROUGHPUT_TOLERANCE = 0.15  # simulated throughput within 15% of the measured one
+RECOVERY_TOLERANCE = 0.5  # recovery time within 50%
 EXPOSURE_STEPS = 20  # Bamboo's exposed share is fitted on a grid of 0, 1/20, ..., 1
 
 
@@ -457,7 +458,7 @@ def _measure(
             found.warmups.append(float(row["first_step_s"]) - steady[int(row["generation"])])
     for _, row in _rows(events, "failover").iterrows():
         # Apart from reconfigurations: a failover plans nothing (Bamboo's predecessor already
-        # holds the stage), and pooling the two made a loaded planner's seconds a failover's.
+        # holds the stage), and pooling the two would charge a failover a loaded planner's seconds.
         found.failover_fixed.append(_fixed_part(row))
     for _, row in _rows(events, "restart").iterrows():
         restarted = len(_nodes(row.get("restarted_nodes"))) * strategy.context.cluster.gpus_per_node

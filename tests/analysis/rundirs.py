@@ -11,7 +11,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from oobleck.config import to_container
-from oobleck.runtime.testing import tiny_config
+from testing import tiny_config
 
 
 def write_restart_run(

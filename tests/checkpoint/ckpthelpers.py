@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from oobleck.checkpoint import AsyncCheckpointWriter, fingerprint, save_checkpoint, step_dir
+from oobleck.layer_state import LayerState
 from oobleck.models import num_layers
-from oobleck.runtime.state import LayerState, new_layer_state
+from oobleck.runtime.state import new_layer_state
 
 WAIT_S = 60.0  # bound on every wait in these tests (a hang guard, not a performance limit)
 

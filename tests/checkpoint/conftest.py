@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from ckpthelpers import trained_layers
 
-from oobleck.runtime.testing import tiny_config
+from testing import tiny_config
 
 
 @pytest.fixture(scope="session")

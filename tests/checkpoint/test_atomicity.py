@@ -28,7 +28,7 @@ CHILD = textwrap.dedent(
     from oobleck.checkpoint import AsyncCheckpointWriter, Manifest, fingerprint, prepare_step_dir, snapshot
     from oobleck.checkpoint.durable import durable_write
     from oobleck.checkpoint.shard import _header
-    from oobleck.runtime.testing import tiny_config
+    from testing import tiny_config
 
     root, phase, marker = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 

@@ -5,7 +5,7 @@ from ckpthelpers import save
 
 from oobleck.checkpoint import check_fingerprint, fingerprint, resolve_resume, resume_checkpoint
 from oobleck.errors import ConfigError
-from oobleck.runtime.testing import tiny_config
+from testing import tiny_config
 
 
 def test_fingerprint_names_every_difference_with_both_values_and_the_fix(cfg):

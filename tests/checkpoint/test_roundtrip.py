@@ -19,9 +19,10 @@ from oobleck.checkpoint import (
     write_manifest,
 )
 from oobleck.errors import CheckpointError
+from oobleck.layer_state import flat_state
 from oobleck.models import num_layers
-from oobleck.runtime.state import flat_state, new_layer_state
-from oobleck.runtime.testing import tiny_config
+from oobleck.runtime.state import new_layer_state
+from testing import tiny_config
 
 STEPS = 2  # trained_layers' AdamW steps: the committed step count the checkpoint records
 

@@ -8,7 +8,7 @@ from ckpthelpers import WAIT_S
 
 from oobleck.checkpoint import AsyncCheckpointWriter, snapshot, write_shard
 from oobleck.errors import CheckpointError
-from oobleck.runtime.state import flat_state
+from oobleck.layer_state import flat_state
 
 
 @pytest.mark.parametrize("async_write", [True, False])

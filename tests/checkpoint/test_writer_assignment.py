@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from oobleck.checkpoint.assignment import assign_checkpoint_writers
 from oobleck.errors import PlanningError
-from oobleck.runtime.testing import hand_plan, template
+from testing import hand_plan, template
 
 
 def node_load(writers, sizes):

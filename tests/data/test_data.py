@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oobleck.config import load_model_config
 from oobleck.data import (
     CORPUS_PATH,
     GlobalBatchSampler,
@@ -17,8 +18,7 @@ from oobleck.data import (
     collate,
 )
 from oobleck.errors import ConfigError
-from oobleck.models import load_model_config
-from oobleck.runtime.testing import config_section
+from testing import config_section
 
 
 def _job(**overrides):

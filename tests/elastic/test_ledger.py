@@ -13,7 +13,7 @@ from oobleck.elastic import controller as controller_module
 from oobleck.elastic.job import launch
 from oobleck.elastic.ledger import DecisionWatch
 from oobleck.runtime import keys
-from oobleck.runtime.testing import tiny_config
+from testing import tiny_config
 
 
 def test_a_commit_decision_carries_its_kind_and_step_time():

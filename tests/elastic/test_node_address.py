@@ -15,7 +15,7 @@ from pathlib import Path
 
 from oobleck.elastic.job import launch
 from oobleck.elastic.local import node_processes
-from oobleck.runtime.testing import assert_matches_reference, hand_plan, template, tiny_config
+from testing import assert_matches_reference, hand_plan, template, tiny_config
 
 BASE = "127.0.1.0"
 

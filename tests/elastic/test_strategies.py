@@ -13,7 +13,7 @@ import pytest
 
 from oobleck.elastic.job import launch
 from oobleck.errors import ConfigError, RunError
-from oobleck.runtime.testing import assert_matches_reference, tiny_config
+from testing import assert_matches_reference, tiny_config
 
 
 def _pids(outcome) -> dict[tuple[int, int], set[int]]:
@@ -91,13 +91,15 @@ def bamboo_run(tmp_path_factory):
     then both nodes of pipeline 1 are lost at step 60 or later (a stage and its only copy: global
     restart from the latest checkpoint; one every 4 steps), then one of the two survivors in the
     forward pass of step 80 (a failover onto the last node). A new worker takes seconds to boot,
-    and steps are short: the later events leave it that time."""
+    and steps are short: the later events leave it that time. Inline redundancy (the redundant
+    forward on the critical path; the other modes: tests/elastic/test_bamboo_modes.py)."""
     cfg = tiny_config(
         "strategy=bamboo",
         **{
             "cluster.nodes": 4,
             "job.steps": 100,
             "strategy.pipeline_depth": 2,
+            "strategy.redundancy": "inline",
             "checkpoint.every_steps": 4,
             "failures.kind": "explicit",
             "failures.events": [
@@ -147,7 +149,7 @@ def test_bamboo_runs_the_redundant_forward_for_real(bamboo_run):
 def test_oobleck_beyond_f_restarts_from_its_checkpoint(tmp_path):
     """Two 2-node pipelines; both first stages die after step 4 commits: no live replica of their
     layers, so the run restarts from step 4's checkpoint on the two survivors."""
-    from oobleck.runtime.testing import two_pipelines_of_two_nodes
+    from testing import two_pipelines_of_two_nodes
 
     cfg = tiny_config(
         **{
@@ -222,14 +224,16 @@ def test_varuna_failures_in_the_forward_pass_and_the_all_reduce(tmp_path):
     )
     outcome, _ = launch(cfg, tmp_path / "run")
     assert_matches_reference(cfg, outcome, tmp_path / "run")
-    # Step 7 commits with the checkpoint of step 8 after it, written in the background; node 2
-    # dies in the next step's all-reduce, before or after writing its shards of it. The restart
-    # resumes at the newest checkpoint that completed: 8, or 6 when 8 was abandoned.
+    # Steps 1 and 7 commit with the checkpoints of steps 2 and 8 after them, written in the
+    # background; nodes 1 and 2 die in the next step, before or after writing their shards of it
+    # (a loaded machine writes slower than it trains). Each restart resumes at the newest
+    # checkpoint that completed: 2 (or 0 when 2 was abandoned), then 8 (or 6).
     abandoned = {
         int(e["checkpoint_step"]) for e in outcome_events(tmp_path / "run") if e["kind"] == "checkpoint_abandoned"
     }
+    first = 0 if 2 in abandoned else 2
     second = 6 if 8 in abandoned else 8
     assert [(r["kind"], r["removed"], r["resume_step"]) for r in outcome.recoveries] == [
-        ("restart", [1], 2),
+        ("restart", [1], first),
         ("restart", [2], second),
     ]

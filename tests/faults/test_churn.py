@@ -9,7 +9,7 @@ flat resources of a survivor and of the controller, exactness) is ``tests/faults
 from __future__ import annotations
 
 from oobleck.elastic.job import launch
-from oobleck.runtime.testing import assert_matches_reference, tiny_config
+from testing import assert_matches_reference, tiny_config
 
 
 def test_removal_then_joins_end_bigger_and_exact(tmp_path):

@@ -29,7 +29,7 @@ from oobleck.elastic.job import launch
 from oobleck.elastic.local import run_processes
 from oobleck.runtime import keys
 from oobleck.runtime.comm import make_store
-from oobleck.runtime.testing import assert_matches_reference, tcp_states, tiny_config
+from testing import assert_matches_reference, tcp_states, tiny_config
 
 SEED = 18
 NODES = 3

@@ -25,7 +25,7 @@ import pandas as pd
 
 from oobleck.elastic.job import launch
 from oobleck.elastic.local import node_processes, run_processes
-from oobleck.runtime.testing import assert_matches_reference, tcp_states, tiny_config
+from testing import assert_matches_reference, tcp_states, tiny_config
 
 VICTIM = 1
 FREEZE_AT_STEP = 3

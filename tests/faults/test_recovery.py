@@ -18,7 +18,7 @@ from oobleck.elastic import controller as controller_module
 from oobleck.elastic.job import launch
 from oobleck.elastic.local import run_processes
 from oobleck.errors import RunError
-from oobleck.runtime.testing import (
+from testing import (
     assert_matches_reference,
     hand_plan,
     template,

@@ -8,7 +8,7 @@ from oobleck.errors import ConfigError, TraceError
 from oobleck.faults.injector import Injector
 from oobleck.faults.kinds import FaultKind, Phase
 from oobleck.faults.schedule import FaultEvent, build_schedule
-from oobleck.runtime.testing import config_section
+from testing import config_section
 
 
 def failures(**fields):

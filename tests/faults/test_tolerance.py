@@ -15,7 +15,7 @@ import json
 import pandas as pd
 
 from oobleck.elastic.job import launch
-from oobleck.runtime.testing import assert_matches_reference, tiny_config
+from testing import assert_matches_reference, tiny_config
 
 EVENTS = [
     {"action": "remove", "step": 10, "nodes": [2]},

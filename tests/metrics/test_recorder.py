@@ -11,7 +11,7 @@ from oobleck.metrics import RunRecorder, format_table
 from oobleck.metrics.offline import find_offline_runs, read_offline_run
 from oobleck.metrics.recorder import printed_summary
 from oobleck.metrics.wandb_run import RUN_IDS_FILE, SweepJob, failures_label, run_identity, typed_frame
-from oobleck.runtime.testing import config_section
+from testing import config_section
 
 # wandb's service writes the run file after finish() returns: a hang guard, not a speed target.
 FINISH_S = 60.0

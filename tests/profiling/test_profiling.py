@@ -11,9 +11,9 @@ import warnings
 import pytest
 import torch
 
-from oobleck.config import compose_config
+from oobleck.config import compose_config, load_model_config
 from oobleck.errors import ProfileError
-from oobleck.models import load_model_config, num_layers, parameter_count
+from oobleck.models import num_layers, parameter_count
 from oobleck.planning.inputs import ModelProfile
 from oobleck.profiling import (
     ProfileCacheWarning,
@@ -200,3 +200,74 @@ def test_cli_writes_profile_and_reports_errors(tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1].startswith("oobleck.profile: error:") and "missing.json" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("name", ["gpt3_tiny", "llama_tiny"])
+def test_the_split_backward_computes_the_fused_gradients(name):
+    """The measured input and weight passes (torch's split-backward helpers) are the fused backward
+    cut in two: the same input gradient and the same parameter gradients, for every layer."""
+    from oobleck.models import model_spec
+    from oobleck.profiling.measure import _split_backward
+
+    spec = model_spec(load_model_config(name), 0)
+    targets = torch.randint(0, spec.architecture.vocab_size, (2, spec.architecture.seq_len))
+    for index in range(spec.num_layers):
+        layer = spec.build_layer(index, None, True)
+        last = index == spec.num_layers - 1
+        if index == 0:
+            x, inputs = None, targets
+        else:
+            x = torch.randn(spec.boundary_shape(index - 1, 2), requires_grad=True)
+            inputs = x
+
+        def run(layer=layer, inputs=inputs, last=last):
+            out = layer(inputs)
+            return spec.loss(out, targets) if last else out
+
+        out = run()
+        grad = None if last else torch.randn_like(out)
+        out.backward(grad)
+        fused = {n: p.grad.clone() for n, p in layer.named_parameters()}
+        fused_input = None if x is None else x.grad.clone()
+        layer.zero_grad(set_to_none=True)
+        if x is not None:
+            x.grad = None
+        weight_pass = _split_backward(run(), grad, x, layer)
+        if x is not None:
+            torch.testing.assert_close(x.grad, fused_input)  # after the input pass alone
+            assert all(p.grad is None for p in layer.parameters())
+        weight_pass()
+        for n, p in layer.named_parameters():
+            torch.testing.assert_close(p.grad, fused[n], msg=f"layer {index} {n}")
+
+
+def test_measured_profiles_carry_the_split_backward(tiny_profile):
+    for index, layer in enumerate(tiny_profile.layers):
+        assert layer.backward_weight_s > 0
+        assert (layer.backward_input_s == 0) if index == 0 else (layer.backward_input_s > 0)
+    # Files written before the split existed still load; the split is then absent.
+    data = tiny_profile.to_dict()
+    for layer in data["layers"]:
+        del layer["backward_input_s"], layer["backward_weight_s"]
+    old = ModelProfile.from_dict(json.loads(json.dumps(data)))
+    assert all(l.backward_input_s is None and l.backward_weight_s is None for l in old.layers)
+    data["layers"][1]["backward_input_s"] = -1.0
+    with pytest.raises(ProfileError, match="backward_input_s=-1.0"):
+        ModelProfile.from_dict(data)
+
+
+def test_llama_profiles_measured_and_analytic():
+    cfg = load_model_config("llama_tiny")
+    measured = measure_profile(cfg, 2, "cpu", warmup=0, repeats=1, seed=0, threads=1)
+    analytic = analytic_profile(cfg, load_gpu_config("h100_80gb"), 2)
+    for p in (measured, analytic):
+        assert p.model == "llama_tiny" and p.num_layers == 6 and p.tied_layers == ()
+        assert [l.name for l in p.layers] == ["embedding", "block0", "block1", "block2", "block3", "head"]
+    assert [l.param_bytes for l in measured.layers] == [l.param_bytes for l in analytic.layers]
+    assert [l.output_bytes for l in measured.layers[:-1]] == [2 * 64 * 64 * 4] * 5
+    # Llama 3 8B on an H100 at 8K tokens: 32 blocks of 14 TFLOP (forward + backward) each and a
+    # 26 TFLOP head: 474 TFLOP at 40% of 989 TFLOP/s (conf/gpu/h100_80gb.yaml), 1.2 s a sequence.
+    big = analytic_profile(load_model_config("llama3_8b"), load_gpu_config("h100_80gb"), 1)
+    seconds = sum(l.forward_s + l.backward_s for l in big.layers)
+    assert 1.0 < seconds < 1.5
+    assert big.param_bytes / 4 == pytest.approx(8.03e9, rel=0.001)

@@ -20,7 +20,7 @@ import pytest
 
 from oobleck.elastic.job import launch
 from oobleck.runtime.reference import train_reference
-from oobleck.runtime.testing import assert_matches_reference, hand_plan, template, tiny_config
+from testing import assert_matches_reference, hand_plan, template, tiny_config
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,10 @@ import torch.distributed as dist
 from inprocess import run_ranks
 
 from oobleck.data import GlobalBatchSampler, build_dataset
+from oobleck.layer_state import layer_state
 from oobleck.models.spec import model_spec
 from oobleck.runtime.executor import StepContext, run_schedule, sync_gradients
-from oobleck.runtime.state import layer_state
-from oobleck.runtime.testing import hand_plan, template, tiny_config
+from testing import hand_plan, template, tiny_config
 
 BUCKET_BYTES = 64 << 10  # gpt3_tiny's blocks are ~200 KB: several buckets per group
 

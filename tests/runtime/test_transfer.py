@@ -17,11 +17,11 @@ import pytest
 import torch
 from inprocess import run_ranks
 
+from oobleck.layer_state import layer_checksum, layer_state
 from oobleck.models.spec import model_spec
 from oobleck.planning.outputs import LayerTransfer, ReconfigurationPlan
-from oobleck.runtime.state import layer_checksum, layer_state
-from oobleck.runtime.testing import hand_plan, template, tiny_config
 from oobleck.runtime.transfer import PreparedLayers, incoming_layers, transfer_state
+from testing import hand_plan, template, tiny_config
 
 COMMITTED = 3
 

@@ -49,7 +49,7 @@ def _fixed_profile(path: Path) -> Path:
     is the same for the runs and for the validation, and only the runtime's terms are calibrated."""
     from dataclasses import replace
 
-    from oobleck.models import load_model_config
+    from oobleck.config import load_model_config
     from oobleck.profiling import analytic_profile, load_gpu_config
 
     shape = analytic_profile(load_model_config("gpt3_tiny"), load_gpu_config("a100_40gb"), 2)

@@ -1,0 +1,282 @@
+"""The controller's core: carrying out the strategy's decisions by their kind, one generation each.
+
+``DecisionExecutor`` has no strategy-specific code. On a membership change it asks the strategy
+(``oobleck.strategy``) and carries the answer out by its ``Kind`` through ``executors``, the one
+table a new kind of decision is added to:
+
+- ``reconfigure`` / ``failover``: take the commit decision of the step in flight (abort it
+  unless the workers already committed it), abandon the generation, publish generation g+1 with
+  the new plan, the layer copies and the step to redo;
+- ``restart``: the same abort, then every alive node's agent kills its workers and starts fresh
+  ones; generation g+1 tells them to load the checkpoint of the step rolled back to (or build the
+  seeded initial state at step 0). With ``checkpoint_first`` a checkpoint of the next step
+  boundary is written first, while training goes on, so nothing is lost;
+- ``continue``: decided before any abort, nothing to do but note the nodes standing by (when a
+  node that was not standing by was lost, the strategy's workers carry on by themselves:
+  torchft's replicas); decided after the abort, the same plan is published again and the step
+  redone;
+- ``stop``: end the run with the reason.
+
+Every generation is published as one ``PlanDocument`` (``publish``). A change is *absorbed* once
+the first step after it commits; until then ``busy`` holds (scheduled faults wait for it).
+Observers (``oobleck.elastic.events``) hear of each change, execution and publication.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from oobleck.elastic.checkpoints import CheckpointCoordinator
+from oobleck.elastic.events import Continuation, EventKind, Execution
+from oobleck.elastic.ledger import StepLedger
+from oobleck.elastic.membership import Membership
+from oobleck.errors import RunError
+from oobleck.planning.outputs import ReconfigurationPlan
+from oobleck.runtime import keys
+from oobleck.runtime.plan_document import PlanDocument
+from oobleck.strategy import Decision, Kind, Layout, RunState, Strategy
+
+# (decision, the state it was decided on, the step in flight, when acting began, seconds deciding)
+Executor = Callable[[Decision, RunState, int, float, float], None]
+
+
+class DecisionExecutor:
+    """Decisions carried out, generations published (see the module docstring)."""
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        store: Any,
+        ledger: StepLedger,
+        membership: Membership,
+        checkpoints: CheckpointCoordinator,
+        *,
+        emit: Callable[..., None],
+        notify: Callable[..., None],
+    ) -> None:
+        self.strategy = strategy
+        self.store = store
+        self.ledger = ledger
+        self.membership = membership
+        self.checkpoints = checkpoints
+        self.emit = emit  # (EventKind, **fields): the run's event log
+        self.notify = notify  # (hook name, *arguments): the run's observers
+        self.documents: dict[int, PlanDocument] = {}  # every generation published
+        self.absorbing: tuple[int, int] | None = None  # (generation, first step) of a change not yet absorbed
+        self.restarting: int | None = None  # the rollback step of a restart whose workers hold nothing yet
+        self.planned: tuple[Decision, int] | None = None  # a restart waiting for its checkpoint
+        # How each kind of decision is carried out once the step in flight is aborted.
+        self.executors: dict[Kind, Executor] = {
+            Kind.RECONFIGURE: self._reconfigure,
+            Kind.FAILOVER: self._reconfigure,
+            Kind.RESTART: self._restart,
+            Kind.CONTINUE: self._republish,
+            Kind.STOP: self._stop,
+        }
+
+    @property
+    def busy(self) -> bool:
+        """A change is being absorbed, or a restart waits for its checkpoint."""
+        return self.absorbing is not None or self.planned is not None
+
+    # ------------------------------------------------------------------ generations
+    def publish(
+        self,
+        generation: int,
+        layout: Layout,
+        resume: int,
+        *,
+        reconfiguration: ReconfigurationPlan | None = None,
+        checkpoint: str | None = None,
+    ) -> None:
+        document = PlanDocument(
+            generation=generation,
+            plan=layout.plan,
+            resume_step=resume,
+            checkpoint=self.checkpoints.document(layout.plan, self.strategy.context.layer_param_bytes),
+            reconfiguration=reconfiguration,
+            load_checkpoint=checkpoint,
+            incarnations={n: s.incarnation for n, s in self.membership.nodes.items()},
+        )
+        self.documents[generation] = document
+        self.ledger.publish(generation, layout, resume)
+        self.store.set(keys.plan(generation), document.to_json())
+        self.store.set(keys.GEN, str(generation))
+        self.notify("published", document, layout)
+
+    def established(self, generation: int) -> None:
+        """``generation`` was established: the workers of a restart hold their state now."""
+        if self.restarting is not None and generation == self.ledger.generation:
+            self.restarting = None
+
+    def boundary_committed(self, generation: int, boundary: int) -> None:
+        """A step committed with a checkpoint after it (``boundary`` steps committed)."""
+        self.checkpoints.noticed(generation, boundary, self.documents[generation].checkpoint.writers)
+        if self.planned is not None and boundary >= self.planned[1] and generation == self.ledger.generation:
+            # A planned restart: stop training at this boundary, so nothing after it is lost,
+            # while the checkpoint completes in the background.
+            self.planned = (self.planned[0], boundary)
+            self.ledger.take_in_flight()
+            self.ledger.abandon(generation)
+
+    def check_absorbed(self) -> None:
+        if self.absorbing is None:
+            return
+        generation, first_step = self.absorbing
+        if self.ledger.generation == generation and self.ledger.next_step > first_step:
+            self.absorbing = None
+            # Its workers hold the state now: a later change is decided afresh (from the newest
+            # checkpoint), never by restarting from this one, which retention may have removed.
+            self.restarting = None
+            self.notify("absorbed", generation)
+
+    # ------------------------------------------------------------------ decisions
+    def state(self, step: int) -> RunState:
+        base = self.ledger.layout
+        alive = tuple(self.membership.available())
+        known = set(base.nodes) | set(base.standby)
+        return RunState(
+            layout=base,
+            alive=alive,
+            removed=tuple(sorted(n for n in known if n not in alive)),
+            joined=tuple(sorted(n for n in alive if n not in known)),
+            step=step,
+            checkpoint_step=self.checkpoints.latest_step(),
+        )
+
+    def decide(self, state: RunState) -> Decision:
+        if self.restarting is not None:
+            # The fresh workers of a restart in progress hold nothing yet: only another restart
+            # from the same checkpoint can follow.
+            fresh = self.strategy.start(state.alive)
+            if fresh.kind is Kind.STOP:
+                return fresh
+            return Decision(
+                Kind.RESTART,
+                fresh.layout,
+                rollback_to_step=self.restarting,
+                reason="a change during a restart: restart again",
+            )
+        return self.strategy.on_change(state)
+
+    def on_change(self, steps: int) -> None:
+        """Decide on the nodes lost and joined, and carry the decision out. Decisions that leave the
+        step in flight alone (continue; a restart that checkpoints first) are carried out at once;
+        any other aborts that step first and is decided again if the abort changed the state."""
+        ledger = self.ledger
+        started = time.time()
+        changes = self.membership.take_changes()
+        for node in changes.removed:
+            self.checkpoints.writer_lost(node)
+        self.notify("changes_taken", changes, started)
+        guessed = self.state(ledger.next_step)
+        guess = self.decide(guessed)
+        if guess.kind is Kind.CONTINUE:
+            self._continue(guess, tuple(changes.removed), started)
+            return
+        if guess.kind is Kind.RESTART and guess.checkpoint_first and self.restarting is None:
+            self._plan_restart(guess)
+            return
+        self.planned = None  # a planned restart is overtaken by this change
+        step = ledger.take_in_flight()
+        if step >= steps:
+            return
+        ledger.count_attempt(step)
+        ledger.abandon(ledger.generation)
+        state = self.state(step)
+        # Commits may have landed (or a generation been established) while the guess was made.
+        decision = guess if state == guessed else self.decide(state)
+        self.executors[decision.kind](decision, state, step, started, time.time() - started)
+
+    def _continue(self, decision: Decision, removed: tuple[int, ...], started: float) -> None:
+        ledger = self.ledger
+        generation = ledger.generations[ledger.base if ledger.base >= 0 else ledger.generation]
+        lost = tuple(sorted(n for n in removed if n not in generation.layout.standby))
+        if decision.layout is not None:
+            if decision.layout.plan != generation.layout.plan:
+                raise RunError(f"strategy {self.strategy.name} answered 'continue' with a different plan")
+            generation.layout = decision.layout
+        if lost and self.absorbing is None:
+            self.absorbing = (ledger.generation, ledger.next_step)
+        elif not lost and decision.reason:
+            standby = list(decision.layout.standby) if decision.layout else []
+            self.emit(EventKind.STANDBY, nodes=standby, reason=decision.reason)
+        self.notify("continued", Continuation(decision, lost, ledger.generation, ledger.next_step, started))
+
+    def _republish(self, decision: Decision, state: RunState, step: int, started: float, plan_s: float) -> None:
+        """A ``continue`` decided after the abort: the step in flight is redone on the same plan."""
+        plan = state.layout.plan
+        reconfiguration = ReconfigurationPlan(plan, plan, (), (), ())
+        self.publish(self.ledger.generation + 1, state.layout, step, reconfiguration=reconfiguration)
+
+    def _stop(self, decision: Decision, state: RunState, step: int, started: float, plan_s: float) -> None:
+        raise RunError(f"cannot continue training (lost nodes {list(state.removed)}): {decision.reason}")
+
+    def _execute(self, execution: Execution, **publish: Any) -> None:
+        """Tell the observers, then publish the execution's generation; the change is absorbed
+        once its first step commits."""
+        assert execution.decision.layout is not None
+        self.notify("executing", execution)
+        self.publish(execution.generation, execution.decision.layout, execution.resume_step, **publish)
+        self.absorbing = (execution.generation, execution.resume_step)
+
+    def _reconfigure(self, decision: Decision, state: RunState, step: int, started: float, plan_s: float) -> None:
+        layout = decision.layout
+        assert layout is not None
+        if step == 0:
+            # Nothing has committed: every layer is still its seeded initial state, which each
+            # worker builds itself. Copying it would need its holders in the first plan to have
+            # built it, and a worker slow to start may never have seen that plan.
+            decision = dataclasses.replace(decision, transfers=())
+        reconfiguration = ReconfigurationPlan(
+            state.layout.plan, layout.plan, state.removed, state.joined, tuple(decision.transfers)
+        )
+        execution = Execution(
+            decision, state, generation=self.ledger.generation + 1, resume_step=step, started=started, plan_s=plan_s
+        )
+        self._execute(execution, reconfiguration=reconfiguration)
+
+    def _plan_restart(self, decision: Decision) -> None:
+        """A restart that loses nothing: checkpoint the next step boundary first, then restart."""
+        boundary = self.ledger.next_step + 1
+        self.checkpoints.request(boundary)
+        self.planned = (decision, boundary)
+        self.emit(EventKind.RESTART_PLANNED, checkpoint_step=boundary, reason=decision.reason)
+
+    def restart_if_checkpointed(self) -> None:
+        """Carry out a planned restart once its checkpoint is complete (training stopped at it)."""
+        if self.planned is None or self.planned[1] not in self.checkpoints.completed:
+            return
+        decision, rollback = self.planned
+        self.planned = None
+        started = time.time()
+        step = self.ledger.take_in_flight()
+        self.ledger.abandon(self.ledger.generation)
+        decision = dataclasses.replace(decision, checkpoint_first=False, rollback_to_step=rollback)
+        self._restart(decision, self.state(step), step, started, 0.0)
+
+    def _restart(self, decision: Decision, state: RunState, step: int, started: float, plan_s: float) -> None:
+        ledger, membership, checkpoints = self.ledger, self.membership, self.checkpoints
+        rollback = decision.rollback_to_step if decision.rollback_to_step is not None else step
+        if rollback > 0 and rollback not in checkpoints.completed:
+            raise RunError(f"cannot restart from the checkpoint of step {rollback}: it is not complete")
+        checkpoints.discard_after(rollback)
+        lost = ledger.roll_back(rollback)
+        alive = tuple(membership.available())
+        membership.restart_workers(list(alive))
+        execution = Execution(
+            decision,
+            state,
+            generation=ledger.generation + 1,
+            resume_step=rollback,
+            started=started,
+            plan_s=plan_s,
+            rolled_back_steps=lost,
+            restart_nodes=alive,
+        )
+        checkpoint = str(checkpoints.path(rollback)) if rollback > 0 else None
+        self._execute(execution, checkpoint=checkpoint)
+        self.restarting = rollback

@@ -1,0 +1,61 @@
+"""Hosting a run's TCPStore: torch's own (C++), bound where the config says.
+
+The store listens on ``cluster.master_addr`` only (loopback for local runs), not on every
+interface: the socket is bound here and handed to the C++ server, which owns it from then on.
+``master_port=0`` picks a free port. Every worker, and every thread of the controller that blocks
+on the store, connects as a client (``client``).
+"""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from oobleck.errors import RunError
+
+LISTEN_BACKLOG = 256  # connections waiting to be accepted: every worker of a large run at once
+
+
+class StoreHost:
+    """The run's store server (``store``) and where clients reach it (``address``)."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.host = str(cluster.master_addr)
+        self.timeout = timedelta(seconds=float(cluster.startup_timeout_s))
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind((self.host, int(cluster.master_port)))
+            listener.listen(LISTEN_BACKLOG)
+            self.store = dist.TCPStore(
+                self.host,
+                listener.getsockname()[1],
+                is_master=True,
+                wait_for_workers=False,
+                timeout=self.timeout,
+                master_listen_fd=listener.fileno(),
+                use_libuv=True,  # the classic server does not wake waiters on compare_set
+            )
+        except Exception as error:
+            listener.close()
+            raise RunError(
+                f"cannot host the store on {cluster.master_addr}:{cluster.master_port} ({error}); "
+                "the port is probably in use: set cluster.master_port=<free port> or 0 to pick one"
+            ) from None
+        listener.detach()  # the server owns the descriptor now (and closes it when the store goes)
+
+    @property
+    def port(self) -> int:
+        return int(self.store.port)
+
+    @property
+    def address(self) -> str:
+        """HOST:PORT, as workers and agents are told."""
+        return f"{self.host}:{self.port}"
+
+    def client(self) -> dist.TCPStore:
+        """A connection of the controller's own to its store, for a thread that blocks on it."""
+        return dist.TCPStore(self.host, self.port, is_master=False, wait_for_workers=False, timeout=self.timeout)

@@ -1,0 +1,27 @@
+"""Helpers for the tests and the benchmarks; not part of the installed package.
+
+They live at the top of the checkout, beside ``tests/`` and ``benchmarks/``, and are imported as
+``testing`` with the checkout on ``sys.path`` (pytest's ``pythonpath`` setting; the benchmarks put
+it there themselves). Nothing in ``oobleck``, ``baselines`` or ``analysis`` imports them
+(``tests/test_imports.py`` checks).
+
+- ``configs``: ``tiny_config`` (gpt3_tiny, a 4-step job) and ``config_section``;
+- ``plans``: ``template``, ``hand_plan``, ``two_pipelines_of_two_nodes``: plans built by hand;
+- ``checks``: ``assert_matches_reference`` (a real run equals single-process training) and
+  ``tcp_states``.
+"""
+
+from testing.checks import TCP_STATES, assert_matches_reference, tcp_states
+from testing.configs import config_section, tiny_config
+from testing.plans import hand_plan, template, two_pipelines_of_two_nodes
+
+__all__ = [
+    "TCP_STATES",
+    "assert_matches_reference",
+    "config_section",
+    "hand_plan",
+    "tcp_states",
+    "template",
+    "tiny_config",
+    "two_pipelines_of_two_nodes",
+]

@@ -1,0 +1,52 @@
+"""Checks real-run tests end with: ``assert_matches_reference``, the exactness check against
+single-process training, and ``tcp_states``, this host's TCP sockets on a port (from /proc)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+
+def assert_matches_reference(
+    cfg: Any, outcome: Any, run_dir: Path, reference: Any = None, *, loss_rtol: float = 1e-5, param_atol: float = 1e-5
+) -> float:
+    """A real run committed steps 0..steps-1 once each, and its losses and final parameters equal
+    single-process training on the same batches (``train_reference``, computed unless given).
+    The default tolerances are justified in tests/runtime/test_exactness.py. Returns the largest
+    parameter difference."""
+    import torch
+
+    from oobleck.runtime.reference import train_reference
+
+    reference = reference if reference is not None else train_reference(cfg)
+    steps = [row["step"] for row in outcome.steps]
+    assert steps == list(range(int(cfg.job.steps))), f"committed steps {steps}: some were skipped or repeated"
+    for step, (row, expected) in enumerate(zip(outcome.steps, reference.losses)):
+        assert math.isclose(row["loss"], expected, rel_tol=loss_rtol), f"step {step}: loss {row['loss']} vs {expected}"
+    final = torch.load(Path(run_dir) / "final_params.pt", weights_only=True)
+    worst = 0.0
+    for layer, state in reference.layers.items():
+        for name, value in state.items():
+            worst = max(worst, float((final[str(layer)][name] - value).abs().max()))
+    assert worst <= param_atol, f"largest parameter difference {worst} (tolerance {param_atol})"
+    return worst
+
+
+# /proc/net/tcp's state codes (include/net/tcp_states.h)
+TCP_STATES = {"01": "ESTABLISHED", "06": "TIME_WAIT", "08": "CLOSE_WAIT", "0A": "LISTEN"}
+
+
+def tcp_states(port: int) -> list[str]:
+    """The states of this host's TCP sockets whose local port is ``port`` (IPv4 and IPv6)."""
+    states = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                states.append(TCP_STATES.get(fields[3], fields[3]))
+    return states
