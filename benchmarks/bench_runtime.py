@@ -522,9 +522,9 @@ def bench_relay(repeats: int, steps: int, link_mbit: float) -> dict:
     from oobleck.models import num_layers
     from oobleck.planning.pipeline_cost import copy_seconds
     from oobleck.planning.reconfigure import plan_transfers
-    from oobleck.runtime.testing import hand_plan, template
     from oobleck.strategies.oobleck import Oobleck, plan_layout
     from oobleck.strategy import Decision, Kind
+    from testing import hand_plan, template
 
     results: dict[str, list[dict]] = {"direct": [], "relayed": []}
     charged: dict[str, float] = {}

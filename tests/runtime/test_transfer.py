@@ -195,9 +195,9 @@ def test_a_recovery_relaying_from_a_sole_holder_equals_single_process_training(t
     parameters equal single-process training."""
     from oobleck.elastic.job import launch
     from oobleck.planning.reconfigure import plan_transfers
-    from oobleck.runtime.testing import assert_matches_reference
     from oobleck.strategies.oobleck import Oobleck, plan_layout
     from oobleck.strategy import Decision, Kind
+    from testing import assert_matches_reference
 
     cfg = tiny_config(
         **{
