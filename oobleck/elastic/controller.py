@@ -208,6 +208,7 @@ class Controller:
             membership,
             self._event,
             secret=self.secret,
+            notice=lambda nodes, notice_s: self.executor.on_notice(nodes, notice_s, self.steps),  # type: ignore[union-attr]
         )
         self.firing.next_node_id = int(cfg.cluster.nodes)
         builtin: list[RunObserver] = [RecoveryAccounting(ledger.outcome, ledger, membership, self._event)]
@@ -372,11 +373,12 @@ class Controller:
     def _fire_faults(self) -> None:
         membership, firing, ledger, executor = self.membership, self.firing, self.ledger, self.executor
         assert membership is not None and firing is not None and ledger is not None and executor is not None
+        firing.kill_noticed(time.time())  # a notice's kill comes on time, whatever the run is doing
         if not firing.remaining:
             return
         # Events apply in order, each after the previous change is absorbed (joining nodes up and
-        # in the plan, the first step after it committed).
-        if membership.booting() or membership.striking() or membership.pending() or executor.busy:
+        # in the plan, the first step after it committed; a notice's nodes killed).
+        if membership.booting() or membership.striking() or membership.pending() or executor.busy or firing.noticed:
             return
         elapsed = time.time() - self.train_started if self.train_started else 0.0
         firing.fire_due(ledger.next_step, elapsed, ledger.generation)

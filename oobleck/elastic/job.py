@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from oobleck.config import to_container, validate
-from oobleck.elastic.accounting import summarize
+from oobleck.elastic.accounting import HostReport, summarize
 from oobleck.elastic.controller import Controller
 from oobleck.elastic.forkserver import ForkServer, fork_server_for
 from oobleck.elastic.ledger import Outcome
@@ -32,6 +32,7 @@ from oobleck.elastic.protocol import new_run_id
 from oobleck.errors import OobleckError, RunError, unwritable_message
 from oobleck.faults.schedule import FaultEvent, build_schedule
 from oobleck.launcher import launcher_class
+from oobleck.metrics.host import HostSnapshot
 from oobleck.planning.horizon import mean_change_gap_s, replan_horizon_steps
 from oobleck.planning.outputs import ExecutionPlan
 from oobleck.schedules import checked_schedule
@@ -122,6 +123,7 @@ def _launch(
 ) -> tuple[Outcome, dict[str, Any]]:
     from oobleck.checkpoint import resume_checkpoint
 
+    host = HostReport(cfg, HostSnapshot.now())  # before this run starts any process
     schedule = build_schedule(cfg.failures, nodes=int(cfg.cluster.nodes), steps=int(cfg.job.steps))
     resume = resume_checkpoint(cfg, run_dir)
     if resume is not None and resume.step >= int(cfg.job.steps):
@@ -155,6 +157,7 @@ def _launch(
             wandb=cfg.logger.wandb,
             progress_bar=bool(cfg.logger.progress_bar),
             resume=resume is not None,  # a resumed run continues the run dir's files and wandb run
+            host=host.start.as_start(),
         )
     controller = Controller(
         cfg,
@@ -168,6 +171,7 @@ def _launch(
         run_id=run_id,
         fork_server=fork_server,
     )
+    controller.observers.append(host)
     if on_start is not None:
         on_start(controller)
     try:
@@ -175,9 +179,10 @@ def _launch(
             outcome = controller.run()
     except OobleckError:
         if rec is not None:
-            rec.finish(**summarize(controller.outcome, cfg))
+            rec.finish(**summarize(controller.outcome, cfg), host=host.record())
         raise
     summary = summarize(outcome, cfg)
+    summary["host"] = host.record()
     if cfg.runtime.save_final_params:
         save_final_params(controller, run_dir / "final_params.pt")
     if cfg.runtime.record_work:
