@@ -28,7 +28,9 @@ import pandas as pd
 
 from analysis.load import RunSet
 
-RECOVERY_KINDS = ("reconfiguration", "failover", "restart")
+# In-place recoveries (the job keeps its committed state), then restarts from a checkpoint.
+IN_PLACE_KINDS = ("reconfiguration", "failover", "reroute")
+RECOVERY_KINDS = (*IN_PLACE_KINDS, "restart")
 # The phases the runtime reports for each recovery kind (events.csv), in the order they happen.
 PHASES = ("detect_s", "plan_s", "stop_s", "spawn_s", "groups_s", "load_s", "state_copy_s", "first_step_s")
 OTHER = "other"
@@ -128,7 +130,7 @@ def time_lost(runs: RunSet) -> pd.DataFrame:
                 "other_lost_s": span - useful - recovery - checkpoint,
                 "lost_s": span - useful,
                 "goodput": float(samples) / span if span > 0 else math.nan,
-                "recoveries": int(kinds.isin(("reconfiguration", "failover")).sum()),
+                "recoveries": int(kinds.isin(IN_PLACE_KINDS).sum()),
                 "restarts": int((kinds == "restart").sum()),
             }
         )

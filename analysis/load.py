@@ -15,7 +15,6 @@ the file.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,44 +25,12 @@ import pandas as pd
 
 from analysis.labels import model_label, strategy_label
 from oobleck.errors import RunError
+from oobleck.metrics.run_files import RunFiles, read_csv, read_run_files, read_yaml
 from oobleck.metrics.wandb_run import failures_label
 
 BREAKDOWN = ("useful", "redundant", "checkpoint", "restart", "reconfiguration", "lost", "idle")
 FREQUENCY_ORDER = ("6h", "3h", "1h", "30m", "10m", "5m")
 LABEL_COLUMNS = ("run", "strategy", "model", "failures", "nodes", "label")
-
-
-def _csv(path: Path, required: bool = True) -> pd.DataFrame:
-    if not path.is_file():
-        if required:
-            raise RunError(f"{path} does not exist; is {path.parent} a run dir of python -m oobleck.run/simulate?")
-        return pd.DataFrame()
-    try:
-        return pd.read_csv(path)
-    except (pd.errors.ParserError, UnicodeDecodeError) as error:
-        raise RunError(f"{path}: not a readable CSV ({error})") from None
-    except pd.errors.EmptyDataError:
-        return pd.DataFrame()
-
-
-def _json(path: Path, required: bool = True) -> dict[str, Any]:
-    if not path.is_file():
-        if required:
-            raise RunError(f"{path} does not exist")
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise RunError(f"{path}: not valid JSON ({error})") from None
-
-
-def _yaml(path: Path) -> Any:
-    from omegaconf import OmegaConf
-
-    try:
-        return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    except Exception as error:  # omegaconf raises several yaml/grammar errors
-        raise RunError(f"{path}: not readable YAML ({error})") from None
 
 
 @dataclass(frozen=True)
@@ -83,15 +50,8 @@ class RunLabels:
 
 
 @dataclass
-class RunData:
-    """One real run: per-step metrics, events, summary, plan and resolved config."""
-
-    path: Path
-    metrics: pd.DataFrame
-    events: pd.DataFrame
-    summary: dict[str, Any]
-    plan: dict[str, Any]
-    config: dict[str, Any]
+class RunData(RunFiles):
+    """One real run: per-step metrics, events, summary, plan and resolved config, and its labels."""
 
     @property
     def labels(self) -> RunLabels:
@@ -113,17 +73,7 @@ class RunData:
 
 
 def load_run(run_dir: str | Path) -> RunData:
-    path = Path(run_dir)
-    hydra_cfg = path / ".hydra" / "config.yaml"
-    config: dict[str, Any] = _yaml(hydra_cfg) if hydra_cfg.is_file() else {}
-    return RunData(
-        path=path,
-        metrics=_csv(path / "metrics.csv"),
-        events=_csv(path / "events.csv", required=False),
-        summary=_json(path / "summary.json", required=False),
-        plan=_json(path / "plan.json", required=False),
-        config=config,
-    )
+    return RunData(**vars(read_run_files(run_dir)))
 
 
 @dataclass
@@ -239,7 +189,7 @@ def _sweep_runs(root: str | Path) -> tuple[list[RunData], list[dict[str, Any]]]:
         jobs = sorted((p for p in sweep.iterdir() if p.is_dir() and (p / "metrics.csv").is_file()), key=_job_order)
         for job in jobs:
             overrides_file = job / ".hydra" / "overrides.yaml"
-            overrides = _yaml(overrides_file) if overrides_file.is_file() else []
+            overrides = read_yaml(overrides_file) if overrides_file.is_file() else []
             datas.append(load_run(job))
             extra.append({"sweep": sweep.name, "job": job.name, "overrides": ",".join(map(str, overrides or []))})
     if not datas:
@@ -271,12 +221,12 @@ def load_sim(run_dir: str | Path) -> SimData:
     path = Path(run_dir)
     return SimData(
         path=path,
-        metrics=_csv(path / "sim_metrics.csv"),
-        events=_csv(path / "sim_events.csv", required=False),
-        summary=_csv(path / "sim_summary.csv"),
-        ratios=_csv(path / "sim_ratios.csv", required=False),
-        band=_csv(path / "sim_band.csv", required=False),
-        samples=_csv(path / "sim_samples.csv", required=False),
+        metrics=read_csv(path / "sim_metrics.csv"),
+        events=read_csv(path / "sim_events.csv", required=False),
+        summary=read_csv(path / "sim_summary.csv"),
+        ratios=read_csv(path / "sim_ratios.csv", required=False),
+        band=read_csv(path / "sim_band.csv", required=False),
+        samples=read_csv(path / "sim_samples.csv", required=False),
     )
 
 

@@ -4,7 +4,7 @@
   axis (from each run's first step, so that one failure schedule lines up across runs that
   took different times to start): each step a short horizontal bar at its rate over the interval it took (``step_time_s``
   up to its commit), every injected failure and join marked, every recovery (reconfiguration,
-  failover, restart: from the failure to the end of the first step after it) shaded, every
+  failover, re-route, restart: from the failure to the end of the first step after it) shaded, every
   checkpoint a dotted line. Nothing is clipped: a step whose measured time is short shows as the
   spike it is.
 - ``recovery_breakdown_plot``: each recovery as a horizontal bar split into its phases.
@@ -38,6 +38,7 @@ INSTANTS = {
 SPANS = {
     "reconfiguration": ("#58d68d", "reconfiguration"),
     "failover": ("#af7ac5", "failover"),
+    "reroute": ("#48c9b0", "re-route"),
     "restart": ("#f5b041", "restart"),
 }
 CHECKPOINT = ("0.45", "checkpoint")

@@ -232,7 +232,7 @@ class SimConfig:
     trace_start_spacing_s: float | None = MISSING
     global_batch_size_by_model: dict[str, int] = MISSING
     testbed: str = MISSING  # the cluster preset (conf/testbed/) an experiment runs on
-    # sim.uncertain.<name>: {key, low, high, scale, source} (oobleck.sim.uncertainty).
+    # sim.uncertain.<name>: {key, low, high, scale, source} (oobleck.uncertainty).
     uncertain: dict[str, Any] = MISSING
     band_samples: int = MISSING  # cost samples per grid point of the bands (0: nominal only)
     band_seed: int = MISSING
@@ -539,7 +539,7 @@ def validate(cfg: Config | DictConfig) -> None:
         )
     if not (isinstance(sim.processes, int) and sim.processes >= 0):
         raise ConfigError(f"sim.processes={sim.processes!r} must be an integer >= 0 (0: one per core)")
-    from oobleck.sim.uncertainty import declared
+    from oobleck.uncertainty import declared
 
     declared(cfg)  # each uncertain constant: its key, range, scale and source
     _choice("logger.wandb.mode", cfg.logger.wandb.mode, ("offline", "online", "disabled"))

@@ -5,7 +5,7 @@ the strategy decides (the same decisions the real runtime executes) and ``charge
 decision by its kind (``oobleck.recovery_costs`` holds the cost model: restarts from components,
 storage shared by every node at once); ``experiment.run_experiment(cfg)`` runs a grid of models x
 traces x shifted starts (``replay``) x strategies into pandas tables, at the testbed's nominal
-constants and at every band sample of the constants declared uncertain (``uncertainty``), and
+constants and at every band sample of the constants declared uncertain (``oobleck.uncertainty``), and
 ``ratios`` turns them into Oobleck's speedups with their bands and cliffs. ``testbed`` compares
 the presets with what the Oobleck artifact measured, ``failure_model`` writes traces at published
 failure rates, ``validate.validate_run(run_dir)`` compares the simulator with a real run and

@@ -6,7 +6,7 @@ constants that change iteration times (profile, cluster, job, the model's batch 
 shared by all traces, samples and strategies), runs ``oobleck.sim.engine.simulate`` for every
 (model, trace, shifted start, strategy) (``oobleck.sim.replay``: ``sim.trace_starts`` replays of
 each trace from shifted starts; decisions shared between them) at the nominal constants and at
-every band sample (``oobleck.sim.uncertainty``: decisions shared between the samples of a grid
+every band sample (``oobleck.uncertainty``: decisions shared between the samples of a grid
 point too) and returns DataFrames:
 
 - ``metrics``: one row per period of constant state (throughput over time), ``sim_metrics.csv``;
@@ -41,8 +41,8 @@ from oobleck.sim.charges import CostCache
 from oobleck.sim.engine import simulate
 from oobleck.sim.ratios import add_speedups, speedup_ranges
 from oobleck.sim.replay import DecisionMemo, Memoized, failure_interval_s, shifted_trace, start_offsets
-from oobleck.sim.uncertainty import Sample, band_samples, declared, with_values
 from oobleck.strategy import Strategy, StrategyContext, build_strategy
+from oobleck.uncertainty import Sample, band_samples, declared, with_values
 
 
 def model_config(name: str) -> DictConfig:
@@ -339,7 +339,7 @@ def run_experiment(
     cfg: Any, *, progress: Callable[[str], None] | None = None, profiles: dict[str, ModelProfile] | None = None
 ) -> ExperimentResult:
     """Simulate every (model, trace, start, strategy) of ``cfg.sim`` at the nominal constants and at
-    every band sample (``oobleck.sim.uncertainty``), in this process; ``profiles`` overrides per
+    every band sample (``oobleck.uncertainty``), in this process; ``profiles`` overrides per
     model (then the uncertain constants of the GPU do not act on that model's profile)."""
     started = time.perf_counter()
     setup = prepare(cfg)

@@ -9,7 +9,7 @@ that kept nothing from before its last membership change (every iteration it did
 back): its throughput is only the tail after the last change, so the ratio says little.
 
 The band (``speedup_ranges`` with the experiment's ``band`` rows): the ratio at every (sample,
-start) of the uncertain constants (``oobleck.sim.uncertainty``), the nominal point included:
+start) of the uncertain constants (``oobleck.uncertainty``), the nominal point included:
 ``ratio_low`` and ``ratio_high`` are its lowest and highest, ``ratio_band_median`` its median;
 ``band_unbounded`` counts the points where the baseline made no progress at all (then
 ``ratio_high`` is NaN: the band is unbounded above). The cliff: a strategy that restarts on a

@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from oobleck.sim.uncertainty import band_samples, declared, with_values
+from oobleck.uncertainty import band_samples, declared, with_values
 
 SOURCE = "SymbioticLab/Oobleck, sosp23-artifact, tools/simulator"
 # Samples/s of Oobleck on 30 nodes (oobleck_simulator.py, each model's tputs[0]).

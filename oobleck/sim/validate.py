@@ -66,6 +66,7 @@ import pandas as pd
 
 from oobleck.errors import RunError, report_errors
 from oobleck.faults.trace import parse_trace
+from oobleck.metrics.run_files import read_run_files
 from oobleck.planning.inputs import ModelProfile
 from oobleck.planning.outputs import ExecutionPlan, Worker
 from oobleck.recovery_costs import RuntimeOverhead, StepShape, checkpoint_cost, fit_step_model, restore_s, step_model
@@ -379,7 +380,7 @@ def _iteration_after(result: SimResult, time_s: float) -> float:
     return 0.0
 
 
-RECOVERY_KINDS = ("reconfiguration", "failover", "restart")
+RECOVERY_KINDS = ("reconfiguration", "failover", "reroute", "restart")
 
 
 def _changes(events: pd.DataFrame) -> list[tuple[int, list[int], list[int]]]:
@@ -572,12 +573,11 @@ def calibrate(runs: list[tuple[Any, ...]]) -> RuntimeOverhead:
 def _load(run_dir: str | Path, profile_path: str | Path | None) -> tuple[ExecutionPlan, Any, Strategy, str]:
     """A run dir's plan, its data (metrics, events, summary) and its strategy as the run had it:
     its config on its cluster, with the run's checkpoint interval and write mode."""
-    from analysis.load import load_run
     from oobleck.config import from_container
     from oobleck.sim.experiment import build_context, simulated_strategy
     from oobleck.strategy import checkpoint_every_steps
 
-    data = load_run(run_dir)
+    data = read_run_files(run_dir)
     if not data.config:
         raise RunError(f"{data.path}/.hydra/config.yaml is missing: cannot rebuild the run's cluster and job")
     if not data.plan:

@@ -9,7 +9,7 @@ import pytest
 
 from oobleck.errors import ConfigError
 from oobleck.sim.ratios import band_of
-from oobleck.sim.uncertainty import band_samples, declared, with_values
+from oobleck.uncertainty import band_samples, declared, with_values
 
 
 def test_every_testbed_declares_its_unmeasured_constants_with_a_source(make_config):
