@@ -1,0 +1,68 @@
+"""Storage faults in real runs (issue 28, item 3): the checkpoint disk fills up while a run trains.
+
+The checkpoint directory is a small tmpfs (``storagefaults``); after a few steps a filler file
+takes every free byte. The checkpoints from then on fail where their shards are written, each
+reported with its cause (ENOSPC) in events.csv, summary.json and one warning line, and training
+goes on (Oobleck does not need them) to the same result as single-process training. A checkpoint
+directory that cannot be written at all is refused before any process starts, naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from storagefaults import fill, small_filesystem
+
+from oobleck.elastic.job import launch
+from oobleck.errors import ConfigError
+from testing import assert_matches_reference, tiny_config
+
+STEPS = 12
+FILL_AFTER = 4  # the disk is full from the commit of this step on
+
+
+def test_a_full_checkpoint_disk_fails_checkpoints_and_the_run_goes_on(tmp_path, capfd):
+    run_dir = tmp_path / "run"
+    with small_filesystem(tmp_path / "disk", 8192) as disk:  # room for two checkpoints of gpt3_tiny
+        cfg = tiny_config(
+            **{
+                "cluster.nodes": 2,
+                "job.steps": STEPS,
+                "checkpoint.every_steps": 3,
+                "checkpoint.dir": str(disk / "ckpt"),
+            }
+        )
+
+        def fill_midway(controller) -> None:
+            def on_step(row) -> None:
+                if row["step"] == FILL_AFTER:
+                    fill(disk)
+
+            controller.on_step = on_step
+
+        outcome, summary = launch(cfg, run_dir, on_start=fill_midway)
+    assert outcome.stopped is None and summary["steps"] == STEPS
+    assert outcome.checkpoint_failures, "a checkpoint written to a full disk failed"
+    assert all("ENOSPC" in f["cause"] for f in outcome.checkpoint_failures), outcome.checkpoint_failures
+    written = json.loads((run_dir / "summary.json").read_text())
+    assert written["checkpoints_failed"] == len(outcome.checkpoint_failures)
+    assert all("No space left on device" in line for line in written["checkpoint_failures"])
+    events = pd.read_csv(run_dir / "events.csv")
+    failed = events[events["kind"] == "checkpoint_failed"]
+    assert len(failed) == len(outcome.checkpoint_failures)
+    assert not events["kind"].isin(["failure", "checkpoint_abandoned"]).any()  # no node was taken for dead
+    out = capfd.readouterr().out
+    assert out.count("oobleck: warning: the checkpoint of step") == len(failed)
+    assert_matches_reference(cfg, outcome, run_dir)
+
+
+def test_an_unwritable_checkpoint_dir_is_refused_before_any_process_starts(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cfg = tiny_config(**{"checkpoint.every_steps": 2, "checkpoint.dir": str(blocker / "ckpt")})
+    started = []
+    with pytest.raises(ConfigError, match=r"checkpoint.dir: checkpoints cannot be written to .*a-file/ckpt"):
+        launch(cfg, tmp_path / "run", on_start=started.append)
+    assert started == []  # refused before the controller (and any node) started
