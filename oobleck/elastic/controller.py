@@ -185,9 +185,9 @@ class Controller:
             self._stopped(str(error))
             raise
         except OSError as error:
-            # A file the controller writes (a manifest, metrics, the run dir) on a full or
-            # read-only file system: a storage fault, said in one line, not a traceback.
-            failure = RunError(f"a file could not be written: {describe_cause(error)}")
+            # Typically a file the controller writes (metrics, events, the run dir) on a full or
+            # read-only file system: said in one line with its errno, not a traceback.
+            failure = RunError(f"the controller stopped on an operating-system error: {describe_cause(error)}")
             self._stopped(str(failure))
             raise failure from error
         except Exception as error:  # a bug: still recorded, then raised with its traceback

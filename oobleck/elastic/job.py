@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from oobleck.checkpoint.durable import describe_cause
 from oobleck.config import to_container, validate
 from oobleck.elastic.accounting import earlier_attempts, summarize
 from oobleck.elastic.controller import Controller
@@ -209,7 +210,9 @@ def _launch(
             try:
                 rec.finish(**summarize(controller.outcome, cfg))
             except OSError as error:  # the run dir itself cannot be written: the original error wins
-                print(f"oobleck: summary.json could not be written ({error})", file=sys.stderr, flush=True)
+                print(
+                    f"oobleck: summary.json could not be written ({describe_cause(error)})", file=sys.stderr, flush=True
+                )
         raise
     summary = summarize(outcome, cfg)
     if cfg.runtime.save_final_params:

@@ -4,23 +4,34 @@ The checkpoint directory is a small tmpfs (``storagefaults``); after a few steps
 takes every free byte. The checkpoints from then on fail where their shards are written, each
 reported with its cause (ENOSPC) in events.csv, summary.json and one warning line, and training
 goes on (Oobleck does not need them) to the same result as single-process training. A checkpoint
-directory that cannot be written at all is refused before any process starts, naming the key.
+directory that cannot be written at all is refused before any process starts, naming the key. A
+run dir that turns read-only stops the run with its cause in one line (no traceback), every
+process stopped.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 import pandas as pd
 import pytest
-from storagefaults import fill, small_filesystem
+from storagefaults import fill, read_only, small_filesystem
 
 from oobleck.elastic.job import launch
-from oobleck.errors import ConfigError
+from oobleck.elastic.local import run_processes
+from oobleck.errors import ConfigError, RunError
 from testing import assert_matches_reference, tiny_config
 
 STEPS = 12
-FILL_AFTER = 4  # the disk is full from the commit of this step on
+FILL_AFTER = 4  # the disk is full (or read-only) from the commit of this step on
+
+
+def _wait_gone(run_id: str, timeout_s: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while run_processes(run_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return run_processes(run_id)
 
 
 def test_a_full_checkpoint_disk_fails_checkpoints_and_the_run_goes_on(tmp_path, capfd):
@@ -66,3 +77,29 @@ def test_an_unwritable_checkpoint_dir_is_refused_before_any_process_starts(tmp_p
     with pytest.raises(ConfigError, match=r"checkpoint.dir: checkpoints cannot be written to .*a-file/ckpt"):
         launch(cfg, tmp_path / "run", on_start=started.append)
     assert started == []  # refused before the controller (and any node) started
+
+
+def test_a_run_dir_that_turns_read_only_stops_the_run_with_its_cause(tmp_path, capfd):
+    with small_filesystem(tmp_path / "disk", 65536) as disk:
+        run_dir = disk / "run"
+        cfg = tiny_config(**{"cluster.nodes": 2, "job.steps": STEPS})
+        run_ids = []
+
+        def read_only_midway(controller) -> None:
+            run_ids.append(controller.run_id)
+
+            def on_step(row) -> None:
+                if row["step"] == FILL_AFTER:
+                    read_only(disk, True)
+
+            controller.on_step = on_step
+
+        try:
+            with pytest.raises(RunError, match="operating-system error: OSError EROFS: Read-only file system"):
+                launch(cfg, run_dir, on_start=read_only_midway)
+        finally:
+            read_only(disk, False)
+    captured = capfd.readouterr()
+    assert "Traceback" not in captured.out + captured.err, captured.err[-3000:]
+    assert "summary.json could not be written (OSError EROFS" in captured.err
+    assert not _wait_gone(run_ids[0])  # every node and worker stopped
