@@ -103,3 +103,41 @@ def test_a_run_dir_that_turns_read_only_stops_the_run_with_its_cause(tmp_path, c
     assert "Traceback" not in captured.out + captured.err, captured.err[-3000:]
     assert "summary.json could not be written (OSError EROFS" in captured.err
     assert not _wait_gone(run_ids[0])  # every node and worker stopped
+
+
+def test_varuna_restarts_from_the_newest_checkpoint_that_completed_and_says_so(tmp_path, capfd):
+    """Varuna needs a checkpoint to restart: after the disk filled, the checkpoints after it fail,
+    and the restart at the failure uses the newest one that completed, with a note saying which
+    checkpoint it was to restart from and why it could not."""
+    run_dir = tmp_path / "run"
+    with small_filesystem(tmp_path / "disk", 8192) as disk:
+        cfg = tiny_config(
+            "strategy=varuna",
+            **{
+                "cluster.nodes": 3,
+                "job.steps": STEPS,
+                "checkpoint.every_steps": 3,
+                "checkpoint.dir": str(disk / "ckpt"),
+                "failures.kind": "explicit",
+                "failures.events": [{"action": "remove", "step": 10, "nodes": [2]}],
+            },
+        )
+
+        def fill_midway(controller) -> None:
+            def on_step(row) -> None:
+                if row["step"] == FILL_AFTER:
+                    fill(disk)
+
+            controller.on_step = on_step
+
+        outcome, _ = launch(cfg, run_dir, on_start=fill_midway)
+    assert outcome.stopped is None
+    failed = sorted(int(f["checkpoint_step"]) for f in outcome.checkpoint_failures)
+    assert failed and all(step > FILL_AFTER - 3 for step in failed), outcome.checkpoint_failures
+    (recovery,) = outcome.recoveries
+    completed = max(int(c["checkpoint_step"]) for c in outcome.checkpoints if int(c["checkpoint_step"]) <= 10)
+    assert recovery["kind"] == "restart" and completed < max(b for b in failed if b <= 10)
+    assert "failed" in recovery.get("note", ""), recovery
+    assert "ENOSPC" in recovery["note"]
+    assert f"oobleck: warning: {recovery['note']}" in capfd.readouterr().out
+    assert_matches_reference(cfg, outcome, run_dir)
