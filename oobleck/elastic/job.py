@@ -47,8 +47,7 @@ def check_device(cfg: Any) -> None:
 def check_run(cfg: Any) -> tuple[FaultEvent, ...]:
     """Everything about a run checked before anything is created: the config (``validate``), where
     its nodes start (``Launcher.check_environment``: e.g. inside a Slurm allocation), its devices,
-    and its failure schedule (a trace file, events past the run). Returns the schedule. What
-    ``oobleck.preflight`` checks for every point of a sweep before the first one runs."""
+    and its failure schedule (a trace file, events past the run). Returns the schedule."""
     validate(cfg)
     launcher = launcher_class(cfg.cluster)
     launcher.check_environment(cfg.cluster)
