@@ -188,6 +188,7 @@ class RuntimeConfig:
     prefault_copies: bool = MISSING
     reap_margin_s: float = MISSING
     save_final_params: bool = MISSING
+    record_work: bool = MISSING
 
 
 @dataclass

@@ -1,5 +1,8 @@
-"""Bamboo-style strategy (redundant successor stage, failover, restart on adjacent failures): see ``policy``."""
+"""Bamboo-style strategy (redundant successor stage, failover, restart on adjacent failures): see
+``policy``; what each redundancy mode keeps on the device and in host memory, and what Bamboo's
+own failover redoes: ``memory``."""
 
+from baselines.bamboo.memory import StageMemory, failover_extra_seconds, stage_memory
 from baselines.bamboo.policy import Bamboo, BambooConfig, BambooState
 
-__all__ = ["Bamboo", "BambooConfig", "BambooState"]
+__all__ = ["Bamboo", "BambooConfig", "BambooState", "StageMemory", "failover_extra_seconds", "stage_memory"]

@@ -1,34 +1,38 @@
 """Bamboo-style resilience (Thorpe et al., NSDI'23): redundant computation, failover, restart.
 
 - Fixed depth: P is chosen once (``pipeline_depth``, or the fastest depth of at least
-  ``min_pipeline_depth`` whose doubled state fits) and never changes; D = floor(nodes / P)
+  ``min_pipeline_depth`` whose busiest device fits) and never changes; D = floor(nodes / P)
   pipelines share the batch evenly; leftover nodes stand by.
 - Partition: the layers are split into P contiguous stages balancing parameter bytes (what
   DeepSpeed's pipeline engine, which Bamboo builds on, does by default), one stage per node on
   all of its devices — not Oobleck's throughput-optimal templates.
 - Redundancy: the node of stage i also holds stage (i+1) mod P (its successor; the ring closes so
   every stage has a copy; Bamboo's ``get_redundant_stage_ids``), with its optimizer state, kept
-  identical through the gradient reduction (``ExecutionPlan.shadows``), and runs the successor's
-  forward pass on every microbatch it forwards, redundantly. Device memory of stage i of P:
-  its own state and the activations of its ``P - i`` microbatches in flight, plus the copy's
-  state and (``keep_redundant_activations``) the activations of the redundant forward for the
-  same ``P - i`` microbatches, kept so that a failover can run the lost stage's backward without
-  recomputing them. A layout whose busiest device does not fit is refused (out of memory), and
-  the memory it needs is stated. The cost model puts ``redundant_forward_exposed`` of the
-  redundant forward on the stage's critical path (our runtime runs it right after the stage's
-  own forward, before sending the activations on: calibrated on real Bamboo-style runs, see
-  conf/strategy/bamboo.yaml) and lets the rest fill the 1F1B bubble of ``(P-1) w_i``:
+  identical through the gradient reduction (``ExecutionPlan.shadows``). Where the redundant
+  forward runs is ``redundancy`` (``oobleck.schedules.bamboo``, read from Bamboo's schedule and
+  engine): ``lazy`` (Bamboo's default: none in steady state, the copy in host memory), ``eager``
+  (before each wait for gradients, in the bubble) or ``inline`` (this harness's earlier mode: right
+  after the stage's own forward, on the critical path). What each keeps on the device and in host
+  memory is ``baselines.bamboo.memory.stage_memory``; a layout whose busiest device does not fit
+  is refused (out of memory), and the memory it needs is stated.
+- Time: the planner's Eq. 1-4 on the stages, plus the redundant forward by mode: lazy adds
+  nothing; eager adds what the operation-level cost (``oobleck.schedules.cost``, list scheduling
+  the very lists the runtime executes) finds the redundant forwards add to each pipeline; inline
+  puts ``redundant_forward_exposed`` of it on the stage's critical path and lets the rest fill the
+  1F1B bubble of ``(P-1) w_i`` (calibrated on real runs, see conf/strategy/bamboo.yaml):
   ``w_i + e F_{i+1} + max(0, (1 - e) m F_{i+1} - (P-1) w_i) / m``.
 - A lost node whose ring neighbours live: failover. Its predecessor already holds its layers and
   runs both stages from the next step with no state copy (a lost first stage goes to the second
   stage's node instead, copying stage 0 from live holders: our runtime runs one contiguous layer
   range per device, and the ring predecessor of stage 0 is the last stage). Redundancy for the
-  merged stage is re-established by copies from live holders.
+  merged stage is re-established by copies from live holders. A decision in which a lost stage is
+  taken over by its predecessor is a failover, whatever else it does.
 - Two ring-adjacent stages of one pipeline lost (a stage and its only copy): global restart from
   the last checkpoint with D = floor(nodes / P).
-- Rebalancing: standbys replace failed-over stages first; P standbys form a new pipeline; when a
-  failure leaves no standby, the most degraded pipeline is dissolved to repair the others if that
-  is faster under the cost model. These moves are reconfigurations with state copies.
+- Standbys replace failed-over stages first; P standbys form a new pipeline (reconfigurations with
+  state copies). ``rebalance`` (off by default: real Bamboo has no such step) also dissolves the
+  most degraded pipeline to repair the others when a failure leaves no standby and that is faster
+  under the cost model.
 """
 
 from __future__ import annotations
@@ -37,9 +41,17 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from baselines.bamboo.memory import StageMemory, stage_memory
 from oobleck.errors import PlanningError
 from oobleck.planning.layouts import even_split, explicit_plan
-from oobleck.planning.outputs import ExecutionPlan, PipelineTemplate, ShadowCopy, StageSpec
+from oobleck.planning.outputs import (
+    REDUNDANCY_MODES,
+    ExecutionPlan,
+    PipelineInstance,
+    PipelineTemplate,
+    ShadowCopy,
+    StageSpec,
+)
 from oobleck.planning.pipeline_cost import ProfileArrays
 from oobleck.planning.reconfigure import plan_transfers
 from oobleck.planning.templates import make_template
@@ -62,14 +74,23 @@ class BambooConfig(StrategyConfig):
     # a number multiplies the iteration time instead while any pipeline is failed over (the
     # Oobleck artifact's Bamboo simulator used 1.5).
     failover_slowdown: float | None = None
-    # Share of the redundant forward on a stage's critical path (1: none hidden in the bubbles).
+    # Where the redundant forward runs: lazy (Bamboo's default), eager, or inline (module docstring).
+    redundancy: str = "lazy"
+    # inline only: share of the redundant forward on a stage's critical path (1: none hidden).
     redundant_forward_exposed: float = 1.0
-    # The redundant forward's activations stay in device memory until the step's backward.
+    # eager and inline: the redundant forward's activations stay in device memory (memory model).
     keep_redundant_activations: bool = True
+    # Dissolve the most degraded pipeline into the others when faster (not in real Bamboo).
+    rebalance: bool = False
 
     def __post_init__(self) -> None:
         from oobleck.errors import ConfigError
 
+        if self.redundancy not in REDUNDANCY_MODES:
+            raise ConfigError(
+                f"strategy.redundancy={self.redundancy!r} must be one of {', '.join(REDUNDANCY_MODES)} "
+                "(lazy is Bamboo's default; see baselines/bamboo/policy.py)"
+            )
         if not 0.0 <= float(self.redundant_forward_exposed) <= 1.0:
             raise ConfigError(
                 f"strategy.redundant_forward_exposed={self.redundant_forward_exposed!r} must be in [0, 1] "
@@ -128,7 +149,8 @@ class Bamboo(Strategy):
         self.depth: int | None = None  # fixed at the first start
         self._arrays = ProfileArrays(context.profile)
         self._partitions: dict[int, tuple[tuple[int, int], ...]] = {}
-        self._memory: dict[tuple[tuple[int, int], ...], list[float]] = {}
+        self._memory: dict[tuple[tuple[int, int], ...], list[StageMemory]] = {}
+        self._eager_extra: dict[tuple[tuple[tuple[int, int], ...], int], float] = {}
         self._templates: dict[tuple[tuple[int, int], ...], PipelineTemplate] = {}
         self._plans: dict[tuple, ExecutionPlan] = {}
 
@@ -144,20 +166,38 @@ class Bamboo(Strategy):
         return self._templates[key]
 
     def stage_memory(self, partition: Sequence[tuple[int, int]]) -> list[float]:
-        """Peak bytes on the device of each stage slot: its stage and its successor's copy (module docstring)."""
+        """Peak device bytes of each stage slot's devices: its stage and its successor's copy, as
+        the redundancy mode keeps them (``baselines.bamboo.memory``)."""
+        return [m.device_bytes for m in self.stage_memories(partition)]
+
+    def stage_memories(self, partition: Sequence[tuple[int, int]]) -> list[StageMemory]:
+        """Device and host bytes of each stage slot (per device), by ``baselines.bamboo.memory``."""
         key = tuple(partition)
         cached = self._memory.get(key)
         if cached is not None:
             return cached
         arrays, gpus, size = self._arrays, self.context.cluster.gpus_per_node, len(partition)
-        keep = bool(self.config.keep_redundant_activations)
+        layers = self.context.profile.layers
         memory = []
         for i, (a, b) in enumerate(partition):
             c, d = partition[(i + 1) % size]
-            in_flight = size - i
-            own = arrays.state_bytes(a, b) + arrays.activation_bytes(a, b) * in_flight / gpus
-            copy = arrays.state_bytes(c, d) + (arrays.activation_bytes(c, d) * in_flight / gpus if keep else 0.0)
-            memory.append(own + copy)
+            memory.append(
+                stage_memory(
+                    self.config.redundancy,
+                    own_state=arrays.state_bytes(a, b),
+                    own_activations=arrays.activation_bytes(a, b),
+                    copy_param_bytes=float(arrays.params[d] - arrays.params[c]),
+                    copy_state=arrays.state_bytes(c, d),
+                    copy_activations=arrays.activation_bytes(c, d),
+                    input_bytes=float(layers[a - 1].output_bytes) if a > 0 else 0.0,
+                    output_bytes=float(layers[b - 1].output_bytes),
+                    stage=i,
+                    stages=size,
+                    microbatches=-(-self.context.num_microbatches // max(1, self.context.cluster.nodes // size)),
+                    gpus=gpus,
+                    keep_redundant_activations=bool(self.config.keep_redundant_activations),
+                )
+            )
         self._memory[key] = memory
         return memory
 
@@ -201,8 +241,8 @@ class Bamboo(Strategy):
         stages = self._effective(state, slots)
         template = self._template([(a, b) for _, a, b in stages])
         size = len(stages)
-        if not redundancy or size == 1 or microbatches == 0:
-            return template
+        if not redundancy or size == 1 or microbatches == 0 or self.config.redundancy != "inline":
+            return template  # lazy adds nothing; eager is costed on its operations (_with_eager_cost)
         exposed = float(self.config.redundant_forward_exposed)
         seconds = []
         for j, w in enumerate(template.stage_seconds):
@@ -230,7 +270,7 @@ class Bamboo(Strategy):
                 for j in range(len(stages)):
                     _, a, b = stages[(j + 1) % len(stages)]
                     shadows.append(ShadowCopy(pipeline=p, stage=j, layers=tuple(range(a, b))))
-        return explicit_plan(
+        plan = explicit_plan(
             templates,
             groups,
             split,
@@ -243,6 +283,59 @@ class Bamboo(Strategy):
             inter_node_bandwidth=ctx.cluster.inter_node_bandwidth,
             shadows=shadows,
         )
+        plan = replace(plan, redundancy=self.config.redundancy)
+        if redundancy and self.config.redundancy == "eager":
+            plan = self._with_eager_cost(plan)
+        return plan
+
+    def _with_eager_cost(self, plan: ExecutionPlan) -> ExecutionPlan:
+        """``plan`` timed with what its eager redundant forwards add to each pipeline: the
+        operation-level cost of the pipeline's lists with them, less without them."""
+        pipelines, slowest = [], 0.0
+        for pipeline in plan.pipelines:
+            extra = self.eager_extra_s(pipeline.template, pipeline.microbatches)
+            pipelines.append(replace(pipeline, predicted_iteration_s=pipeline.predicted_iteration_s + extra))
+            slowest = max(slowest, extra)
+        # Pipelines finish together by construction, so the step grows by the largest addition.
+        return replace(plan, pipelines=tuple(pipelines), predicted_iteration_s=plan.predicted_iteration_s + slowest)
+
+    def eager_extra_s(self, template: PipelineTemplate, microbatches: int) -> float:
+        """Seconds eager redundant forwards add to one pipeline of ``template`` running
+        ``microbatches`` (list scheduling of the runtime's own lists, ``oobleck.schedules.cost``)."""
+        ranges = tuple((s.start, s.end) for s in template.stages)
+        key = (ranges, microbatches)
+        if key not in self._eager_extra:
+            self._eager_extra[key] = self._op_level_extra(template, microbatches)
+        return self._eager_extra[key]
+
+    def _op_level_extra(self, template: PipelineTemplate, microbatches: int) -> float:
+        from oobleck.schedules import build_schedule
+        from oobleck.schedules.cost import schedule_cost
+
+        ctx = self.context
+        size = template.num_stages
+        if size < 2 or microbatches == 0:
+            return 0.0
+        alone = PipelineInstance(0, template, tuple(range(template.num_nodes)), microbatches, 0, 0.0)
+        shadows = tuple(
+            ShadowCopy(0, j, tuple(range(template.stages[(j + 1) % size].start, template.stages[(j + 1) % size].end)))
+            for j in range(size)
+        )
+        plan = ExecutionPlan(
+            (alone,),
+            ctx.profile.num_layers,
+            microbatches * ctx.microbatch_size,
+            ctx.microbatch_size,
+            0,
+            ctx.cluster.gpus_per_node,
+            0.0,
+            shadows=shadows,
+        )
+        times = {}
+        for mode in ("eager", "lazy"):
+            variant = replace(plan, redundancy=mode)
+            times[mode] = schedule_cost(variant, build_schedule(variant), ctx.profile, ctx.cluster).makespan_s
+        return max(0.0, times["eager"] - times["lazy"])
 
     def _layout(self, state: BambooState) -> Layout:
         plan = self._plan(state)
@@ -252,14 +345,17 @@ class Bamboo(Strategy):
         if failed and self.config.failover_slowdown is not None:
             # The flat-slowdown model: the intact layout's time, times the constant.
             seconds = self._plan(self._intact(state)).predicted_iteration_s * float(self.config.failover_slowdown)
-        peak = max(self.stage_memory(state.partition)) / 1e9
+        memories = self.stage_memories(state.partition)
+        peak = max(m.device_bytes for m in memories) / 1e9
+        host = max(m.host_bytes for m in memories) / 1e9
         memory = self.context.cluster.device_memory_bytes / 1e9
         return Layout(
             plan=plan,
             iteration_s=seconds,
             description=(
                 f"D={len(state.pipelines)} x P={state.depth}, {failed} failed over, {len(state.spares)} standby, "
-                f"{peak:.1f} of {memory:.0f} GB per device"
+                f"{self.config.redundancy} redundancy, {peak:.1f} of {memory:.0f} GB per device"
+                + (f" and {host:.1f} GB host memory" if host > 0 else "")
             ),
             redundant_fraction=max(0.0, 1.0 - plain / seconds),
             standby=tuple(state.spares),
@@ -287,8 +383,9 @@ class Bamboo(Strategy):
     def _memory_message(self, depth: int) -> str:
         need = max(self.stage_memory(self.partition(depth)))
         return (
-            f"out of memory: with pipeline depth {depth} a stage and its successor's copy need "
-            f"{need / 1e9:.2f} GB on one device but it has {self.context.cluster.device_memory_bytes / 1e9:.2f} GB"
+            f"out of memory: with pipeline depth {depth} a stage and its successor's copy "
+            f"({self.config.redundancy} redundancy) need {need / 1e9:.2f} GB on one device but it has "
+            f"{self.context.cluster.device_memory_bytes / 1e9:.2f} GB"
         )
 
     def choose_depth(self, nodes: Sequence[int]) -> tuple[int | None, str]:
@@ -344,7 +441,7 @@ class Bamboo(Strategy):
         pipelines = [list(slots) for slots in state.pipelines]
         alive = set(run.alive)
         spares = [n for n in state.spares if n in alive]
-        failovers = 0
+        lost: list[tuple[int, int]] = []  # (pipeline, slot) of the stages lost in this change
         for node in sorted(run.removed):
             where = next(((p, s) for p, slots in enumerate(pipelines) for s, n in enumerate(slots) if n == node), None)
             if where is None:
@@ -355,7 +452,7 @@ class Bamboo(Strategy):
                     run, f"ring-adjacent stages of pipeline {p} lost (a stage and its only copy): global restart"
                 )
             pipelines[p][s] = FAILED
-            failovers += 1
+            lost.append((p, s))
         spares.extend(sorted(n for n in run.joined if n in alive and n not in spares))
         moved = False
 
@@ -373,8 +470,11 @@ class Bamboo(Strategy):
             pipelines.append(spares[:depth])
             spares = spares[depth:]
             moved = True
-        if not spares and len(pipelines) > 1 and any(FAILED in slots for slots in pipelines):
-            # Rebalance: dissolve the most degraded pipeline into the others if that is faster.
+        dissolved: int | None = None
+        rebalance = self.config.rebalance and not spares and len(pipelines) > 1
+        if rebalance and any(FAILED in slots for slots in pipelines):
+            # Dissolve the most degraded pipeline into the others if that is faster (an option:
+            # real Bamboo has no such step).
             worst = max(range(len(pipelines)), key=lambda i: (pipelines[i].count(FAILED), i))
             rest = [list(slots) for i, slots in enumerate(pipelines) if i != worst]
             pool = [n for n in pipelines[worst] if n != FAILED]
@@ -382,10 +482,12 @@ class Bamboo(Strategy):
             current = replace(state, pipelines=tuple(map(tuple, pipelines)), spares=())
             candidate = replace(state, pipelines=tuple(map(tuple, rest)), spares=tuple(pool))
             if self.iteration_s(candidate) < self.iteration_s(current):
-                pipelines, spares, moved = rest, pool, True
+                pipelines, spares, moved, dissolved = rest, pool, True, worst
+                lost = [(p - (p > worst), s) for p, s in lost if p != worst]
+        taken_over = sum(pipelines[p][s] == FAILED for p, s in lost)
         new_state = replace(state, pipelines=tuple(map(tuple, pipelines)), spares=tuple(spares))
         layout = self._layout(new_state)
-        if not moved and not failovers:
+        if not moved and not lost:
             return Decision(Kind.CONTINUE, layout)
         transfers = plan_transfers(
             run.layout.plan,
@@ -394,13 +496,14 @@ class Bamboo(Strategy):
             self.context.layer_param_bytes,
             max_sources=self.context.transfer_sources,
         )
-        if moved:
-            return Decision(
-                Kind.RECONFIGURE,
-                layout,
-                transfers=transfers,
-                reason=f"{failovers} failed over; standbys or a pipeline rebalanced",
-            )
-        return Decision(
-            Kind.FAILOVER, layout, transfers=transfers, reason=f"{failovers} stage(s) taken over by their predecessor"
-        )
+        taken = f"{taken_over} stage(s) taken over by their predecessor" if taken_over else ""
+        replaced = len(lost) - taken_over
+        why = [
+            taken,
+            f"{replaced} lost stage(s) replaced by standbys" if replaced else "",
+            f"pipeline {dissolved} dissolved to repair the others (rebalance)" if dissolved is not None else "",
+        ]
+        reason = "; ".join(w for w in why if w) or "standbys repaired failed-over stages or formed a pipeline"
+        # A stage taken over by its predecessor is a failover, whatever else the decision moves.
+        kind = Kind.FAILOVER if taken_over else Kind.RECONFIGURE
+        return Decision(kind, layout, transfers=transfers, reason=reason)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import signal
 import sys
@@ -36,6 +37,7 @@ from oobleck.errors import RunError, unwritable_message
 from oobleck.faults.schedule import FaultEvent, build_schedule
 from oobleck.launcher import launcher_class
 from oobleck.planning.outputs import ExecutionPlan
+from oobleck.schedules import checked_schedule
 from oobleck.strategy import Decision, Kind, Strategy, StrategyContext, build_strategy
 
 
@@ -158,6 +160,7 @@ def _launch(
     started = time.perf_counter()
     initial = initial_decision(strategy, int(cfg.cluster.nodes), initial_plan)
     assert initial.layout is not None
+    checked_schedule(initial.layout.plan)  # a plan whose schedule cannot run fails before any process starts
     print(
         f"planning: strategy={strategy.name} starts on {initial.layout.description} "
         f"(predicted {initial.layout.iteration_s:.3g} s per step), planned in {time.perf_counter() - started:.2f} s",
@@ -216,6 +219,8 @@ def _launch(
     summary = summarize(outcome, cfg)
     if cfg.runtime.save_final_params:
         save_final_params(controller, run_dir / "final_params.pt")
+    if cfg.runtime.record_work:
+        save_work_ledger(controller, run_dir / "work.json")
     if rec is not None:
         rec.write_json(
             "probes.json", {str(g): {str(r): p for r, p in ranks.items()} for g, ranks in outcome.probes.items()}
@@ -245,6 +250,27 @@ def save_resolved_config(config: dict[str, Any], run_dir: Path) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.create(config), path)
+
+
+def save_work_ledger(controller: Controller, path: Path) -> None:
+    """Every committed step's compute ops, per rank (``runtime.record_work``), into one JSON file:
+    ``{step: {"generation": g, "ranks": {rank: {"worker": [node, gpu], "ops": [[kind, microbatch,
+    start, end, lo, hi], ...]}}}}``."""
+    from oobleck.runtime import keys
+
+    assert controller.ledger is not None
+    ledger: dict[str, Any] = {}
+    for row in controller.outcome.steps:
+        step, generation = int(row["step"]), int(row["generation"])
+        plan = controller.ledger.generations[generation].layout.plan
+        ranks = {}
+        for a in plan.assignments():
+            key = keys.work(generation, step, a.rank)
+            if not controller.store.check([key]):
+                raise RunError(f"rank {a.rank} of generation {generation} did not record its work of step {step}")
+            ranks[str(a.rank)] = {"worker": list(a.worker), "ops": json.loads(controller.store.get(key))}
+        ledger[str(step)] = {"generation": generation, "ranks": ranks}
+    path.write_text(json.dumps(ledger))
 
 
 def save_final_params(controller: Controller, path: Path) -> None:

@@ -28,9 +28,24 @@ MIN_BANDWIDTH_BYTES_PER_S = 1.0
 MAX_LAYER_SECONDS = 86_400.0
 
 
+# Backward for inputs and backward for weights each take half of a layer's backward when a
+# profile does not give them: every matrix product of the forward pass has two of equal FLOPs in
+# the backward, one for the input gradient and one for the weight gradient (Qi et al., "Zero Bubble
+# Pipeline Parallelism", ICLR'24, Table 1: a transformer layer's input backward 24bsh^2 + 8bs^2h
+# FLOPs, weight backward 24bsh^2: half each where the hidden size h dominates the sequence s).
+# oobleck/profiling/analytic.py derives both from each layer kind's FLOPs instead.
+DEFAULT_BACKWARD_INPUT_FRACTION = 0.5
+
+
 @dataclass(frozen=True)
 class LayerProfile:
-    """One layer for one microbatch on one device: times in seconds, sizes in bytes."""
+    """One layer for one microbatch on one device: times in seconds, sizes in bytes.
+
+    ``backward_input_s`` and ``backward_weight_s`` are the two halves of a split backward pass
+    (the gradient of the layer's input; then of its weights), as zero-bubble and ReCycle-style
+    schedules run it; None (a profile that does not give them) means ``backward_s`` split by
+    ``DEFAULT_BACKWARD_INPUT_FRACTION``, which ``backward_split`` applies.
+    """
 
     name: str
     forward_s: float
@@ -38,15 +53,26 @@ class LayerProfile:
     param_bytes: int  # parameters only (fp32: 4 bytes per parameter)
     activation_bytes: int  # kept from forward until backward, per microbatch
     output_bytes: int  # the boundary tensor sent to the next stage, per microbatch
-    # The backward pass split into its input-gradient and weight-gradient passes (zero-bubble
-    # schedules run them apart), seconds per microbatch; None when not measured: the analytic
-    # split of ``backward_s`` applies. The first layer's input pass is 0 (token ids take no gradient).
+    # None when not measured: ``backward_split`` applies the default split. The first layer's
+    # input pass is 0 (token ids take no gradient).
     backward_input_s: float | None = None
     backward_weight_s: float | None = None
 
     @property
     def params(self) -> int:
         return self.param_bytes // 4
+
+    @property
+    def backward_split(self) -> tuple[float, float]:
+        """(backward for inputs, backward for weights) seconds: the profile's, or the default split."""
+        inputs, weights = self.backward_input_s, self.backward_weight_s
+        if inputs is None and weights is None:
+            inputs = self.backward_s * DEFAULT_BACKWARD_INPUT_FRACTION
+        if inputs is None:  # only the weight half is given: the input half is the rest
+            inputs = max(0.0, self.backward_s - float(weights))  # type: ignore[arg-type]
+        if weights is None:
+            weights = max(0.0, self.backward_s - float(inputs))
+        return float(inputs), float(weights)
 
 
 # LayerProfile fields a profile file may leave out (written before they existed, or not measured).
@@ -189,8 +215,8 @@ def validate_profile(profile: ModelProfile) -> None:
                 not _is_number(value) or not math.isfinite(value) or not 0 <= value <= MAX_LAYER_SECONDS
             ):
                 raise ProfileError(
-                    f"layer {index} ({layer.name}): {name}={value!r} must be a number of seconds in "
-                    f"[0, {MAX_LAYER_SECONDS:.0f}] or absent; re-create the profile"
+                    f"layer {index} ({layer.name}): {name}={value!r} must be a non-negative number of seconds "
+                    f"(at most {MAX_LAYER_SECONDS:.0f}) or null (half of backward_s); re-create the profile"
                 )
         for name in ("param_bytes", "activation_bytes", "output_bytes"):
             value = getattr(layer, name)

@@ -14,7 +14,11 @@ Vocabulary:
 - a *shadow* is a redundant copy of another stage's layers that a stage's workers also hold,
   keep identical to the originals (they join those layers' gradient reduction with a zero
   gradient and apply the same optimizer step) and run the forward pass of, redundantly (the
-  Bamboo-style strategy; Oobleck's own plans have none).
+  Bamboo-style strategy; Oobleck's own plans have none); ``ExecutionPlan.redundancy`` says where
+  that forward pass runs (``oobleck.schedules.bamboo``);
+- a *re-route* (``Reroute``): a pipeline that lost the stage of layers ``[start, end)`` keeps a
+  template with a gap there, and each of its microbatches runs those layers on the same stage of
+  a peer pipeline (ReCycle-style; ``oobleck.schedules.recycle``).
 """
 
 from __future__ import annotations
@@ -102,6 +106,24 @@ class ShadowCopy:
     layers: tuple[int, ...]
 
 
+# Where a plan's shadows run their redundant forward pass (oobleck.schedules.bamboo): right after
+# the stage's own forward (on the critical path), before the wait for gradients (in the bubble),
+# or not at all in steady state (kept in host memory and recomputed on failover).
+REDUNDANCY_MODES = ("inline", "eager", "lazy")
+
+
+@dataclass(frozen=True)
+class Reroute:
+    """Pipeline ``pipeline`` has no stage for layers ``[start, end)`` (its template leaves a gap
+    there): its k-th microbatch (in its own order) runs those layers on the stage of pipeline
+    ``via[k]`` that holds exactly them, and comes back to ``pipeline`` for the layers after."""
+
+    pipeline: int
+    start: int
+    end: int
+    via: tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class WorkerAssignment:
     """What one device does in a plan."""
@@ -133,6 +155,8 @@ class ExecutionPlan:
     gpus_per_node: int
     predicted_iteration_s: float  # max over pipelines: they finish together by construction
     shadows: tuple[ShadowCopy, ...] = ()  # redundant layer copies (Bamboo-style plans only)
+    redundancy: str = "inline"  # where the shadows' redundant forward runs: REDUNDANCY_MODES
+    reroutes: tuple[Reroute, ...] = ()  # stages served by peer pipelines (ReCycle-style plans only)
 
     @property
     def num_microbatches(self) -> int:
@@ -217,8 +241,12 @@ class ExecutionPlan:
             ShadowCopy(pipeline=s["pipeline"], stage=s["stage"], layers=tuple(s["layers"]))
             for s in data.get("shadows", ())
         )
-        fields = {k: v for k, v in data.items() if k not in ("pipelines", "shadows")}
-        return cls(pipelines=tuple(pipelines), shadows=shadows, **fields)
+        reroutes = tuple(
+            Reroute(pipeline=r["pipeline"], start=r["start"], end=r["end"], via=tuple(r["via"]))
+            for r in data.get("reroutes", ())
+        )
+        fields = {k: v for k, v in data.items() if k not in ("pipelines", "shadows", "reroutes")}
+        return cls(pipelines=tuple(pipelines), shadows=shadows, reroutes=reroutes, **fields)
 
     def iter_microbatches(self) -> Iterator[tuple[int, int]]:
         """(pipeline index, global microbatch index) for every microbatch of one iteration."""

@@ -7,6 +7,13 @@ sizes of each layer come from its model family (``Architecture.layer_cost``: the
 sources are in ``oobleck/models/<family>/__init__.py``), at the GPU's ``activation_bytes_per_value``.
 Parameters are counted at 4 bytes (fp32 master weights), as in measured profiles; the planner
 adds gradients and optimizer state.
+
+The split backward (``LayerProfile.backward_input_s`` / ``backward_weight_s``, for schedules that
+run the two apart) gives each half its own FLOPs (``LayerCost.backward_input_flops`` /
+``backward_weight_flops``, as Qi et al., "Zero Bubble Pipeline Parallelism", ICLR'24, Table 1,
+count them) and half the backward's memory traffic (each half reads the layer's weights and
+activations once). A layer whose input takes no gradient (token ids) has no input half: its whole
+backward is the weight half.
 """
 
 from __future__ import annotations
@@ -44,7 +51,22 @@ def compute_bound(cost: LayerCost, gpu: Any) -> bool:
     return compute >= roofline_seconds(cost.forward_flops, cost.forward_bytes, gpu)
 
 
+def backward_halves(cost: LayerCost, gpu: Any) -> tuple[float, float]:
+    """Seconds of the input-gradient and the weight-gradient passes run apart (module docstring)."""
+    backward = roofline_seconds(cost.backward_flops, cost.backward_bytes, gpu)
+    if cost.backward_input_flops == 0:
+        return 0.0, backward
+    if cost.backward_weight_flops == 0:
+        return backward, 0.0
+    half_bytes = cost.backward_bytes / 2
+    return (
+        roofline_seconds(cost.backward_input_flops, half_bytes, gpu),
+        roofline_seconds(cost.backward_weight_flops, half_bytes, gpu),
+    )
+
+
 def layer_profile(cost: LayerCost, gpu: Any) -> LayerProfile:
+    inputs, weights = backward_halves(cost, gpu)
     return LayerProfile(
         name=cost.name,
         forward_s=roofline_seconds(cost.forward_flops, cost.forward_bytes, gpu),
@@ -52,6 +74,8 @@ def layer_profile(cost: LayerCost, gpu: Any) -> LayerProfile:
         param_bytes=cost.params * FP32_BYTES,
         activation_bytes=cost.activation_bytes,
         output_bytes=cost.output_bytes,
+        backward_input_s=inputs,
+        backward_weight_s=weights,
     )
 
 

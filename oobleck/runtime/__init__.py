@@ -1,6 +1,7 @@
 """Worker side of real training: generation-scoped communication (``comm``), the plan's meaning for
-communication (``topology``), the 1F1B executor with gradient sync and clipping (``executor``),
-the transfer of layer state between workers (``transfer``; the state itself is
-``oobleck.layer_state``), the worker process (``worker``), the torch-free protocol shared with the
-controller (``keys``, the store's key space, and ``plan_document``, what each generation
+communication (``topology``), the interpreter of each rank's schedule with gradient sync and
+clipping (``executor``; the schedules themselves: ``oobleck.schedules``), the overlapped gradient
+reduction (``reducer``), the transfer of layer state between workers (``transfer``; the state
+itself is ``oobleck.layer_state``), the worker process (``worker``), the torch-free protocol shared
+with the controller (``keys``, the store's key space, and ``plan_document``, what each generation
 publishes) and the single-process reference (``reference``)."""

@@ -339,7 +339,7 @@ class Communicator:
         # name, so no other client can pre-empt them.
         self._prefix = space.name(keys.prefix(generation))
         self._store: Any = None
-        self.inflight: list[Any] = []  # issued works, pruned as they complete
+        self.inflight: list[tuple[str, Any]] = []  # (group name, issued work), pruned as they complete
 
     def build(self) -> None:
         """Create every group this rank belongs to (in a global name order, so no two ranks wait
@@ -375,23 +375,23 @@ class Communicator:
         return self.groups[name][1].index(global_rank)
 
     # Operations: each returns a work; callers wait with ``self.waiter.work``.
-    def _issued(self, work: Any, ranks: tuple[int, ...]) -> Any:
+    def _issued(self, name: str, work: Any, ranks: tuple[int, ...]) -> Any:
         if len(self.inflight) > 64:
-            self.inflight = [w for w in self.inflight if not _completed(w)]
-        self.inflight.append(work)
+            self.inflight = [(n, w) for n, w in self.inflight if not _completed(w)]
+        self.inflight.append((name, work))
         self.waiter.expect(work, tuple(r for r in ranks if r != self.rank))
         return work
 
     def allreduce(self, name: str, tensor: torch.Tensor) -> Any:
         group, ranks = self.groups[name]
-        return self._issued(group.allreduce([tensor]), ranks)
+        return self._issued(name, group.allreduce([tensor]), ranks)
 
     def broadcast(self, name: str, tensor: torch.Tensor, root_global_rank: int) -> Any:
         group, ranks = self.groups[name]
         options = dist.BroadcastOptions()
         options.rootRank = ranks.index(root_global_rank)
         options.rootTensor = 0
-        return self._issued(group.broadcast([tensor], options), ranks)
+        return self._issued(name, group.broadcast([tensor], options), ranks)
 
     def probe_link(self, name: str, sender_global_rank: int, nbytes: int) -> tuple[float, float]:
         """Seconds for a raw gloo ``send``/``recv`` of ``nbytes`` from ``sender_global_rank`` to
@@ -421,20 +421,29 @@ class Communicator:
     def allreduce_wait(self, name: str, tensor: torch.Tensor, what: str) -> None:
         self.waiter.work(self.allreduce(name, tensor), what)
 
-    def pending(self) -> list[Any]:
-        return [w for w in self.inflight if not _completed(w)]
-
-    def release(self) -> list[Any]:
-        """Hand over every group object (and the store connection) for parking."""
-        items: list[Any] = [g for g, _ in self.groups.values()]
-        self.backend.release(items)
+    def release(self) -> list[tuple[list[Any], list[Any]]]:
+        """Hand over every group object (and the store connection) for parking, as parcels of
+        (objects, their pending works): each group with its own works only. A group parked until
+        every work of the generation completes can hold up a peer's group whose work waits on it,
+        while that peer's other groups hold up this one's: both then sit until the timeout. Per
+        group, a group with nothing pending is dropped at once, which fails the peer's unmatched
+        work on it fast (a gradient bucket one side launched before the abort, say)."""
+        pending: dict[str, list[Any]] = {}
+        for name, work in self.inflight:
+            if not _completed(work):
+                pending.setdefault(name, []).append(work)
+        groups = [g for g, _ in self.groups.values()]
+        self.backend.release(groups)
+        parcels: list[tuple[list[Any], list[Any]]] = [
+            ([group], pending.get(name, [])) for name, (group, _) in self.groups.items()
+        ]
         if self._store is not None:
-            items.append(self._store)
+            parcels.append(([self._store], []))
         self.groups = {}
         self._store = None
         self.inflight = []
         self.waiter.forget_peers()
-        return items
+        return parcels
 
 
 def channel_name(src: int, dst: int, kind: str) -> str:

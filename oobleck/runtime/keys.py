@@ -255,6 +255,12 @@ def final_params(layer: int) -> str:
     return f"final/{layer}"
 
 
+def work(generation: int, step: int, rank: int) -> str:
+    """The compute ops a rank ran in step s (JSON, set before its commit vote when
+    ``runtime.record_work``): the work ledger, which shows every sample processed once."""
+    return f"g{generation}/work/{step}/{rank}"
+
+
 def phase_times(node: int, local_rank: int) -> str:
     """A worker's seconds spent per step phase over the whole run (published when it finishes)."""
     return f"phases/{node}/{local_rank}"

@@ -4,7 +4,10 @@ Pure functions of the plan (no torch), so every rank derives the same group list
 groups it belongs to in the same global order.
 
 - Stage shards: a stage on g devices splits every microbatch's rows into g contiguous parts
-  (``rows``); shard j of stage i sends to shard k of stage i+1 exactly the rows both own.
+  (``rows``); a shard sends to each shard of the next hop of a microbatch's route exactly the
+  rows both own. Routes (``oobleck.schedules.routes``) are a plan's pipelines, stage by stage, and
+  a re-routed pipeline's detours through peer pipelines: the channels are those of every route's
+  consecutive hops, so they are exactly the peers the schedule's sends and receives name.
 - Gradient groups: layers whose holder rank sets are equal share one group (``grad/<ranks>``),
   so one bucketed all-reduce per group sums the gradient over every pipeline and every shard.
 - Tied weights (embedding and LM head): one group over the union of both layers' holders.
@@ -20,18 +23,9 @@ from dataclasses import dataclass
 
 from oobleck.planning.outputs import ExecutionPlan, ReconfigurationPlan, WorkerAssignment
 from oobleck.runtime.comm import GroupSpec, channel_name
+from oobleck.schedules.routes import Routes, plan_routes, rows
 
 WORLD = "world"
-
-
-def rows(microbatch_size: int, shards: int, shard: int) -> tuple[int, int]:
-    """Rows ``[lo, hi)`` of a microbatch that shard ``shard`` of ``shards`` processes."""
-    return shard * microbatch_size // shards, (shard + 1) * microbatch_size // shards
-
-
-def overlap(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
-    lo, hi = max(a[0], b[0]), min(a[1], b[1])
-    return (lo, hi) if lo < hi else (0, 0)
 
 
 def _ranks_name(kind: str, ranks: tuple[int, ...]) -> str:
@@ -55,6 +49,7 @@ class Topology:
     grad_groups: tuple[GradGroup, ...]  # every group of the plan (size >= 2)
     tied_group: GradGroup | None  # union of holders of the tied layers
     norm_owner: dict[int, int]  # layer -> rank that counts it in the gradient norm
+    routes: Routes  # every microbatch's hops through the plan's ranks
 
     @property
     def pipeline(self):
@@ -72,30 +67,11 @@ class Topology:
     def is_last(self) -> bool:
         return self.assignment.stage == self.num_stages - 1
 
-    def neighbours(self, offset: int) -> tuple[int, ...]:
-        """Ranks of the stage ``offset`` away in my pipeline, by shard."""
-        return self.stage_ranks[(self.assignment.pipeline, self.assignment.stage + offset)]
-
     def my_rows(self) -> tuple[int, int]:
         return rows(self.plan.microbatch_size, self.assignment.shards, self.assignment.shard)
 
-    def peer_rows(self, offset: int) -> list[tuple[int, tuple[int, int]]]:
-        """(rank, rows of mine that rank also owns) for each overlapping shard of stage ``offset`` away."""
-        peers = self.neighbours(offset)
-        mine = self.my_rows()
-        result = []
-        for shard, rank in enumerate(peers):
-            common = overlap(mine, rows(self.plan.microbatch_size, len(peers), shard))
-            if common[1] > common[0]:
-                result.append((rank, common))
-        return result
-
     def my_grad_groups(self) -> list[GradGroup]:
         return [g for g in self.grad_groups if self.rank in g.ranks]
-
-    def microbatches(self) -> range:
-        p = self.pipeline
-        return range(p.first_microbatch, p.first_microbatch + p.microbatches)
 
 
 def build_topology(plan: ExecutionPlan, worker: tuple[int, int], tied_layers: tuple[int, ...] = ()) -> Topology | None:
@@ -134,6 +110,7 @@ def build_topology(plan: ExecutionPlan, worker: tuple[int, int], tied_layers: tu
         grad_groups=grad_groups,
         tied_group=tied_group,
         norm_owner={layer: min(ranks) for layer, ranks in primary.items() if ranks},
+        routes=plan_routes(plan),
     )
 
 
@@ -150,17 +127,9 @@ def group_specs(topology: Topology, reconfiguration: ReconfigurationPlan | None 
     specs += [GroupSpec(g.name, g.ranks) for g in topology.grad_groups]
     if topology.tied_group is not None and len(topology.tied_group.ranks) > 1:
         specs.append(GroupSpec(topology.tied_group.name, topology.tied_group.ranks))
-    b = plan.microbatch_size
-    for pipeline in plan.pipelines:
-        for stage in range(pipeline.template.num_stages - 1):
-            senders = topology.stage_ranks[(pipeline.index, stage)]
-            receivers = topology.stage_ranks[(pipeline.index, stage + 1)]
-            for j, src in enumerate(senders):
-                for k, dst in enumerate(receivers):
-                    common = overlap(rows(b, len(senders), j), rows(b, len(receivers), k))
-                    if common[1] > common[0]:
-                        specs.append(GroupSpec(channel_name(src, dst, "act"), tuple(sorted((src, dst)))))
-                        specs.append(GroupSpec(channel_name(dst, src, "grad"), tuple(sorted((src, dst)))))
+    for src, dst in topology.routes.channels():
+        specs.append(GroupSpec(channel_name(src, dst, "act"), tuple(sorted((src, dst)))))
+        specs.append(GroupSpec(channel_name(dst, src, "grad"), tuple(sorted((src, dst)))))
     if reconfiguration is not None:
         ranks = rank_of(plan)
         pairs = sorted({(ranks[tuple(t.source)], ranks[tuple(t.target)]) for t in reconfiguration.transfers})  # type: ignore[index]

@@ -11,8 +11,9 @@ generations:
    start, resume or restart), build the seeded initial state (step 0), or receive parameters and
    AdamW state of newly assigned layers (chunked, checksummed) and send those others need; pass
    the ``established`` barrier, drop layers no longer held, report timings and checksums;
-3. train from the plan's resume step: 1F1B (plus the redundant forward of shadow copies),
-   gradient all-reduce, global-norm clipping, the commit decision, the optimizer step, and, when
+3. train from the plan's resume step: the plan's schedule (``oobleck.schedules``: 1F1B, Bamboo's
+   redundant forwards, re-routed stages), gradient all-reduce, global-norm clipping, the commit
+   decision, the optimizer step, and, when
    the commit says so, snapshot the layers this worker writes and write them in the background.
    An abort of the generation (a membership change) at any wait jumps back to 1 with the state
    of the last committed step intact.
@@ -221,8 +222,8 @@ class Worker:
                 finished = self.train(generation, document, topology, comm)
             except Aborted:
                 finished = False
-            pending = comm.pending()
-            self.reaper.park(comm.release(), pending)
+            for items, pending in comm.release():
+                self.reaper.park(items, pending)
             if finished:
                 self.checkpointer.close(float(self.cfg.checkpoint.write_timeout_s))
                 return
@@ -361,6 +362,7 @@ class Worker:
             device=self.device,
             bucket_bytes=self.bucket_bytes,
             overlap_grad_reduce=bool(self.cfg.runtime.overlap_grad_reduce),
+            record_work=bool(self.cfg.runtime.record_work),
         )
         try:
             return self._train_steps(generation, document, topology, ctx)
@@ -388,6 +390,8 @@ class Worker:
             norm = global_grad_norm(ctx)
             if topology.is_last:
                 self.store.set(keys.loss(generation, step, topology.rank), repr(loss))
+            if ctx.record_work:
+                self.store.set(keys.work(generation, step, topology.rank), json.dumps(ctx.work))
             # The last rank to vote decides; compare_set hands it the decision that stands (the
             # controller's abort may have come first), and the others read it: two round trips.
             decision = self._decide(generation, step, world, every_steps, time.perf_counter() - t0)

@@ -91,13 +91,15 @@ def bamboo_run(tmp_path_factory):
     then both nodes of pipeline 1 are lost at step 60 or later (a stage and its only copy: global
     restart from the latest checkpoint; one every 4 steps), then one of the two survivors in the
     forward pass of step 80 (a failover onto the last node). A new worker takes seconds to boot,
-    and steps are short: the later events leave it that time."""
+    and steps are short: the later events leave it that time. Inline redundancy (the redundant
+    forward on the critical path; the other modes: tests/elastic/test_bamboo_modes.py)."""
     cfg = tiny_config(
         "strategy=bamboo",
         **{
             "cluster.nodes": 4,
             "job.steps": 100,
             "strategy.pipeline_depth": 2,
+            "strategy.redundancy": "inline",
             "checkpoint.every_steps": 4,
             "failures.kind": "explicit",
             "failures.events": [

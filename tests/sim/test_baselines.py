@@ -200,15 +200,17 @@ def test_bamboo_standbys_repair_failed_stages():
 
 
 def test_bamboo_redundancy_costs_time_and_memory(context, tight_context):
-    strategy = _bamboo(context, pipeline_depth=4)
+    strategy = _bamboo(context, pipeline_depth=4, redundancy="inline")
     layout = strategy.start(list(range(8))).layout
     assert 0 < layout.redundant_fraction < 1
     assert layout.iteration_s > strategy.iteration_s(layout.state, redundancy=False)
     # 1 GB devices hold a stage but not its successor's copy as well: Bamboo cannot run at all.
-    oom = _bamboo(tight_context).start(list(range(8)))
+    oom = _bamboo(tight_context, redundancy="inline").start(list(range(8)))
     assert oom.kind is Kind.STOP and oom.out_of_memory and oom.layout is None
     assert "out of memory" in oom.reason and "GB on one device" in oom.reason
-    result = simulate(_bamboo(tight_context), _trace([*_start(8), "60000,remove,n3"]), duration_s=120)
+    result = simulate(
+        _bamboo(tight_context, redundancy="inline"), _trace([*_start(8), "60000,remove,n3"]), duration_s=120
+    )
     assert result.summary["oom"] and result.summary["throughput"] == 0
     assert not result.summary["no_durable_progress"]  # it never ran: marked OOM, not as progress lost
     assert result.summary["idle_fraction"] == pytest.approx(1.0)

@@ -36,7 +36,7 @@ def _paper_context(model: str, nodes: int = 30) -> StrategyContext:
 
 def test_bamboo_memory_counts_the_redundant_forward_activations():
     context = _paper_context("gpt3_2_7b")
-    bamboo = make_strategy(context, "bamboo")
+    bamboo = make_strategy(context, "bamboo", redundancy="inline")
     arrays = bamboo._arrays
     partition = bamboo.partition(6)
     memory = bamboo.stage_memory(partition)
@@ -50,7 +50,7 @@ def test_bamboo_memory_counts_the_redundant_forward_activations():
     stop = bamboo.start(list(range(30)))
     assert stop.kind is Kind.STOP and stop.out_of_memory
     assert "GB on one device but it has 40.00 GB" in stop.reason
-    lean = make_strategy(context, "bamboo", keep_redundant_activations=False)
+    lean = make_strategy(context, "bamboo", redundancy="inline", keep_redundant_activations=False)
     assert lean.start(list(range(30))).kind is Kind.START
 
 
@@ -61,8 +61,8 @@ def test_bamboo_states_the_memory_it_uses():
 
 
 def test_bamboo_redundant_forward_on_the_critical_path(context):
-    exposed = make_strategy(context, "bamboo", pipeline_depth=4)
-    hidden = make_strategy(context, "bamboo", pipeline_depth=4, redundant_forward_exposed=0.0)
+    exposed = make_strategy(context, "bamboo", pipeline_depth=4, redundancy="inline")
+    hidden = make_strategy(context, "bamboo", pipeline_depth=4, redundancy="inline", redundant_forward_exposed=0.0)
     state = exposed.start(list(range(8))).layout.state
     slots = state.pipelines[0]
     m = context.num_microbatches // len(state.pipelines)

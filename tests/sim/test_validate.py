@@ -179,7 +179,7 @@ def test_bamboo_exposure_is_fitted_where_the_steps_show_it(context):
     from oobleck.recovery_costs import step_model
     from oobleck.sim.validate import _fit_exposure, step_shape
 
-    strategy = make_strategy(context, "bamboo", pipeline_depth=4)
+    strategy = make_strategy(context, "bamboo", pipeline_depth=4, redundancy="inline")
     layout = strategy.start(list(range(8))).layout
     terms = {"per_microbatch_s": 0.001, "per_step_s": 0.002, "per_worker_s": 0.0, "compute_scale": 1.0}
     shape = step_shape(layout, context.profile)
@@ -191,7 +191,9 @@ def test_bamboo_exposure_is_fitted_where_the_steps_show_it(context):
     )
 
     def step_with(exposed: float, cores: int, **more) -> float:
-        variant = make_strategy(context, "bamboo", pipeline_depth=4, redundant_forward_exposed=exposed)
+        variant = make_strategy(
+            context, "bamboo", pipeline_depth=4, redundancy="inline", redundant_forward_exposed=exposed
+        )
         return step_model(replace(shape, planner_s=variant.iteration_s(layout.state)), cores, **{**terms, **more})
 
     assert step_with(0.0, 1000) < step_with(1.0, 1000)
