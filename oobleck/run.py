@@ -23,7 +23,7 @@ from oobleck.cli import entry, hydra_error_message, run_app
 from oobleck.config import CONF_DIR, compose_config, register_configs, validate
 from oobleck.elastic.forkserver import fork_server_for
 from oobleck.elastic.protocol import new_run_id
-from oobleck.errors import ConfigError, OobleckError
+from oobleck.errors import EXIT_USER_ERROR, ConfigError, OobleckError, exit_with
 
 PROGRAM = "oobleck.run"
 
@@ -80,8 +80,31 @@ def check_sweep(arguments: Sequence[str]) -> None:
             raise ConfigError(f"the sweep's job {' '.join(point)} cannot run, so none runs: {reason}") from None
 
 
+def check_where_nodes_start(arguments: Sequence[str]) -> None:
+    """Before Hydra makes the run dir (and a wandb run is started there): can this run start its
+    nodes from here (``Launcher.check_environment``, e.g. ``cluster=slurm`` inside an allocation)?
+    Refuses with one line and exit status 2. Anything else about the arguments (a Hydra flag, an
+    override Hydra refuses) is left to Hydra and to the checks in ``main``."""
+    from oobleck.launcher import launcher_class
+
+    if any(a.startswith("-") for a in arguments):
+        return  # --help, --cfg, -m (a sweep checks every point in its first job), shell completion
+    overrides = [a for a in arguments if not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    if not any(a.lstrip("+~").startswith(("cluster", "experiment")) for a in overrides):
+        return  # the default cluster (local) starts nodes anywhere: no composing on every run's start
+    try:
+        cfg = compose_config(*overrides)
+    except Exception:  # Hydra says what is wrong with the overrides when it composes them itself
+        return
+    try:
+        launcher_class(cfg.cluster).check_environment(cfg.cluster)
+    except OobleckError as error:
+        exit_with(f"{PROGRAM}: error: {error}", EXIT_USER_ERROR)
+
+
 def cli() -> None:
     """The ``oobleck-run`` command."""
+    check_where_nodes_start(sys.argv[1:])
     run_app(main, PROGRAM)
 
 
