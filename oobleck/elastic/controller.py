@@ -253,7 +253,9 @@ class Controller:
             builtin.append(ToleranceReport(ledger.outcome, int(cfg.job.fault_tolerance), self._event))
         builtin.append(ScheduleReport(ledger.outcome, ledger, membership, self.firing, self._event))
         self.observers[:0] = builtin
-        run = RunInfo(str(cfg.cluster.master_addr), host.address, self.run_id, self.run_dir, self.config_dict)
+        run = RunInfo(
+            str(cfg.cluster.master_addr), host.address, self.run_id, self.run_dir, self.config_dict, self.secret
+        )
         store.set(keys.SERVICES, json.dumps(self._services.enter_context(self.strategy.services(run))))
         membership.launcher = launcher_class(cfg.cluster)(
             cfg.cluster,
