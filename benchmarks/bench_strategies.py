@@ -1,25 +1,22 @@
-"""Oobleck, Varuna and Bamboo on the same real cluster, model, batches and failure schedule.
+"""Oobleck, Varuna and Bamboo on the same real cluster, model, batches and failure schedules.
 
-    python benchmarks/bench_strategies.py [--steps 160] [--out DIR]
+    python benchmarks/bench_strategies.py [--steps 60] [--repeats 3] [--nodes 6] [--out DIR]
+                                          [--faults crash hang none] [--validate]
 
-Six local nodes, gpt3_tiny, f=2, the same schedule for every strategy: a node lost at step 30,
-another at step 70, a node joining at step 100. Each strategy runs with its own checkpoint
-interval (conf/strategy/<name>.yaml: Oobleck none, Varuna every 10 steps, Bamboo every 100).
-Printed, from this one run of the benchmark:
+Local nodes, gpt3_tiny, f=2, each strategy with its own checkpoint interval (conf/strategy/<name>.yaml:
+Oobleck none, Varuna every 10 steps, Bamboo every 100), measured under the protocol of
+``benchmarks/protocol.py``: ``--repeats`` interleaved rounds with the order of the strategies rotated
+per round; per round two failure steps drawn at seeded random offsets (never on a checkpoint
+boundary of any strategy), the same for every strategy; each round once with crashes (SIGKILL),
+once with hangs (SIGSTOP, seen after ``--heartbeat-timeout-s``, the same for every strategy) and
+once without failures (the steady-state cost of each strategy's machinery). Every run records its
+host (summary.json ``host``). Printed at the end (``analysis.comparison.protocol_table``): per
+fault type and strategy the median goodput and recovery time with min-max over the rounds, and
+Oobleck's ratio over each strategy paired round by round, with the host's load and a warning
+where the load exceeded the cores or the training processes outnumbered them.
 
-1. the comparison table (``analysis.comparison.strategy_table``): goodput, time lost, recovery /
-   failover / restart times, steps rolled back, and Oobleck's goodput over each strategy's;
-2. the simulator's prediction of each run beside the measurement (``oobleck.sim.validate``,
-   the run's own strategy, nodes and schedule), with the ratio simulated / measured: the
-   ``predicted`` model, whose runtime terms (step overhead, the machine's load, reconfiguration,
-   failover and restart times, checkpoint bandwidths, Bamboo's exposed redundant forward) are
-   measured by ``calibrate_runs`` on benchmarks/bench_validation.py's calibration runs (C1, C2,
-   C3, VC, BC), run first in this benchmark under the same load and with the same measured profile;
-   the paper-constant ``planner`` model beside it for contrast (a 78 s restart, a 2 s
-   reconfiguration: it misses these local runs by far);
-3. the steady-state cost of each strategy's machinery without failures (Varuna's checkpoints,
-   Bamboo's redundant forward): each strategy's throughput as a fraction of Oobleck's, measured
-   in the same run.
+``--validate`` also runs benchmarks/bench_validation.py's calibration runs first and prints the
+simulator's prediction of each crash run of round 0 beside the measurement (``oobleck.sim.validate``).
 
 The machine is shared and small: compare within one run of the benchmark, never across runs.
 """
@@ -36,103 +33,79 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-STRATEGIES = ("oobleck", "varuna", "bamboo")
+from protocol import MIN_REPEATS, Variant, run_protocol, tiny_launcher  # noqa: E402
+
+STRATEGIES = ("oobleck", "varuna", "bamboo", "recycle")
+# The strategies whose runs the simulator predicts (``--validate``): the calibrated ones.
+VALIDATED = ("oobleck", "varuna", "bamboo")
 
 
-def schedule(steps: int) -> list[dict]:
-    return [
-        {"action": "remove", "step": int(steps * 0.19), "count": 1},
-        {"action": "remove", "step": int(steps * 0.44), "count": 1},
-        {"action": "join", "step": int(steps * 0.62), "count": 1},
-    ]
-
-
-def run(strategy: str, steps: int, run_dir: Path, failures: bool, profiles: Path) -> Path:
-    from oobleck.elastic.job import launch
-    from testing import tiny_config
-
-    cfg = tiny_config(
-        f"strategy={strategy}",
-        **{
-            "profile.cache_dir": str(profiles),  # the calibration runs' profile (measured by the first)
-            "cluster.nodes": 6,
-            "job.fault_tolerance": 2,
-            "job.steps": steps,
-            "job.global_batch_size": 48,
-            "runtime.save_final_params": False,
-            "failures.kind": "explicit" if failures else "none",
-            "failures.events": schedule(steps) if failures else [],
-        },
-    )
-    launch(cfg, run_dir)
-    return run_dir
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=160)
-    parser.add_argument("--steady-steps", type=int, default=60)
-    parser.add_argument("--out", default=None, help="keep the run dirs here (default: a temporary dir)")
-    parser.add_argument(
-        "--profile-repeats",
-        type=int,
-        default=21,
-        help="timed repeats per layer of the shared measured profile (median)",
-    )
-    args = parser.parse_args()
-    os.environ.setdefault("WANDB_MODE", "disabled")
-
+def validate(out: Path, crash_runs: list[Path], profile_repeats: int) -> None:
+    """The simulator's prediction of each run beside the measurement (calibrated on this host)."""
     import pandas as pd
     from bench_validation import CALIBRATION
     from bench_validation import run as run_calibration
 
-    from analysis.comparison import strategy_table
-    from analysis.load import load_run_set
     from oobleck.sim.validate import calibrate_runs, validate_run
 
-    out = (Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_strategies-"))).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"load average {os.getloadavg()[0]:.2f}; run dirs under {out}")
-    # Calibration first: its first run measures the profile every run here plans with.
     for name, (_, overrides) in CALIBRATION.items():
-        run_calibration(out, name, overrides, args.profile_repeats)
-    failed = {name: run(name, args.steps, out / f"{name}-failures", True, out / "profiles") for name in STRATEGIES}
-    steady = {
-        name: run(name, args.steady_steps, out / f"{name}-steady", False, out / "profiles") for name in STRATEGIES
-    }
-    print(f"load average {os.getloadavg()[0]:.2f}")
+        run_calibration(out, name, overrides, profile_repeats)
     runtime = calibrate_runs([out / name for name in CALIBRATION])
-
-    print("\n== the same schedule (a node lost at two steps, one joining), measured")
-    table = strategy_table(load_run_set(list(failed.values())))
-    print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-
     print("\n== the simulator's prediction of each run (simulated / measured; targets: throughput 15%, recovery 50%)")
     print(f"calibrated on {', '.join(CALIBRATION)}: {runtime}")
     rows = []
-    for name, run_dir in failed.items():
+    for run_dir in crash_runs:
         try:
             validation = validate_run(run_dir, runtime=runtime)
         except Exception as error:  # report, and go on with the other strategies
-            print(f"{name}: validation failed: {error}")
+            print(f"{run_dir.name}: validation failed: {error}")
             continue
         frame = validation.table[validation.table["model"].isin(["predicted", "planner"])]
-        rows.append(
-            frame.assign(strategy=name)[
-                ["strategy", "model", "metric", "measured", "simulated", "ratio", "within_target"]
-            ]
-        )
+        rows.append(frame.assign(strategy=run_dir.name))
     if rows:
-        table = pd.concat(rows)
-        print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-        predicted = table[table["model"] == "predicted"]
-        print(f"predicted rows within target: {int(predicted['within_target'].sum())} of {len(predicted)}")
+        print(pd.concat(rows).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
 
-    print("\n== steady state, no failures: throughput as a fraction of Oobleck's (same run)")
-    steady_table = strategy_table(load_run_set(list(steady.values())))
-    base = float(steady_table.loc[steady_table["strategy"] == "oobleck", "goodput"].iloc[0])
-    for row in steady_table.to_dict(orient="records"):
-        print(f"{row['strategy']:8s} {row['goodput']:8.1f} samples/s  {row['goodput'] / base:5.3f} of oobleck")
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
+    parser.add_argument("--nodes", type=int, default=6)
+    parser.add_argument("--failures", type=int, default=2, help="failures per run")
+    parser.add_argument("--faults", nargs="+", default=["crash", "hang", "none"], choices=["crash", "hang", "none"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--heartbeat-timeout-s", type=float, default=5.0)
+    parser.add_argument("--out", default=None, help="keep the run dirs here (default: a temporary dir)")
+    parser.add_argument("--validate", action="store_true", help="also check the simulator against the crash runs")
+    parser.add_argument("--profile-repeats", type=int, default=21, help="with --validate: timed repeats per layer")
+    args = parser.parse_args()
+    os.environ.setdefault("WANDB_MODE", "disabled")
+
+    from analysis.comparison import print_protocol
+
+    out = (Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_strategies-"))).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; run dirs under {out}")
+    launch_run = tiny_launcher(
+        steps=args.steps, nodes=args.nodes, heartbeat_timeout_s=args.heartbeat_timeout_s, profiles=out / "profiles"
+    )
+    run_protocol(
+        [Variant(name, name) for name in STRATEGIES],
+        faults=args.faults,
+        steps=args.steps,
+        failures=args.failures,
+        repeats=args.repeats,
+        seed=args.seed,
+        out=out,
+        launch_run=launch_run,
+        reference="oobleck",
+        nodes=args.nodes,
+        heartbeat_timeout_s=args.heartbeat_timeout_s,
+    )
+    print(f"load average {os.getloadavg()[0]:.2f}")
+    print_protocol(out)
+    if args.validate and "crash" in args.faults:
+        validate(out, [out / "r0-crash" / name for name in VALIDATED], args.profile_repeats)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Oobleck against torchft (PyTorch's fault-tolerance library) on the same local cluster and schedule.
 
-    python benchmarks/bench_torchft.py [--nodes 5] [--steps 300] [--out results.json]
+    python benchmarks/bench_torchft.py [--nodes 5] [--steps 300] [--out results.json] [--fault crash|hang]
         [--torchft strategy.heartbeat_timeout_ms=1000 ...] [--only oobleck|torchft|torchft_sync]
 
 1. failures: gpt3_tiny on ``--nodes`` local nodes (f=2 for Oobleck), a global batch of 40 (20
@@ -19,6 +19,11 @@
 2. too big for one node: the same cluster with cluster.device_memory_gb=0.006, where gpt3_tiny
    needs two nodes per replica (n0=2), no failures, 20 steps: Oobleck's pipelines (f=1) against
    torchft's replica groups of two nodes (``strategy.nodes_per_replica=2``, default mode).
+
+``--fault hang`` runs the same schedule with the two nodes frozen (SIGSTOP) instead of killed: every
+strategy then waits the heartbeat timeout, where a crash is seen at once by the harness and after
+the timeout by torchft's lighthouse; the two are separate measurements, never one table. One run
+of each column: for ratios with their spread over repeats use benchmarks/bench_attribution.py.
 
 All columns are measured in the same invocation on the same machine, with the load average
 printed before and after; the ratios are Oobleck / torchft. Under load from other jobs the
@@ -54,7 +59,13 @@ COLUMNS = {
 }
 
 
-def bench_config(strategy: str, nodes: int, steps: int, overrides: dict[str, Any]):
+def schedule(fault: str) -> list[dict[str, Any]]:
+    """``SCHEDULE`` with its removals as crashes (SIGKILL) or hangs (``freeze``: SIGSTOP)."""
+    action = {"crash": "remove", "hang": "freeze"}[fault]
+    return [{**e, "action": action} if e["action"] == "remove" else e for e in SCHEDULE]
+
+
+def bench_config(strategy: str, nodes: int, steps: int, overrides: dict[str, Any], fault: str = "crash"):
     from testing import tiny_config
 
     cfg = tiny_config(
@@ -66,7 +77,7 @@ def bench_config(strategy: str, nodes: int, steps: int, overrides: dict[str, Any
             "job.microbatch_size": 2,
             "job.fault_tolerance": 2,
             "failures.kind": "explicit",
-            "failures.events": SCHEDULE,
+            "failures.events": schedule(fault),
             "cluster.heartbeat_timeout_s": 10.0,
             "cluster.collective_timeout_s": 60.0,
             **overrides,
@@ -157,7 +168,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         ("median per-step samples/s", "median_step_samples_per_s"),
         ("samples lost (never trained)", "samples_lost"),
         ("attempts thrown away (redone / dropped)", "attempts_thrown_away"),
-        ("recovery per failure, kill to next commit (s)", "recovery_s"),
+        ("recovery per failure, failure to next commit (s)", "recovery_s"),
         ("recovery kind", "recovery_kinds"),
         ("healing per join, node ready to training (s)", "heal_s"),
         ("detection timeout", "detection"),
@@ -189,6 +200,7 @@ def main() -> None:
     parser.add_argument("--torchft", nargs="*", default=[], help="overrides of both torchft runs, key=value")
     parser.add_argument("--only", choices=tuple(COLUMNS), help="run one column (no ratio)")
     parser.add_argument("--out", type=Path, help="write the results as JSON")
+    parser.add_argument("--fault", choices=("crash", "hang"), default="crash", help="kill or freeze the two nodes")
     args = parser.parse_args()
     extra = parse_overrides(args.torchft)
     print(f"load average before: {os.getloadavg()}, {os.cpu_count()} cores", flush=True)
@@ -196,10 +208,12 @@ def main() -> None:
     for column, (strategy, overrides) in COLUMNS.items():
         if args.only in (None, column):
             more = extra if strategy == "torchft" else {}
-            results[column] = measure(column, bench_config(strategy, args.nodes, args.steps, {**overrides, **more}))
+            cfg = bench_config(strategy, args.nodes, args.steps, {**overrides, **more}, args.fault)
+            results[column] = measure(column, cfg)
     print(
-        f"\ngpt3_tiny, {args.nodes} local nodes, {args.steps} steps, global batch 40; kill node 1 (backward, step 20), "
-        "kill node 3 (step 40), one node joins (step 60)"
+        f"\ngpt3_tiny, {args.nodes} local nodes, {args.steps} steps, global batch 40; {args.fault}: "
+        f"{'kill' if args.fault == 'crash' else 'freeze'} node 1 (backward, step 20) and node 3 (step 40), "
+        "one node joins (step 60)"
     )
     print(table(results))
     if "oobleck" in results:
@@ -214,11 +228,7 @@ def main() -> None:
             )
             print(
                 f"oobleck / {column}: {ratio:.2f}x throughput"
-                + (
-                    f"; median recovery {column} / oobleck: {recovery:.1f}x (crashes: see the README)"
-                    if recovery
-                    else ""
-                )
+                + (f"; median recovery {column} / oobleck: {recovery:.1f}x ({args.fault} faults)" if recovery else "")
             )
     big = too_big(args.nodes) if args.only is None else None
     if big:

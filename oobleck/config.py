@@ -162,6 +162,9 @@ class FailureEventConfig:
     nodes: list[int] | None = None  # explicit node ids
     count: int | None = None  # or how many (chosen deterministically from the seed)
     phase: str = "any"  # any | forward | backward | allreduce | optimizer | reconfigure (Phase)
+    # remove only: seconds of warning before the kill, as spot providers give (0: a crash);
+    # null: failures.notice_s.
+    notice_s: float | None = None
     freeze: bool = False  # deprecated: action=freeze says it
 
 
@@ -176,6 +179,7 @@ class FailuresConfig:
     seed: int = MISSING
     trace: str | None = MISSING
     seconds_per_trace_hour: float = MISSING
+    notice_s: float = MISSING  # seconds of warning before every removal (0: crashes)
 
 
 @dataclass

@@ -12,6 +12,9 @@ Each answer is one frozen ``Decision`` whose ``kind`` says how to carry it out:
   state between live workers) and redo the interrupted step; nothing is lost;
 - ``FAILOVER``: in place too, but survivors take over lost stages from shadow copies they already
   hold (Bamboo); ``transfers`` only re-establish redundancy;
+- ``REROUTE``: in place, no state copy: the survivors switch to ``layout``, whose re-routes
+  (``ExecutionPlan.reroutes``) send a lost stage's microbatches through the same stage of peer
+  pipelines, which already hold its layers (ReCycle), and redo the interrupted step;
 - ``RESTART``: every worker process stops and fresh ones start on ``layout``, loading the
   checkpoint of ``rollback_to_step`` (0: the seeded initial state) and redoing every step since;
   with ``checkpoint_first`` a checkpoint of the current step is written first, so nothing is lost
@@ -21,6 +24,19 @@ Each answer is one frozen ``Decision`` whose ``kind`` says how to carry it out:
   peer such as torchft, whose replicas heal in place); a lost node that was not standing by is then
   recorded as a ``continue`` recovery, ending at the next committed step;
 - ``STOP``: training cannot go on (``reason``; ``out_of_memory`` when nothing fits).
+
+A *preemption notice* (``failures.*.notice_s``: a spot provider's warning that nodes will be
+killed in ``notice_s`` seconds) reaches every strategy alike through ``on_notice(state)``, called
+when the notice arrives, with the nodes about to go in ``state.leaving`` (still alive; nothing is
+lost yet). It is a hook of its own rather than another ``on_change``: a notice changes no
+membership, so ``on_change`` keeps meaning "nodes were lost or joined" and a strategy that does
+not use notices needs no code (the default continues, and the kill is then recovered like a
+crash). Its answer is an ordinary decision, carried out by the same executor: a restart that
+checkpoints first (Varuna's reaction), a failover or reconfiguration onto layouts without the
+nodes under notice (Bamboo's), or continue. Nodes under notice are never part of a new layout and
+never copy state (our runtime copies only between workers of the new plan); once a layout that
+does not use them runs, their kill changes nothing. ``state.leaving`` also tells every later
+decision which alive nodes are about to go.
 
 The real runtime (``oobleck.elastic``) dispatches on the kind and has no strategy-specific code;
 the simulator (``oobleck.sim``) charges each kind by its cost model. A strategy is chosen by
@@ -57,6 +73,7 @@ class Kind(str, enum.Enum):
     START = "start"
     RECONFIGURE = "reconfigure"
     FAILOVER = "failover"
+    REROUTE = "reroute"
     RESTART = "restart"
     CONTINUE = "continue"
     STOP = "stop"
@@ -129,6 +146,13 @@ class RunState:
     joined: tuple[int, ...]  # nodes that arrived since then
     step: int  # the step in flight: the number of steps committed so far
     checkpoint_step: int | None = None  # steps held by the latest complete checkpoint
+    leaving: tuple[int, ...] = ()  # alive nodes under a preemption notice (they go within notice_s)
+    notice_s: float = 0.0  # the warning the newest notice gave: seconds from the notice to its kill
+
+    @property
+    def staying(self) -> tuple[int, ...]:
+        """The alive nodes not under notice: what a new layout may use."""
+        return tuple(n for n in self.alive if n not in self.leaving)
 
 
 @dataclass(frozen=True)
@@ -261,6 +285,12 @@ class Strategy(ABC):
     def on_change(self, state: RunState) -> Decision:
         """The decision on ``state.removed`` nodes failing and ``state.joined`` nodes arriving."""
 
+    def on_notice(self, state: RunState) -> Decision:
+        """The decision on a preemption notice: ``state.leaving`` nodes (alive now) will be killed in
+        ``state.notice_s`` seconds. A layout it returns must not use them. Default: continue, and
+        recover once they are gone as from a crash."""
+        return Decision(Kind.CONTINUE)
+
     def services(self, run: RunInfo) -> contextlib.AbstractContextManager[dict[str, Any]]:
         """Servers the workers need for the whole run, as a context manager: entered before any node
         starts (so it may still refuse the run's settings), left at shutdown after the workers; the
@@ -268,9 +298,10 @@ class Strategy(ABC):
         return contextlib.nullcontext({})
 
     def restart(self, state: RunState, reason: str) -> Decision:
-        """Stop everything and start afresh on the alive nodes from the latest checkpoint (or from
-        the initial state when there is none): the shared fall-back of every strategy."""
-        fresh = self.start(state.alive)
+        """Stop everything and start afresh on the alive nodes (but those under notice) from the
+        latest checkpoint (or from the initial state when there is none): the shared fall-back of
+        every strategy."""
+        fresh = self.start(state.staying)
         if fresh.kind is Kind.STOP:
             return Decision(
                 Kind.STOP, reason=f"{reason}; restarting failed: {fresh.reason}", out_of_memory=fresh.out_of_memory

@@ -49,6 +49,24 @@ print(f"{len(runs.runs)} runs under failure schedule {failures!r}")
 runs.runs[["run", "strategy", "model", "nodes", "failures", "label"]]
 
 # %% [markdown]
+# ## The comparison, with the host each run ran on
+# `fault`: crash (SIGKILL: the harness hears of it at once, torchft after its heartbeat timeout) or
+# hang (SIGSTOP: every strategy waits the heartbeat timeout); ratios pair runs of one fault type.
+# The host columns come from each run's summary.json; a warning is printed when the load exceeded
+# the cores or the training processes outnumbered them (the times are then partly the scheduler's).
+# A comparison under the measurement protocol (repeats, seeded failure steps) is read by
+# `python -m analysis.comparison DIR` on the benchmark's dir instead.
+
+# %%
+from analysis.comparison import host_warnings, strategy_table, with_hosts
+
+table = with_hosts(strategy_table(runs), runs)
+table.to_csv(out / "comparison.csv", index=False)
+for warning in host_warnings(table):
+    print(warning)
+table.round(3)
+
+# %% [markdown]
 # ## Throughput over time
 # Each step at its measured rate over the time it took; red lines: failures injected; blue
 # dashed: joins; shaded: recoveries (from the failure to the end of the first step after it).

@@ -33,6 +33,20 @@
   state copies). ``rebalance`` (off by default: real Bamboo has no such step) also dissolves the
   most degraded pipeline to repair the others when a failure leaves no standby and that is faster
   under the cost model.
+- A preemption notice (``on_notice``): the nodes under notice are treated as lost at once, while
+  they still live: a failover onto their predecessors (or a repair from standbys), so that their
+  kill later changes nothing. That is Bamboo's spot agent (``project_pactum/agent``): it polls the
+  EC2 spot instance-action endpoint every 3 s (``get_notices.py``) and, on a notice, sends SIGTERM
+  to its workers; the engine (``deepspeed/runtime/pipe/engine.py``, ``train_batch``) records in
+  the store that the rank leaves at the next step, and at that step the rank exits cleanly while
+  its neighbours switch to the failover schedule (``check_preemptions``), after copying a leaving
+  shadow holder's layers to a node that stays when no other holder has them
+  (``save_shadow_node_state``). Where ours differs: the change is carried out at once (the step in
+  flight is redone) rather than at the next step boundary; the nodes under notice send nothing
+  (our runtime copies only between workers of the new plan; every stage has a live copy anyway);
+  and where a failover is impossible (a stage and its copy both under notice) it checkpoints the
+  next step boundary and restarts without them (nothing lost) where Bamboo would reconfigure
+  from the leaving nodes' state.
 """
 
 from __future__ import annotations
@@ -507,3 +521,11 @@ class Bamboo(Strategy):
         # A stage taken over by its predecessor is a failover, whatever else the decision moves.
         kind = Kind.FAILOVER if taken_over else Kind.RECONFIGURE
         return Decision(kind, layout, transfers=transfers, reason=reason)
+
+    def on_notice(self, run: RunState) -> Decision:
+        """The nodes under notice taken out while they live (module docstring)."""
+        gone = replace(run, alive=run.staying, removed=tuple(sorted({*run.removed, *run.leaving})))
+        decision = self.on_change(gone)
+        if decision.kind is Kind.RESTART:
+            return replace(decision, rollback_to_step=run.step, checkpoint_first=True)
+        return decision

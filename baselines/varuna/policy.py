@@ -33,6 +33,19 @@
   losing a standby costs nothing.
 - A join: if the best layout on the larger node set is faster, checkpoint the current step,
   restart and morph onto it (nothing lost); otherwise keep running, the new node standing by.
+- A preemption notice (``on_notice``) for a working node: checkpoint the next step boundary, stop
+  there and restart on the best layout of the nodes that stay (nothing lost when the checkpoint
+  completes before the kill; otherwise the kill overtakes it and the run rolls back to the last
+  complete checkpoint, as on a crash). That is Varuna's morph server on a scheduled event
+  (``varuna/morph_server.py``, ``'preempt'``: a listener polls Azure's scheduled events every 5 s,
+  ``vmss_scripts/listen_preemption.py``; the server waits until 30 s before the event's NotBefore
+  time, at once when less is left, then sends SIGUSR1 to every worker, whose handler saves a
+  checkpoint at the end of the iteration and exits; on "checkpoint done" it restarts the job on
+  the machines available). Where ours differs: the notices of these runs are seconds, so the
+  reaction always comes at once, as Varuna's does for any notice under 30 s; and Varuna then
+  sleeps 120 s ("wait for scheduled event to occur") before restarting, where ours restarts at
+  once without the nodes under notice (generous to Varuna by that wait). A notice for standby
+  nodes changes nothing.
 """
 
 from __future__ import annotations
@@ -274,3 +287,19 @@ class Varuna(Strategy):
                     reason=f"morph onto the joined nodes: {candidate.description}",
                 )
         return Decision(Kind.CONTINUE, standing)
+
+    def on_notice(self, state: RunState) -> Decision:
+        """Checkpoint the next step boundary and restart without the nodes under notice (module docstring)."""
+        leaving = sorted(set(state.leaving) & set(state.layout.nodes))
+        if not leaving:
+            return Decision(Kind.CONTINUE)  # only standbys leave
+        layout = self.best_layout(state.staying)
+        if layout is None:
+            return Decision(Kind.CONTINUE, reason=f"no layout fits on the {len(state.staying)} nodes that stay")
+        return Decision(
+            Kind.RESTART,
+            layout,
+            rollback_to_step=state.step,
+            checkpoint_first=True,
+            reason=f"preemption notice for nodes {leaving}: checkpoint, then restart on {layout.description}",
+        )

@@ -13,7 +13,9 @@ never in the controller's core:
 - ``ToleranceReport``: a plan that survives fewer than ``job.fault_tolerance`` failures in place
   is said so (event, summary, a warning line), for strategies whose plans promise it;
 - ``ScheduleReport``: at the end, joins not absorbed, nodes left standing by, scheduled events
-  never applied.
+  never applied;
+- ``HostReport``: the host's cores and load at the start and the end, and the run's own processes
+  on it at most at once (summary.json's ``host`` object, ``oobleck.metrics.host``).
 
 ``summarize`` turns the run's ``Outcome`` into summary.json's totals; ``earlier_attempts`` reads
 what a resumed run's earlier attempts did back from its run dir's rows (metrics.csv and
@@ -33,6 +35,7 @@ from typing import Any
 from oobleck.elastic.events import RECOVERY_EVENTS, Continuation, EventKind, Execution, RunObserver
 from oobleck.elastic.ledger import Outcome, StepLedger
 from oobleck.elastic.membership import Changes, Membership
+from oobleck.metrics.host import HostSnapshot, host_record, run_processes
 from oobleck.planning.outputs import tolerated_failures
 from oobleck.runtime.plan_document import PlanDocument
 from oobleck.strategy import Layout
@@ -46,7 +49,7 @@ class Recovery:
 
     kind: EventKind  # reconfiguration | failover | restart | continue
     generation: int
-    reason: str  # what caused it: failure | join
+    reason: str  # what caused it: failure | join | notice
     decision: str  # the strategy's reason for what it decided
     removed: tuple[int, ...]
     joined: tuple[int, ...]
@@ -59,6 +62,15 @@ class Recovery:
     rolled_back_steps: int = 0
     restart_nodes: tuple[int, ...] = ()
     note: str = ""
+
+
+def _cause(removed: set[int], joined: set[int], leaving: tuple[int, ...]) -> str:
+    """What a recovery answers: a failure, a join, or a preemption notice (nothing lost yet)."""
+    if removed:
+        return "failure"
+    if leaving and not joined:
+        return "notice"
+    return "join"
 
 
 class RecoveryAccounting(RunObserver):
@@ -91,7 +103,7 @@ class RecoveryAccounting(RunObserver):
         self.open = Recovery(
             kind=RECOVERY_EVENTS[execution.kind],
             generation=execution.generation,
-            reason="failure" if removed else "join",
+            reason=_cause(removed, joined, execution.state.leaving),
             decision=execution.decision.reason,
             removed=tuple(sorted(removed)),
             joined=tuple(sorted(joined)),
@@ -319,6 +331,33 @@ def earlier_attempts(metrics: list[dict[str, Any]], events: list[dict[str, Any]]
     outcome.attempt = numbers[-1] + 1 if numbers else 0
     outcome.generations = outcome.earlier_generations
     return outcome
+
+
+class HostReport(RunObserver):
+    """summary.json's ``host`` object: the snapshot taken before any process started, another at the
+    end, and the most nodes the run's plans used (working) and kept (working or standing by) at once."""
+
+    def __init__(self, cfg: Any, start: HostSnapshot) -> None:
+        self.start = start
+        self.gpus = int(cfg.cluster.gpus_per_node)
+        self.local = str(cfg.cluster.kind) == "local"  # every node on this host; on Slurm only one
+        self.fork_server = self.local and bool(cfg.cluster.fork_workers)
+        self.kept = int(cfg.cluster.nodes) if self.local else 1  # every node started has its processes
+        self.working = 0 if self.local else 1
+
+    def published(self, document: PlanDocument, layout: Layout) -> None:
+        if self.local:
+            self.working = max(self.working, len(document.plan.nodes))
+            self.kept = max(self.kept, len(document.plan.nodes) + len(layout.standby))
+
+    def record(self) -> dict[str, Any]:
+        """The host object, with the load as it is now."""
+        return host_record(
+            self.start,
+            HostSnapshot.now(),
+            run_processes=run_processes(nodes_on_host=self.kept, gpus_per_node=self.gpus, fork_server=self.fork_server),
+            training_processes=(self.working or self.kept) * self.gpus,
+        )
 
 
 def summarize(outcome: Outcome, cfg: Any) -> dict[str, Any]:

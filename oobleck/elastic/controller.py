@@ -245,7 +245,11 @@ class Controller:
             self.strategy, store, ledger, membership, self.checkpoints, emit=self._event, notify=self._notify
         )
         self.firing = FaultFiring(
-            Injector(list(self.schedule), seed=int(cfg.failures.seed)), store, membership, self._event
+            Injector(list(self.schedule), seed=int(cfg.failures.seed)),
+            store,
+            membership,
+            self._event,
+            notice=lambda nodes, notice_s: self.executor.on_notice(nodes, notice_s, self.steps),  # type: ignore[union-attr]
         )
         self.firing.next_node_id = int(cfg.cluster.nodes)
         builtin: list[RunObserver] = [RecoveryAccounting(ledger.outcome, ledger, membership, self._event)]
@@ -452,11 +456,12 @@ class Controller:
     def _fire_faults(self) -> None:
         membership, firing, ledger, executor = self.membership, self.firing, self.ledger, self.executor
         assert membership is not None and firing is not None and ledger is not None and executor is not None
+        firing.kill_noticed(time.time())  # a notice's kill comes on time, whatever the run is doing
         if not firing.remaining:
             return
         # Events apply in order, each after the previous change is absorbed (joining nodes up and
-        # in the plan, the first step after it committed).
-        if membership.booting() or membership.striking() or membership.pending() or executor.busy:
+        # in the plan, the first step after it committed; a notice's nodes killed).
+        if membership.booting() or membership.striking() or membership.pending() or executor.busy or firing.noticed:
             return
         firing.fire_due(ledger.next_step, self.train_time(), ledger.generation)
 

@@ -39,13 +39,17 @@ class EventKind(str, enum.Enum):
     JOIN_STARTED = "join_started"
     FAULT_ARMED = "fault_armed"
     FAULT_INJECTED = "fault_injected"
+    NOTICE = "notice"  # a preemption notice reached the strategy (its decision beside it)
+    DEPARTED = "departed"  # a node under notice was killed after a layout had let it go
     # recoveries (one row each, with its breakdown) and what else a decision does
     RECONFIGURATION = "reconfiguration"
     FAILOVER = "failover"
+    REROUTE = "reroute"
     RESTART = "restart"
     CONTINUE = "continue"
     RECONFIGURATION_SUPERSEDED = "reconfiguration_superseded"
     FAILOVER_SUPERSEDED = "failover_superseded"
+    REROUTE_SUPERSEDED = "reroute_superseded"
     RESTART_SUPERSEDED = "restart_superseded"
     CONTINUE_SUPERSEDED = "continue_superseded"
     RESTART_PLANNED = "restart_planned"
@@ -73,6 +77,7 @@ class EventKind(str, enum.Enum):
 RECOVERY_EVENTS = {
     Kind.RECONFIGURE: EventKind.RECONFIGURATION,
     Kind.FAILOVER: EventKind.FAILOVER,
+    Kind.REROUTE: EventKind.REROUTE,
     Kind.RESTART: EventKind.RESTART,
     Kind.CONTINUE: EventKind.CONTINUE,
 }

@@ -7,6 +7,8 @@ table a new kind of decision is added to:
 - ``reconfigure`` / ``failover``: take the commit decision of the step in flight (abort it
   unless the workers already committed it), abandon the generation, publish generation g+1 with
   the new plan, the layer copies and the step to redo;
+- ``reroute``: the same abort and publication, with no layer copies: the new plan's re-routes send
+  a lost stage's microbatches through peer pipelines that already hold its layers (ReCycle);
 - ``restart``: the same abort, then every alive node's agent kills its workers and starts fresh
   ones; generation g+1 tells them to load the checkpoint of the step rolled back to (or build the
   seeded initial state at step 0). With ``checkpoint_first`` a checkpoint of the next step
@@ -26,6 +28,11 @@ the controller never ended; the generation is ended and the same plan published 
 Every generation is published as one ``PlanDocument`` (``publish``). A change is *absorbed* once
 the first step after it commits; until then ``busy`` holds (scheduled faults wait for it).
 Observers (``oobleck.elastic.events``) hear of each change, execution and publication.
+
+A preemption notice (``on_notice``) is decided by ``Strategy.on_notice`` and carried out the same
+way, before anything is lost: the nodes under notice (``leaving``) are still alive, never part of
+a new layout and never restarted. When one of them is killed while the newest published plan does
+not use it, nothing is decided: its departure is recorded (``departed``) and the run goes on.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from typing import Any
 from oobleck.elastic.checkpoints import CheckpointCoordinator
 from oobleck.elastic.events import Continuation, EventKind, Execution
 from oobleck.elastic.ledger import StepLedger
-from oobleck.elastic.membership import Membership
+from oobleck.elastic.membership import Changes, Membership
 from oobleck.errors import RunError
 from oobleck.planning.outputs import ReconfigurationPlan
 from oobleck.runtime import keys
@@ -74,10 +81,12 @@ class DecisionExecutor:
         self.absorbing: tuple[int, int] | None = None  # (generation, first step) of a change not yet absorbed
         self.restarting: int | None = None  # the rollback step of a restart whose workers hold nothing yet
         self.planned: tuple[Decision, int] | None = None  # a restart waiting for its checkpoint
+        self.leaving: dict[int, float] = {}  # node under a preemption notice -> the notice's seconds
         # How each kind of decision is carried out once the step in flight is aborted.
         self.executors: dict[Kind, Executor] = {
             Kind.RECONFIGURE: self._reconfigure,
             Kind.FAILOVER: self._reconfigure,
+            Kind.REROUTE: self._reroute,
             Kind.RESTART: self._restart,
             Kind.CONTINUE: self._republish,
             Kind.STOP: self._stop,
@@ -97,6 +106,7 @@ class DecisionExecutor:
         *,
         reconfiguration: ReconfigurationPlan | None = None,
         checkpoint: str | None = None,
+        decision: Kind = Kind.START,
     ) -> None:
         document = PlanDocument(
             generation=generation,
@@ -106,6 +116,7 @@ class DecisionExecutor:
             reconfiguration=reconfiguration,
             load_checkpoint=checkpoint,
             incarnations={n: s.incarnation for n, s in self.membership.nodes.items()},
+            decision=Kind(decision).value,
         )
         self._publish(document, layout)
 
@@ -159,20 +170,24 @@ class DecisionExecutor:
         base = self.ledger.layout
         alive = tuple(self.membership.available())
         known = set(base.nodes) | set(base.standby)
+        leaving = tuple(sorted(n for n in self.leaving if n in alive))
         return RunState(
             layout=base,
             alive=alive,
             removed=tuple(sorted(n for n in known if n not in alive)),
-            joined=tuple(sorted(n for n in alive if n not in known)),
+            # A node under notice that a layout let go is no arrival.
+            joined=tuple(sorted(n for n in alive if n not in known and n not in leaving)),
             step=step,
             checkpoint_step=self.checkpoints.latest_step(),
+            leaving=leaving,
+            notice_s=max((self.leaving[n] for n in leaving), default=0.0),
         )
 
     def decide(self, state: RunState) -> Decision:
         if self.restarting is not None:
             # The fresh workers of a restart in progress hold nothing yet: only another restart
             # from the same checkpoint can follow.
-            fresh = self.strategy.start(state.alive)
+            fresh = self.strategy.start(state.staying)
             if fresh.kind is Kind.STOP:
                 return fresh
             return Decision(
@@ -184,19 +199,88 @@ class DecisionExecutor:
         return self.strategy.on_change(state)
 
     def on_change(self, steps: int) -> None:
-        """Decide on the nodes lost and joined, and carry the decision out. Decisions that leave the
-        step in flight alone (continue; a restart that checkpoints first) are carried out at once;
-        any other aborts that step first and is decided again if the abort changed the state."""
-        ledger = self.ledger
+        """Decide on the nodes lost and joined, and carry the decision out (``_carry_out``)."""
         started = time.time()
-        changes = self.membership.take_changes()
+        changes = self._without_departed(self.membership.take_changes())
+        if not changes:
+            return
         for node in changes.removed:
             self.checkpoints.writer_lost(node)
+            self.leaving.pop(node, None)
         self.notify("changes_taken", changes, started)
-        guessed = self.state(ledger.next_step)
-        guess = self.decide(guessed)
+        self._carry_out(self.decide, steps, started, tuple(changes.removed))
+
+    def on_notice(self, nodes: tuple[int, ...], notice_s: float, steps: int) -> None:
+        """A preemption notice: ``nodes`` will be killed in ``notice_s`` seconds. The strategy's
+        ``on_notice`` decides; the decision is carried out like any other (``_carry_out``)."""
+        started = time.time()
+        for node in nodes:
+            self.leaving[node] = notice_s
+        if self.ledger.generation < 0:
+            # Before the first plan (a notice due at once): the run starts on the layout decided at
+            # launch, and the kill is recovered like a crash.
+            self.emit(
+                EventKind.NOTICE,
+                nodes=list(nodes),
+                notice_s=notice_s,
+                decision="continue",
+                reason="before the first plan",
+            )
+            return
+        state = self.state(self.ledger.next_step)
+        decision = self._notice_answer(state)
+        self.emit(
+            EventKind.NOTICE, nodes=list(nodes), notice_s=notice_s, decision=decision.kind.value, reason=decision.reason
+        )
+        self._carry_out(self._notice_answer, steps, started, (), guessed=(state, decision))
+
+    def _notice_answer(self, state: RunState) -> Decision:
+        decision = self.strategy.on_notice(state)
+        layout = decision.layout
+        if layout is not None and decision.kind is not Kind.CONTINUE:
+            used = sorted(set(layout.nodes) & set(state.leaving))
+            if used:
+                raise RunError(
+                    f"strategy {self.strategy.name} answered a preemption notice with a layout on nodes {used}, "
+                    "which are under notice: a new layout must leave them out"
+                )
+        return decision
+
+    def _without_departed(self, changes: Changes) -> Changes:
+        """The changes less the nodes under notice that the newest published plan does not use: their
+        kill changes nothing (a layout already let them go), so it is only recorded."""
+        newest = self.ledger.generations[self.ledger.generation].layout
+        departed = sorted(n for n in changes.removed if n in self.leaving and n not in newest.nodes)
+        if not departed:
+            return changes
+        for node in departed:
+            self.leaving.pop(node)
+            self.checkpoints.writer_lost(node)
+        self.emit(
+            EventKind.DEPARTED, nodes=departed, reason="killed after its notice; the running plan does not use it"
+        )
+        removed = {n: v for n, v in changes.removed.items() if n not in departed}
+        return dataclasses.replace(changes, removed=removed)
+
+    def _carry_out(
+        self,
+        decide: Callable[[RunState], Decision],
+        steps: int,
+        started: float,
+        removed: tuple[int, ...],
+        *,
+        guessed: tuple[RunState, Decision] | None = None,
+    ) -> None:
+        """Decisions that leave the step in flight alone (continue; a restart that checkpoints
+        first) are carried out at once; any other aborts that step first and is decided again if
+        the abort changed the state. ``guessed``: a state and its decision already made."""
+        ledger = self.ledger
+        if guessed is None:
+            before = self.state(ledger.next_step)
+            guessed = (before, decide(before))
+        before, guess = guessed
         if guess.kind is Kind.CONTINUE:
-            self._continue(guess, tuple(changes.removed), started)
+            self._continue(guess, removed, started)
             return
         if guess.kind is Kind.RESTART and guess.checkpoint_first and self.restarting is None:
             self._plan_restart(guess)
@@ -209,7 +293,7 @@ class DecisionExecutor:
         ledger.abandon(ledger.generation)
         state = self.state(step)
         # Commits may have landed (or a generation been established) while the guess was made.
-        decision = guess if state == guessed else self.decide(state)
+        decision = guess if state == before else decide(state)
         self.executors[decision.kind](decision, state, step, started, time.time() - started)
 
     def redo(self, steps: int, reason: str) -> None:
@@ -262,7 +346,9 @@ class DecisionExecutor:
         """A ``continue`` decided after the abort: the step in flight is redone on the same plan."""
         plan = state.layout.plan
         reconfiguration = ReconfigurationPlan(plan, plan, (), (), ())
-        self.publish(self.ledger.generation + 1, state.layout, step, reconfiguration=reconfiguration)
+        self.publish(
+            self.ledger.generation + 1, state.layout, step, reconfiguration=reconfiguration, decision=Kind.CONTINUE
+        )
 
     def _stop(self, decision: Decision, state: RunState, step: int, started: float, plan_s: float) -> None:
         raise RunError(f"cannot continue training (lost nodes {list(state.removed)}): {decision.reason}")
@@ -272,7 +358,13 @@ class DecisionExecutor:
         once its first step commits."""
         assert execution.decision.layout is not None
         self.notify("executing", execution)
-        self.publish(execution.generation, execution.decision.layout, execution.resume_step, **publish)
+        self.publish(
+            execution.generation,
+            execution.decision.layout,
+            execution.resume_step,
+            decision=execution.kind,
+            **publish,
+        )
         self.absorbing = (execution.generation, execution.resume_step)
 
     def _reconfigure(self, decision: Decision, state: RunState, step: int, started: float, plan_s: float) -> None:
@@ -290,6 +382,21 @@ class DecisionExecutor:
             decision, state, generation=self.ledger.generation + 1, resume_step=step, started=started, plan_s=plan_s
         )
         self._execute(execution, reconfiguration=reconfiguration)
+
+    def _reroute(self, decision: Decision, state: RunState, step: int, started: float, plan_s: float) -> None:
+        """A re-route moves no state: a reconfiguration whose layer copies are none (every worker of
+        the new plan holds exactly the layers it held)."""
+        layout = decision.layout
+        assert layout is not None and not decision.transfers
+        old_layers = {a.worker: a.held_layers for a in state.layout.plan.assignments()}
+        for assignment in layout.plan.assignments():
+            if old_layers.get(assignment.worker) != assignment.held_layers:
+                raise RunError(
+                    f"strategy {self.strategy.name}: a reroute must leave every worker its layers, but "
+                    f"{assignment.worker} would hold {list(assignment.held_layers)} instead of "
+                    f"{list(old_layers.get(assignment.worker, ()))}"
+                )
+        self._reconfigure(decision, state, step, started, plan_s)
 
     def _plan_restart(self, decision: Decision) -> None:
         """A restart that loses nothing: checkpoint the next step boundary first, then restart."""
@@ -337,7 +444,8 @@ class DecisionExecutor:
             print(f"oobleck: warning: {note}", flush=True)
         checkpoints.discard_after(rollback)
         lost = ledger.roll_back(rollback)
-        alive = tuple(membership.available())
+        # Nodes under notice keep their workers: no layout uses them, and they are about to go.
+        alive = tuple(n for n in membership.available() if n not in self.leaving)
         membership.restart_workers(list(alive))
         execution = Execution(
             decision,

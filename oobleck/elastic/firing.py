@@ -7,12 +7,19 @@ step is armed through the store (``strike/<node>``: the node's first worker fire
 point), a join starts new agents. Events apply in order, each once the previous change has been
 absorbed, so a schedule means the same sequence of generations however long start-up or recovery
 takes.
+
+A removal with a preemption notice (``FaultEvent.notice_s``) is given to the controller as a
+notice when it is due (``notice``: the strategy decides on it) and its nodes are SIGKILLed
+``notice_s`` seconds later, whatever the run is doing then (a provider does not wait for a
+checkpoint); until that kill the next events wait.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from oobleck.elastic.events import EventKind
@@ -21,18 +28,53 @@ from oobleck.faults.kinds import FaultKind, Phase
 from oobleck.runtime import keys
 
 
+@dataclass(frozen=True)
+class NoticedKill:
+    """Nodes under a preemption notice and when they are killed (wall clock)."""
+
+    nodes: tuple[int, ...]
+    at: float
+    notice_s: float
+    origin: str
+
+
 class FaultFiring:
-    def __init__(self, injector: Injector, store: Any, membership: Any, event: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        injector: Injector,
+        store: Any,
+        membership: Any,
+        event: Callable[..., None],
+        *,
+        notice: Callable[[tuple[int, ...], float], None] | None = None,
+    ) -> None:
         self.injector = injector
+        self.notice = notice  # (nodes, notice_s): a preemption notice, for the strategy to decide on
         self.store = store  # the run's key space: a foreign strike/<node> cannot take a node down
         self.membership = membership
         self.event = event
         self.next_node_id = 0
         self.armed: list[tuple[Any, tuple[int, ...]]] = []  # (event, nodes) armed through the store
+        self.noticed: list[NoticedKill] = []  # kills announced by a notice, not yet struck
 
     @property
     def remaining(self) -> int:
-        return self.injector.remaining
+        """Events not yet due, and noticed kills not yet struck."""
+        return self.injector.remaining + len(self.noticed)
+
+    def kill_noticed(self, now: float) -> None:
+        """SIGKILL the nodes whose notice has run out (those still alive)."""
+        due = [k for k in self.noticed if k.at <= now]
+        for kill in due:
+            self.noticed.remove(kill)
+            # Alive or restarting its workers: a node is killed whatever it is doing.
+            nodes = [n for n in kill.nodes if not self.membership.nodes[n].failed]
+            for node in nodes:
+                self.membership.kill(node, FaultKind.REMOVE.signal)
+            if nodes:
+                self.event(
+                    EventKind.FAULT_INJECTED, nodes=nodes, fault="remove", notice_s=kill.notice_s, origin=kill.origin
+                )
 
     def unfired(self) -> list[Any]:
         """Armed events that never struck (a ``phase: reconfigure`` strike with no reconfiguration
@@ -68,6 +110,14 @@ class FaultFiring:
             )
             return
         assert action.kind.signal is not None, f"{action.kind} is struck by workers, never by the controller"
+        if action.notice_s > 0:
+            # A preemption notice now, the kill when it runs out (kill_noticed).
+            self.noticed.append(
+                NoticedKill(tuple(action.nodes), time.time() + action.notice_s, action.notice_s, event.origin)
+            )
+            if self.notice is not None:
+                self.notice(tuple(action.nodes), action.notice_s)
+            return
         for node in action.nodes:
             self.membership.kill(node, action.kind.signal)
         self.event(EventKind.FAULT_INJECTED, nodes=list(action.nodes), fault=action.kind.value, origin=event.origin)

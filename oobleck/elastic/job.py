@@ -28,7 +28,7 @@ from typing import Any
 
 from oobleck.checkpoint.durable import describe_cause
 from oobleck.config import to_container, validate
-from oobleck.elastic.accounting import earlier_attempts, summarize
+from oobleck.elastic.accounting import HostReport, earlier_attempts, summarize
 from oobleck.elastic.controller import Controller
 from oobleck.elastic.forkserver import ForkServer, fork_server_for
 from oobleck.elastic.ledger import Outcome
@@ -36,6 +36,7 @@ from oobleck.elastic.protocol import new_run_id
 from oobleck.errors import RunError, unwritable_message
 from oobleck.faults.schedule import FaultEvent, build_schedule
 from oobleck.launcher import launcher_class
+from oobleck.metrics.host import HostSnapshot
 from oobleck.planning.outputs import ExecutionPlan
 from oobleck.schedules import checked_schedule
 from oobleck.strategy import Decision, Kind, Strategy, StrategyContext, build_strategy
@@ -153,6 +154,7 @@ def _launch(
 ) -> tuple[Outcome, dict[str, Any]]:
     from oobleck.checkpoint import resume_checkpoint
 
+    host = HostReport(cfg, HostSnapshot.now())  # before this run starts any process
     resume = resume_checkpoint(cfg, run_dir)
     if resume is not None and resume.step >= int(cfg.job.steps):
         raise RunError(f"{resume.step_dir} already holds all job.steps={cfg.job.steps} steps; nothing to resume")
@@ -185,6 +187,7 @@ def _launch(
             # A resume (or job.resume=auto finding nothing yet) continues the run dir's files and
             # wandb run: the earlier attempts' rows stay.
             resume=cfg.job.resume is not None,
+            host=host.start.as_start(),
         )
     earlier = None
     if rec is not None and (rec.earlier_metrics or rec.earlier_events):
@@ -202,6 +205,7 @@ def _launch(
         fork_server=fork_server,
         earlier=earlier,
     )
+    controller.observers.append(host)
     if on_start is not None:
         on_start(controller)
     try:
@@ -210,13 +214,14 @@ def _launch(
     except BaseException:  # whatever stopped it (a bug too): the summary says what the run did
         if rec is not None:
             try:
-                rec.finish(**summarize(controller.outcome, cfg))
+                rec.finish(**summarize(controller.outcome, cfg), host=host.record())
             except OSError as error:  # the run dir itself cannot be written: the original error wins
                 print(
                     f"oobleck: summary.json could not be written ({describe_cause(error)})", file=sys.stderr, flush=True
                 )
         raise
     summary = summarize(outcome, cfg)
+    summary["host"] = host.record()
     if cfg.runtime.save_final_params:
         save_final_params(controller, run_dir / "final_params.pt")
     if cfg.runtime.record_work:

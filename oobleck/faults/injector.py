@@ -6,9 +6,11 @@ step s-1 commits). An *armed* event (at a phase of step s, or a ``raise``) is du
 it is handed to the node's first worker through the store (``strike/<node>``), which strikes at
 that exact point of step s, so forward / backward / all-reduce / optimizer / during-reconfiguration
 failures land where the schedule asks. Time events are due when the run has been training for
-``time_s`` seconds. Count-based victims are drawn from the live nodes with a generator seeded by
-``failures.seed``. A resumed run passes over the events that were due before its checkpoint
-(``skip_before``): one run, one schedule, across attempts.
+``time_s`` seconds, or ``notice_s`` earlier when they come with a preemption notice: a noticed
+removal is due when its notice is (the controller gives the notice then and kills its nodes
+``notice_s`` later). Count-based victims are drawn from the live nodes with a generator seeded by
+``failures.seed``. A resumed run passes over the events that were due before its
+checkpoint (``skip_before``): one run, one schedule, across attempts.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ class Action:
     @property
     def armed(self) -> bool:
         return self.event.armed
+
+    @property
+    def notice_s(self) -> float:
+        """Seconds between the notice (now) and the kill; 0: strike now."""
+        return self.event.notice_s
 
 
 @dataclass
@@ -93,7 +100,7 @@ class Injector:
                 if event.step == 0 and event.armed:
                     ready = True
             else:
-                ready = elapsed_s >= float(event.time_s or 0.0)
+                ready = elapsed_s >= float(event.notice_at_s or 0.0)
             if not ready:
                 continue
             self._fired.add(index)

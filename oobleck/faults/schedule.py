@@ -8,6 +8,16 @@ or a count, a ``FaultKind`` action, several at once, optionally at a ``Phase`` o
 ids in order of first appearance, the first ``cluster.nodes`` initial trace nodes being the run's
 nodes; later additions are joins with fresh ids; removals of unmapped nodes are ignored).
 
+A removal may come with a *preemption notice*: ``notice_s`` seconds of warning before the SIGKILL,
+as spot providers give (``failures.events[].notice_s``, or ``failures.notice_s`` for every removal
+of any kind; 0, the default, is a crash). A removal at a time (``time_s``, a trace's or a Poisson
+process's) happens at that time and its notice comes ``notice_s`` earlier; a removal at a step
+gives its notice as that step starts and happens ``notice_s`` seconds later (nobody knows ahead
+when a step will start). Either way the kill follows the notice by ``notice_s``: a removal that the
+schedule holds back (events apply one at a time) or that is due before its notice could have been
+given (a trace's first minutes) happens that much later. ``FaultEvent.notice_s`` is a plain field: the simulator reads the same
+schedule.
+
 Everything is checked here: ``check_failures`` the section's own values (``validate`` calls it for
 every entry point), ``build_schedule`` also what depends on the run (its steps and nodes, the
 trace file), so a malformed schedule or trace fails before launch with one line.
@@ -41,6 +51,7 @@ class FaultEvent:
     count: int | None = None
     phase: Phase = Phase.ANY
     origin: str = ""  # where it came from, for messages (e.g. trace file:line)
+    notice_s: float = 0.0  # seconds of warning before a removal (module docstring); 0: a crash
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", FaultKind(self.kind))
@@ -54,6 +65,19 @@ class FaultEvent:
     def armed(self) -> bool:
         """Struck by the node's worker inside the step (at a phase, or a raise), not by the controller."""
         return self.phase is not Phase.ANY or self.kind.in_worker
+
+    @property
+    def noticed(self) -> bool:
+        """A removal announced ahead: its nodes get a preemption notice before the kill."""
+        return self.notice_s > 0
+
+    @property
+    def notice_at_s(self) -> float | None:
+        """Seconds of training after which a timed event is due: its notice's time (the removal's
+        time less its notice), or its own time; None for an event at a step."""
+        if self.time_s is None:
+            return None
+        return max(0.0, float(self.time_s) - self.notice_s)
 
 
 def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -83,6 +107,7 @@ def check_failures(failures: Any) -> None:
         raise ConfigError(f"failures.max_events={failures.max_events} must be >= 1, or null for one per node")
     if not (math.isfinite(failures.seconds_per_trace_hour) and failures.seconds_per_trace_hour > 0):
         raise ConfigError(f"failures.seconds_per_trace_hour={failures.seconds_per_trace_hour} must be > 0")
+    _check_notice("failures.notice_s", failures.notice_s)
     if failures.kind == "trace" and not failures.trace:
         raise ConfigError("failures.kind=trace needs failures.trace=<file or shipped name, e.g. synthetic/10m>")
     # A trace given without failures=trace would be silently ignored (and the default schedule run).
@@ -113,6 +138,44 @@ def check_failures(failures: Any) -> None:
             )
         if event.phase != Phase.ANY and kind is FaultKind.JOIN:
             raise ConfigError(f"{key}.phase={event.phase}: a join has no phase (it starts new nodes); drop the phase")
+        _check_event_notice(key, kind, event, float(failures.notice_s))
+
+
+def _check_notice(key: str, value: Any) -> None:
+    if value is None or not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"{key}={value} must be a finite number of seconds >= 0 (0: a crash without warning)")
+
+
+def _check_event_notice(key: str, kind: FaultKind, event: Any, default: float) -> None:
+    """A notice precedes a removal only: it is struck by the controller, at a time after the notice."""
+    if event.notice_s is not None:
+        _check_notice(f"{key}.notice_s", event.notice_s)
+    notice = _event_notice(kind, event, default)
+    if event.notice_s is not None and event.notice_s > 0 and kind is not FaultKind.REMOVE:
+        what = {
+            FaultKind.JOIN: "a join is no preemption",
+            FaultKind.FREEZE: "a hang comes without warning",
+            FaultKind.RAISE: "a worker's error comes without warning",
+        }[kind]
+        raise ConfigError(f"{key}.notice_s={event.notice_s}: {what}; only action=remove takes a notice_s")
+    if notice > 0 and event.phase != Phase.ANY:
+        source = f"{key}.notice_s={notice:g}" if event.notice_s is not None else f"failures.notice_s={notice:g}"
+        raise ConfigError(
+            f"{source} but {key} strikes at phase={event.phase}: a noticed removal comes notice_s seconds after "
+            f"its notice, not at a point of a step; drop the phase or set {key}.notice_s=0"
+        )
+    if notice > 0 and event.time_s is not None and event.time_s < notice:
+        raise ConfigError(
+            f"{key}.time_s={event.time_s} is shorter than its notice of {notice:g} s: the notice would come before "
+            f"training starts; set time_s >= {notice:g} or give the event a step"
+        )
+
+
+def _event_notice(kind: FaultKind, event: Any, default: float) -> float:
+    """The event's notice: its own ``notice_s``, else ``failures.notice_s`` for a removal."""
+    if event.notice_s is not None:
+        return float(event.notice_s)
+    return default if kind is FaultKind.REMOVE else 0.0
 
 
 def _explicit(failures: Any, nodes: int, steps: int) -> list[FaultEvent]:
@@ -168,6 +231,7 @@ def _explicit(failures: Any, nodes: int, steps: int) -> list[FaultEvent]:
                 count=count,
                 phase=phase,
                 origin=key,
+                notice_s=_event_notice(kind, e, float(failures.notice_s)),
             )
         )
     return events
@@ -177,7 +241,11 @@ def _poisson(failures: Any, nodes: int) -> list[FaultEvent]:
     rng = np.random.default_rng([int(failures.seed), 5])
     limit = int(failures.max_events) if failures.max_events is not None else nodes
     times = np.cumsum(rng.exponential(float(failures.mtbf_s), size=limit))
-    return [FaultEvent(FaultKind.REMOVE, time_s=float(t), count=1, origin=f"poisson[{i}]") for i, t in enumerate(times)]
+    notice = float(failures.notice_s)
+    return [
+        FaultEvent(FaultKind.REMOVE, time_s=float(t), count=1, origin=f"poisson[{i}]", notice_s=notice)
+        for i, t in enumerate(times)
+    ]
 
 
 def _trace(failures: Any, nodes: int) -> list[FaultEvent]:
@@ -202,7 +270,15 @@ def _trace(failures: Any, nodes: int) -> list[FaultEvent]:
         removed = tuple(mapping.pop(n) for n in change.removed if n in mapping)
         if removed:
             line = line_of.get((change.time_ms, change.removed[0]), 0)
-            events.append(FaultEvent(FaultKind.REMOVE, time_s=time_s, nodes=removed, origin=f"{trace.path}:{line}"))
+            events.append(
+                FaultEvent(
+                    FaultKind.REMOVE,
+                    time_s=time_s,
+                    nodes=removed,
+                    origin=f"{trace.path}:{line}",
+                    notice_s=float(failures.notice_s),
+                )
+            )
         added = []
         for name in change.added:
             mapping[name] = next_id

@@ -129,11 +129,13 @@ class RunRecorder:
         metrics_name: str = "metrics.csv",
         events_name: str = "events.csv",
         resume: bool = False,
+        host: Mapping[str, Any] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.strategy = strategy
         self.config = dict(config)
+        self.host = dict(host or {})  # the host at the start (oobleck.metrics.host); the end's comes with the summary
         self.started = time.monotonic()
         self.metrics = CsvTable(self.run_dir / metrics_name, STEP_COLUMNS, keep=resume)
         self.events = CsvTable(self.run_dir / events_name, EVENT_COLUMNS, keep=resume)
@@ -162,6 +164,8 @@ class RunRecorder:
             sweep=sweep,
         )
         labels: dict[str, Any] = {"run_dir": str(self.run_dir), "failures_label": failures}
+        if self.host:
+            labels["host"] = self.host
         if sweep is not None:
             labels.update(sweep_job_num=sweep.num, sweep_overrides=sweep.override_dirname, sweep_dir=sweep.sweep_dir)
         return WandbRun(settings, identity, {**config, **labels}, self.run_dir, axes=WANDB_AXES, time_key="time_s")
@@ -218,6 +222,8 @@ class RunRecorder:
         if self._wandb is not None:
             run, self._wandb = self._wandb, None
             try:
+                if "host" in summary:  # the end's load and the run's processes, beside the start's
+                    run.update_config({"host": summary["host"]})
                 run.table("events", self.events.rows, self.events.columns)
                 files = run_dir_files(self.run_dir, RUN_FILES)
                 run.artifact(f"run-files-{run.run.id}", "run-files", files, {"config.yaml": config_yaml(self.config)})

@@ -78,24 +78,31 @@ def sweep_job(run_dir: str | Path) -> SweepJob | None:
 
 
 def failures_label(failures: Mapping[str, Any] | None) -> str:
-    """A short name for a failure schedule: ``none``, ``remove1@8``, ``mtbf60s``, ``spot/ec2_p3_scaled``."""
+    """A short name for a failure schedule: ``none``, ``remove1@8``, ``mtbf60s``, ``spot/ec2_p3_scaled``;
+    a preemption notice is appended: ``remove1@8~5s`` (that event's), ``spot/ec2_p3_scaled~30s``
+    (``failures.notice_s``, every removal's)."""
     failures = failures or {}
     kind = str(failures.get("kind", "none"))
+    default = float(failures.get("notice_s") or 0.0)
+    every = f"~{default:g}s" if default > 0 else ""
     if kind == "trace":
-        return str(failures.get("trace"))
+        return f"{failures.get('trace')}{every}"
     if kind == "poisson":
-        return f"mtbf{float(failures.get('mtbf_s', 0)):g}s"
+        return f"mtbf{float(failures.get('mtbf_s', 0)):g}s{every}"
     if kind == "explicit":
         events = list(failures.get("events") or [])
         if not events:
             return "none"
         if len(events) > 3:
-            return f"explicit{len(events)}"
+            return f"explicit{len(events)}{every}"
         parts = []
         for event in events:
+            action = event.get("action", "remove")
             count = len(event.get("nodes") or []) or event.get("count") or 1
             at = f"@{event['step']}" if event.get("step") is not None else f"@{float(event.get('time_s') or 0):g}s"
-            parts.append(f"{event.get('action', 'remove')}{count}{at}")
+            own = event.get("notice_s")
+            notice = (float(own) if own is not None else default) if action == "remove" else 0.0
+            parts.append(f"{action}{count}{at}" + (f"~{notice:g}s" if notice > 0 else ""))
         return "+".join(parts)
     return kind
 
@@ -249,6 +256,10 @@ class WandbRun:
     def local_dir(self) -> Path:
         """The offline run folder (``wandb/offline-run-*``) wandb writes into."""
         return Path(self.run.dir).parent
+
+    def update_config(self, values: Mapping[str, Any]) -> None:
+        """Set config keys known only at the end (the host's load then): they replace the start's."""
+        self.run.config.update(_plain(dict(values)), allow_val_change=True)
 
     def log(self, row: Mapping[str, Any]) -> None:
         """One history row; keys must already carry their prefix or be an x-axis key."""

@@ -61,6 +61,9 @@ class PlanDocument:
     load_checkpoint: str | None = None  # a step dir every worker loads its layers from
     # node -> its workers' incarnation: a worker of an older incarnation was replaced by a restart.
     incarnations: dict[int, int] = field(default_factory=dict)
+    # The kind of the decision this generation carries out (oobleck.strategy.Kind's value: start,
+    # reconfigure, failover, reroute, restart, continue): a reroute's plan moves no layer state.
+    decision: str = "start"
 
     def incarnation(self, node: int) -> int:
         return self.incarnations.get(node, 0)

@@ -13,7 +13,8 @@ checkpoint to read (``decision_downtime``): every strategy pays for its start.
 
 At a change the strategy decides (``Strategy.on_change``, the same decision the real runtime
 executes) and ``decision_downtime`` charges it by its kind: a reconfiguration or failover its
-fixed part plus the layer copies over the links, a restart its fixed part plus reading the
+fixed part plus the layer copies over the links, a re-route (ReCycle) the reconfiguration's fixed
+part alone (it copies nothing; its slower re-routed steps are its layout's ``iteration_s``), a restart its fixed part plus reading the
 checkpoint (plus a checkpoint first when it is planned). Unless the decision is ``continue``,
 the iteration in flight is lost. A restart, or a stop (the job dies: nothing fits, or there is
 nothing to fall back on), also loses every iteration not in a durable checkpoint: checkpoints
@@ -24,7 +25,7 @@ only when both the old and the new recovery are done (a second restart starts it
 time over; training never continues during a restart).
 
 Accounting is in node-seconds of alive nodes, split into useful work, redundant work (Bamboo),
-checkpointing, restart (which includes the start), reconfiguration (incl. failover), lost work
+checkpointing, restart (which includes the start), reconfiguration (incl. failover and re-route), lost work
 and idle nodes; the parts sum to the alive node-seconds (a tested invariant). Throughput counts
 samples of iterations that were never rolled back; ``kept_samples`` counts those done before the
 last membership change that survived it (0 after a start: the strategy kept no durable progress).
@@ -46,11 +47,12 @@ EVENT_KIND = {
     Kind.START: "start",
     Kind.RECONFIGURE: "reconfiguration",
     Kind.FAILOVER: "failover",
+    Kind.REROUTE: "reroute",
     Kind.RESTART: "restart",
     Kind.STOP: "stop",
 }
 # Event kinds that charge downtime (each has ``downtime_s``).
-DOWNTIME_EVENTS = ("start", "reconfiguration", "failover", "restart")
+DOWNTIME_EVENTS = ("start", "reconfiguration", "failover", "reroute", "restart")
 
 
 class CostCache:
@@ -107,6 +109,12 @@ def decision_downtime(
             decision.transfers, strategy.context.cluster.inter_node_bandwidth, costs.moved_bytes_per_param / 4.0
         )
         return fixed + copy + costs.warmup_s, (("fixed", fixed), ("state_copy", copy), ("warmup", costs.warmup_s))
+    if kind is Kind.REROUTE:
+        # No state moves (peers already hold the stage): detection, planning and the new plan's
+        # publication, as for a reconfiguration. The re-routed schedule's slower steps are the
+        # layout's iteration_s (the strategy costs it at operation level, oobleck.schedules.cost).
+        fixed = costs.reconfigure_fixed_s
+        return fixed + costs.warmup_s, (("fixed", fixed), ("state_copy", 0.0), ("warmup", costs.warmup_s))
     if kind not in (Kind.RESTART, Kind.START):
         return 0.0, ()
     assert decision.layout is not None
@@ -582,7 +590,18 @@ class Simulator:
             "no_durable_progress": bool(run.started and kept <= 0),
             "node_seconds": total,
         }
-        for kind in ("start", "reconfiguration", "failover", "restart", "checkpoint", "stop", "oom", "failure", "join"):
+        for kind in (
+            "start",
+            "reconfiguration",
+            "failover",
+            "reroute",
+            "restart",
+            "checkpoint",
+            "stop",
+            "oom",
+            "failure",
+            "join",
+        ):
             summary[f"n_{kind}"] = self.counts.get(kind, 0)
         for key in BREAKDOWN:
             summary[f"{key}_node_s"] = ns[key]

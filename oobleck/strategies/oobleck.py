@@ -10,6 +10,11 @@
   survivors simply start over on a fresh plan (with as many of the f+1 pipelines as they can
   host; the runtime reports a plan that tolerates fewer than f failures); after it, restart from the latest checkpoint on
   the survivors with a fresh plan (``RESTART``), or stop when there is no checkpoint.
+- A preemption notice: not used (``Strategy.on_notice``'s default: continue), by either Oobleck.
+  The paper's Oobleck has no notice; and the in-place reconfiguration after the kill costs what a
+  reconfiguration on the notice would (the same plan change and copies) plus at most the step in
+  flight, while reconfiguring on the notice would give up the leaving nodes' work for the rest of
+  the notice. The kill is recovered like a crash.
 """
 
 from __future__ import annotations

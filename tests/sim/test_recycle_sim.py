@@ -1,0 +1,99 @@
+"""strategy=recycle in the simulator and as a policy: the re-route kind costed by its own cost (no
+state copy), its layouts timed from the runtime's own operation lists, its decisions."""
+
+from __future__ import annotations
+
+import pytest
+from simhelpers import make_context, make_strategy
+
+from oobleck.faults.trace import parse_trace
+from oobleck.schedules import checked_schedule
+from oobleck.schedules.cost import schedule_cost
+from oobleck.sim.engine import decision_downtime, simulate
+from oobleck.strategy import Kind, RunState
+
+
+@pytest.fixture(scope="module")
+def context():
+    return make_context(memory_gb=4.0, nodes=8)
+
+
+def _lines(n: int, removals: list[tuple[int, int]]) -> str:
+    return "\n".join([f"0,add,n{i}" for i in range(n)] + [f"{t * 1000},remove,n{i}" for t, i in removals]) + "\n"
+
+
+def test_a_lost_node_is_rerouted_with_no_copy_and_costed_at_operation_level(context):
+    strategy = make_strategy(context, "recycle", pipeline_depth=4)
+    start = strategy.start(list(range(8)))
+    assert start.kind is Kind.START and start.layout.description == "D=2 x P=4"
+    decision = strategy.on_change(RunState(start.layout, tuple(n for n in range(8) if n != 5), (5,), (), 10))
+    assert decision.kind is Kind.REROUTE and decision.transfers == ()
+    plan = decision.layout.plan
+    (reroute,) = plan.reroutes
+    assert reroute.pipeline == 1 and set(reroute.via) == {0}
+    # The slowdown is what the runtime's own lists add: the re-routed plan's op-level makespan less
+    # the intact plan's, on top of the intact layout's plan time.
+    costed = schedule_cost(plan, checked_schedule(plan), context.profile, context.cluster).makespan_s
+    intact = start.layout.plan
+    base = schedule_cost(intact, checked_schedule(intact), context.profile, context.cluster).makespan_s
+    assert decision.layout.iteration_s == pytest.approx(start.layout.iteration_s + costed - base)
+    assert decision.layout.iteration_s > start.layout.iteration_s
+    costs = strategy.config.costs
+    downtime, parts = decision_downtime(decision, strategy)
+    assert downtime == pytest.approx(costs.reconfigure_fixed_s + costs.warmup_s)
+    assert dict(parts)["state_copy"] == 0.0
+
+
+def test_every_copy_of_a_stage_lost_falls_back_to_a_checkpoint_restart(context):
+    strategy = make_strategy(context, "recycle", pipeline_depth=4)
+    layout = strategy.start(list(range(8))).layout
+    decision = strategy.on_change(RunState(layout, (0, 2, 3, 4, 6, 7), (1, 5), (), 10, checkpoint_step=8))
+    assert decision.kind is Kind.RESTART and decision.rollback_to_step == 8
+    assert "no live pipeline holds stage(s) [1]" in decision.reason
+
+
+def test_a_joined_node_takes_the_lost_stage_back_with_a_copy(context):
+    strategy = make_strategy(context, "recycle", pipeline_depth=4)
+    layout = strategy.start(list(range(8))).layout
+    rerouted = strategy.on_change(RunState(layout, (0, 1, 2, 3, 4, 6, 7), (5,), (), 3)).layout
+    back = strategy.on_change(RunState(rerouted, (0, 1, 2, 3, 4, 6, 7, 8), (), (8,), 5))
+    assert back.kind is Kind.RECONFIGURE and not back.layout.plan.reroutes
+    stage = layout.plan.pipelines[1].template.stages[1]
+    assert {t.layer for t in back.transfers} == set(stage.layers) and all(t.target[0] == 8 for t in back.transfers)
+
+
+def test_the_simulator_records_reroutes(context):
+    trace = parse_trace(_lines(8, [(300, 1), (700, 6)]), origin="t.csv")
+    result = simulate(make_strategy(context, "recycle", pipeline_depth=4), trace, duration_s=1000.0)
+    kinds = [e["kind"] for e in result.events if e["kind"] not in ("failure", "checkpoint")]
+    assert kinds == ["start", "reroute", "reroute"]
+    assert result.summary["n_reroute"] == 2 and all(
+        e["bytes_moved"] == 0 for e in result.events if e["kind"] == "reroute"
+    )
+
+
+def test_the_staggering_bound_is_the_gap_between_the_first_and_last_rank_to_finish(context):
+    from baselines.recycle.policy import staggering_bound_s
+
+    deep = make_strategy(context, "recycle", pipeline_depth=4).start(list(range(8))).layout.plan
+    cost = schedule_cost(deep, checked_schedule(deep), context.profile, context.cluster)
+    bound = staggering_bound_s(deep, context.profile, context.cluster)
+    assert bound == pytest.approx(cost.makespan_s - min(cost.rank_end_s)) and 0 < bound < cost.makespan_s
+    # Pure data parallelism: every rank ends together, nothing to stagger.
+    flat = make_strategy(context, "recycle", pipeline_depth=1).start(list(range(8))).layout.plan
+    assert staggering_bound_s(flat, context.profile, context.cluster) == pytest.approx(0.0)
+
+
+def test_a_standby_takes_a_lost_stage_at_once_and_a_pipeline_with_no_node_left_is_dropped(context):
+    strategy = make_strategy(context, "recycle", pipeline_depth=3)
+    layout = strategy.start(list(range(8))).layout
+    assert layout.description == "D=2 x P=3" and layout.standby == (6, 7)
+    taken = strategy.on_change(RunState(layout, (0, 1, 2, 3, 5, 6, 7), (4,), (), 3))
+    assert taken.kind is Kind.RECONFIGURE and taken.layout.plan.pipelines[1].nodes == (3, 6, 5)
+    assert taken.layout.standby == (7,) and {t.target[0] for t in taken.transfers} == {6}
+    # Pipeline 1 loses every node: its microbatches go to pipeline 0, nothing is copied.
+    alone = make_strategy(context, "recycle", pipeline_depth=4)
+    start = alone.start(list(range(8))).layout
+    dropped = alone.on_change(RunState(start, (0, 1, 2, 3), (4, 5, 6, 7), (), 3))
+    assert dropped.kind is Kind.REROUTE and len(dropped.layout.plan.pipelines) == 1
+    assert dropped.layout.plan.pipelines[0].microbatches == context.num_microbatches and not dropped.transfers
