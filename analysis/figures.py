@@ -1,18 +1,25 @@
 """The paper's simulator figures drawn with seaborn from the simulator's tidy tables.
 
 - ``throughput_vs_frequency``: bars of throughput per failure interval, one panel per model, one
-  colour per strategy (the paper's failure-frequency figure); a run out of memory reads "OOM".
-- ``throughput_over_time``: binned throughput over the trace as step lines, a grid of panels
-  (one row per trace, one column per model) with the live node count shaded behind and one
-  shared legend (the paper's spot-instance figures); a strategy out of memory is named in its panel.
+  colour per strategy (the paper's failure-frequency figure); a run out of memory reads "OOM";
+  with the experiment's ``band`` rows, each bar's range over the uncertain constants drawn as a
+  pale band behind it, and "!" over a baseline whose ratio band crosses the cliff.
+- ``throughput_over_time``: binned durable throughput over the trace as step lines, work that was
+  later rolled back (or abandoned in flight) hatched above it, a grid of panels (one row per
+  trace, one column per model) with the live node count shaded behind and one shared legend (the
+  paper's spot-instance figures); a strategy out of memory is named in its panel.
 - ``effective_time_breakdown``: stacked shares of node time (useful, redundant, checkpoint,
   restart, reconfiguration, lost, idle) per strategy and trace; a strategy that does not fit in
   memory is drawn as a hatched "out of memory" bar, not as idle time.
+- ``ratio_bands``: Oobleck's speedup over each baseline per trace and model: the median over the
+  shifted starts, their range, and the band over the uncertain constants, on a log scale, cells
+  whose band crosses the cliff marked and the threshold printed.
 
-Every figure is written as PNG and PDF (vector, for the paper) side by side; facet titles use
-readable names ("GPT-3 2.7B", "EC2 p3 spot"). Each ``<name>(..., path)`` writes the figure that
-``<name>_figure(...)`` builds; ``write_figures`` draws all that apply to a result set into a
-directory and returns the paths.
+Every figure says on the figure what its bars, whiskers, bands and shading are and which start
+and constants it shows (a caption under the axes), and is written as PNG and PDF (vector, for the
+paper) side by side; facet titles use readable names ("GPT-3 2.7B", "EC2 p3 spot"). Each
+``<name>(..., path)`` writes the figure that ``<name>_figure(...)`` builds; ``write_figures`` draws
+all that apply to a result set into a directory and returns the paths.
 """
 
 from __future__ import annotations
@@ -27,16 +34,26 @@ matplotlib.use("Agg")  # files only; never needs a display
 logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from analysis.labels import model_label, strategy_label, trace_label  # noqa: E402
-from analysis.load import BREAKDOWN, FREQUENCY_ORDER, breakdown, first_start, frequency_label, timeline  # noqa: E402
+from analysis.load import (  # noqa: E402
+    BREAKDOWN,
+    FREQUENCY_ORDER,
+    breakdown,
+    cliff_mark,
+    first_start,
+    frequency_label,
+    timeline,
+)
 
 STRATEGY_ORDER = ("oobleck", "varuna", "bamboo", "torchft")
 PALETTE = {"oobleck": "#1b9e77", "varuna": "#d95f02", "bamboo": "#7570b3", "torchft": "#e7298a"}
 OOM_COLOUR = "0.55"
+CAPTION_SIZE = 7.5
 DPI = 150  # PNG resolution; the PDF beside it is vector
 FORMATS = (".png", ".pdf")
 
@@ -57,6 +74,15 @@ def save(fig: plt.Figure, path: Path) -> list[Path]:
     return written
 
 
+def caption(fig: plt.Figure, text: str) -> None:
+    """What the figure's marks mean, written on the figure under its axes."""
+    fig.text(0.0, -0.01, text, ha="left", va="top", fontsize=CAPTION_SIZE, color="0.25", wrap=True)
+
+
+def _starts(frame: pd.DataFrame) -> int:
+    return int(frame["start"].nunique()) if "start" in frame else 1
+
+
 def strategy_legend(
     fig: plt.Figure, strategies: list[str], extra: list[Patch] | None = None, *, y: float = 1.0
 ) -> None:
@@ -64,19 +90,31 @@ def strategy_legend(
     fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, y), ncol=len(handles), frameon=False)
 
 
-def throughput_vs_frequency(summary: pd.DataFrame, path: Path) -> list[Path]:
-    return save(throughput_vs_frequency_figure(summary), path)
+def throughput_vs_frequency(
+    summary: pd.DataFrame, path: Path, band: pd.DataFrame | None = None, ratios: pd.DataFrame | None = None
+) -> list[Path]:
+    return save(throughput_vs_frequency_figure(summary, band, ratios), path)
 
 
-def throughput_vs_frequency_figure(summary: pd.DataFrame) -> plt.Figure:
+def throughput_vs_frequency_figure(
+    summary: pd.DataFrame, band: pd.DataFrame | None = None, ratios: pd.DataFrame | None = None
+) -> plt.Figure:
     """Bars at the median over the shifted starts, whiskers from the lowest to the highest start;
-    "OOM" where a strategy fits in no layout, "*" where it kept no durable progress in a start."""
+    "OOM" where a strategy fits in no layout, "*" where it kept no durable progress in a start;
+    with ``band``, each bar's range over the uncertain constants and the starts as a pale band,
+    and with ``ratios``, "!" / "!!" over a baseline whose ratio band crosses / lies beyond the cliff."""
     data = summary.assign(interval=summary["trace"].map(frequency_label), oom=summary["oom"].astype(bool))
     if "no_durable_progress" not in data:
         data = data.assign(no_durable_progress=False)
     order = [f for f in FREQUENCY_ORDER if f in set(data["interval"])] + sorted(
         set(data["interval"]) - set(FREQUENCY_ORDER)
     )
+    ranges = {}
+    if band is not None and not band.empty:
+        ranges = band.groupby(["model", "trace", "strategy"])["throughput"].agg(["min", "max"]).to_dict("index")
+    marks = {}
+    if ratios is not None and not ratios.empty:
+        marks = {(r["model"], r["trace"], r["baseline"]): cliff_mark(r) for _, r in ratios.iterrows()}
     strategies = strategies_in(data)
     models = list(dict.fromkeys(data["model"]))
     columns = min(3, len(models))
@@ -96,26 +134,45 @@ def throughput_vs_frequency_figure(summary: pd.DataFrame) -> plt.Figure:
                         high=("throughput", "max"),
                         oom=("oom", "any"),
                         lost=("no_durable_progress", "any"),
+                        trace=("trace", "first"),
                     )
                 )
                 xs = [order.index(i) + (index - (len(strategies) - 1) / 2) * width for i in rows_s.index]
                 colour = PALETTE.get(strategy, "k")
+                for x, trace in zip(xs, rows_s["trace"]):
+                    spread = ranges.get((model, trace, strategy))
+                    if spread is not None and not rows_s.loc[rows_s["trace"] == trace, "oom"].any():
+                        ax.bar(
+                            x,
+                            spread["max"] - spread["min"],
+                            bottom=spread["min"],
+                            width=width * 0.95,
+                            color=colour,
+                            alpha=0.22,
+                            linewidth=0,
+                            zorder=1,
+                        )
                 errors = [rows_s["median"] - rows_s["low"], rows_s["high"] - rows_s["median"]]
                 ax.bar(
                     xs,
                     rows_s["median"],
-                    width=width,
+                    width=width * 0.55 if ranges else width,
                     color=colour,
                     yerr=errors,
-                    ecolor="0.25",
+                    ecolor="0.15",
                     capsize=2,
                     error_kw={"linewidth": 0.8},
+                    zorder=2,
                 )
-                for x, oom, lost, top in zip(xs, rows_s["oom"], rows_s["lost"], rows_s["high"]):
+                for x, oom, lost, top, trace in zip(xs, rows_s["oom"], rows_s["lost"], rows_s["high"], rows_s["trace"]):
                     if oom:
                         ax.text(x, 0, "OOM", rotation=90, ha="center", va="bottom", fontsize=8, color=colour)
-                    elif lost:
-                        ax.text(x, top, "*", ha="center", va="bottom", fontsize=9, color=colour)
+                        continue
+                    spread = ranges.get((model, trace, strategy))
+                    label = ("*" if lost else "") + marks.get((model, trace, strategy), "")
+                    if label:
+                        y = max(top, spread["max"] if spread is not None else top)
+                        ax.text(x, y, label, ha="center", va="bottom", fontsize=8, color=colour, fontweight="bold")
             ax.set_xticks(range(len(order)), order)
             ax.set_title(model_label(model))
             ax.set_xlabel("one node lost every")
@@ -124,6 +181,23 @@ def throughput_vs_frequency_figure(summary: pd.DataFrame) -> plt.Figure:
             ax.set_visible(False)
         fig.tight_layout()
         strategy_legend(fig, strategies)
+        text = (
+            f"Bars: median throughput over {_starts(summary)} shifted trace starts at the nominal constants; "
+            "black whiskers: the lowest to the highest start."
+        )
+        if ranges:
+            samples = int(band["sample"].nunique())
+            text += (
+                f" Pale bands: the lowest to the highest throughput over {samples} samples of the uncertain constants "
+                "(sim.uncertain) and the starts."
+            )
+        if marks:
+            text += (
+                " ! over a baseline: Oobleck's ratio over it crosses the cliff over the band (its restart plus a "
+                "checkpoint interval fits between failures in some samples, not in others); !!: beyond it in all."
+            )
+        text += " OOM: fits in no layout's memory; *: kept no durable progress in some start."
+        caption(fig, text)
     return fig
 
 
@@ -168,13 +242,20 @@ def throughput_over_time_figure(
                 ax.patch.set_visible(False)
                 for strategy in strategies:
                     line = panel[panel["strategy"] == strategy]
-                    ax.step(
-                        line["time_h"],
-                        line["samples_per_s"],
-                        where="post",
-                        color=PALETTE.get(strategy, "k"),
-                        linewidth=1.4,
-                    )
+                    colour = PALETTE.get(strategy, "k")
+                    ax.step(line["time_h"], line["samples_per_s"], where="post", color=colour, linewidth=1.4)
+                    if (line["rolled_back_per_s"] > 0).any():
+                        ax.fill_between(
+                            line["time_h"],
+                            line["samples_per_s"],
+                            line["samples_per_s"] + line["rolled_back_per_s"],
+                            step="post",
+                            facecolor="none",
+                            edgecolor=colour,
+                            hatch="////",
+                            linewidth=0,
+                            alpha=0.7,
+                        )
                 ax.set_ylim(bottom=0)
                 missing = [strategy_label(s) for s in strategies if (model, trace, s) in oom]
                 if missing:
@@ -193,7 +274,14 @@ def throughput_over_time_figure(
                 ax.set_xlabel("time (h)" if row == len(traces) - 1 else "")
                 ax.set_ylabel("samples/s" if column == 0 else "")
         fig.tight_layout()
-        strategy_legend(fig, strategies, [Patch(color="0.85", label="nodes alive")])
+        rolled = Patch(facecolor="none", edgecolor="0.3", hatch="////", label="work later rolled back")
+        strategy_legend(fig, strategies, [Patch(color="0.85", label="nodes alive"), rolled])
+        caption(
+            fig,
+            f"Lines: durable throughput (samples of iterations never rolled back), binned per {bin_s / 60:g} min, of "
+            "the unshifted trace (start 0) at the nominal constants. Hatched above a line: work done there that a "
+            "later restart rolled back or a change abandoned in flight. Grey: nodes alive (right axis).",
+        )
     return fig
 
 
@@ -247,10 +335,111 @@ def effective_time_breakdown_figure(summary: pd.DataFrame) -> plt.Figure:
         handles.append(Patch(facecolor="white", edgecolor=OOM_COLOUR, hatch="///", label="out of memory"))
         fig.tight_layout()
         fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False)
+        caption(
+            fig,
+            "Shares of the node time of alive nodes in one simulation per bar: the unshifted trace (start 0) at the "
+            "nominal constants. 'lost': work rolled back or abandoned in flight; 'idle': alive nodes no layout uses.",
+        )
     return fig
 
 
-def write_figures(segments: pd.DataFrame, summary: pd.DataFrame, run_dir: Path, *, bin_s: float = 300.0) -> list[Path]:
+def ratio_bands(ratios: pd.DataFrame, path: Path) -> list[Path]:
+    return save(ratio_bands_figure(ratios), path)
+
+
+def ratio_bands_figure(ratios: pd.DataFrame) -> plt.Figure:
+    """Oobleck's speedup over each baseline, one panel per baseline, one row of points per model
+    and trace: the median over the starts (dot), their range (thick bar) and the band over the
+    uncertain constants (thin line, an arrow where unbounded), cells crossing the cliff marked; a
+    baseline that made no progress at the nominal constants shows its band only."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    shown = ratios["ratio_median"].notna()
+    if "ratio_low" in ratios:
+        shown |= ratios["ratio_low"].notna()  # a baseline that stalled at the nominal constants: its band only
+    data = ratios[shown]
+    baselines = list(dict.fromkeys(ratios["baseline"]))
+    cells = list(dict.fromkeys(zip(data["model"], data["trace"])))
+    with sns.axes_style("whitegrid"):
+        fig, axes = plt.subplots(
+            1, len(baselines), figsize=(4.6 * len(baselines), 0.28 * len(cells) + 1.6), squeeze=False, sharey=True
+        )
+        for ax, baseline in zip(axes[0], baselines):
+            rows = data[data["baseline"] == baseline].set_index(["model", "trace"])
+            colour = PALETTE.get(baseline, "k")
+            top = (
+                float(np.nanmax(rows[["ratio_max", "ratio_high", "ratio_low"]].to_numpy()))
+                if "ratio_high" in rows and len(rows)
+                else 2.0
+            )
+            top = max(top if np.isfinite(top) else 2.0, 2.0) * 1.6
+            unshown = ratios[(ratios["baseline"] == baseline) & ~shown].set_index(["model", "trace"])
+            for y, cell in enumerate(cells):
+                if cell not in rows.index:
+                    if cell in unshown.index:  # out of memory, does not run: said, not left blank
+                        note = unshown.loc[cell].get("note")
+                        label = str(note) if isinstance(note, str) and note else "no ratio"
+                        ax.text(1.0, y, f" {label}", fontsize=7, ha="left", va="center", color="0.3")
+                    continue
+                row = rows.loc[cell]
+                if "ratio_low" in row and pd.notna(row["ratio_low"]):
+                    high = top if int(row.get("band_unbounded", 0) or 0) else float(row["ratio_high"])
+                    ax.plot([max(row["ratio_low"], 1e-2), high], [y, y], color=colour, linewidth=1.0, alpha=0.7)
+                    if int(row.get("band_unbounded", 0) or 0):
+                        ax.annotate(
+                            "", xy=(top, y), xytext=(top / 1.3, y), arrowprops={"arrowstyle": "->", "color": colour}
+                        )
+                    mark = cliff_mark(row)
+                    if mark:
+                        ax.text(high, y + 0.15, f" {mark}", color="0.1", fontsize=8, va="bottom", fontweight="bold")
+                if pd.isna(row["ratio_median"]):
+                    ax.text(
+                        max(row["ratio_low"], 1e-2),
+                        y - 0.15,
+                        "no progress at the nominal constants ",
+                        fontsize=7,
+                        ha="right",
+                        va="bottom",
+                        color="0.2",
+                    )
+                    continue
+                ax.plot([row["ratio_min"], row["ratio_max"]], [y, y], color=colour, linewidth=4, alpha=0.6)
+                ax.plot(row["ratio_median"], y, "o", color=colour, markersize=4)
+            ax.axvline(1.0, color="0.4", linewidth=0.8)
+            ax.set_xscale("log")
+            low, high = ax.get_xlim()
+            # Decades over a span of more than 100x, 1-2-5 steps over a middling one, finer steps
+            # over a narrow one (Bamboo's ratios all lie between 1x and 2x).
+            span = high / low
+            subs = (1.0,) if span > 100 else (1.0, 2.0, 5.0) if span > 4 else (1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 7.5)
+            ax.xaxis.set_major_locator(LogLocator(subs=subs))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}x"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set_title(f"Oobleck / {strategy_label(baseline)}", fontsize=10)
+            ax.set_yticks(range(len(cells)), [f"{model_label(m)}, {trace_label(t, short=True)}" for m, t in cells])
+        axes[0][0].invert_yaxis()  # the axes share y: once puts the first cell on top
+        fig.tight_layout()
+        caption(
+            fig,
+            "Dot: Oobleck's throughput over the baseline's, median over the shifted starts at the nominal constants; "
+            "thick bar: the lowest to the highest start; thin line: the band over the samples of the uncertain "
+            "constants (sim.uncertain) and the starts (an arrow: unbounded, the baseline made no progress in some). "
+            "!: the band crosses the cliff (the baseline's restart plus a checkpoint interval fits between failures "
+            "in some samples and not in others); !!: beyond it in all. The thresholds are in sim_ratios.csv "
+            "(cycle_low_s, cycle_high_s against failure_interval_s).",
+        )
+    return fig
+
+
+def write_figures(
+    segments: pd.DataFrame,
+    summary: pd.DataFrame,
+    run_dir: Path,
+    *,
+    bin_s: float = 300.0,
+    band: pd.DataFrame | None = None,
+    ratios: pd.DataFrame | None = None,
+) -> list[Path]:
     """All figures for this result set into ``run_dir`` (PNG and PDF each); returns the paths."""
     run_dir = Path(run_dir)
     written: list[Path] = []
@@ -258,7 +447,9 @@ def write_figures(segments: pd.DataFrame, summary: pd.DataFrame, run_dir: Path, 
         return written
     synthetic = summary[summary["trace"].astype(str).str.startswith("synthetic/")]
     if not synthetic.empty:
-        written += throughput_vs_frequency(synthetic, run_dir / "throughput_vs_frequency.png")
+        written += throughput_vs_frequency(synthetic, run_dir / "throughput_vs_frequency.png", band, ratios)
     written += throughput_over_time(segments, run_dir / "throughput_over_time.png", bin_s, summary)
     written += effective_time_breakdown(summary, run_dir / "effective_time_breakdown.png")
+    if ratios is not None and not ratios.empty and ratios["ratio_median"].notna().any():
+        written += ratio_bands(ratios, run_dir / "ratio_bands.png")
     return written

@@ -7,7 +7,9 @@ their config (strategy, model, failure schedule, nodes), never by their director
 sweeps repeat ("0", "1", ...). A simulation dir (``python -m oobleck.simulate``) holds
 ``sim_metrics.csv`` (one row per period of constant state), ``sim_events.csv``,
 ``sim_summary.csv`` (one row per model, trace, shifted start and strategy), ``sim_ratios.csv``
-(Oobleck's speedups as median and range over the starts) and ``summary.json``. Missing or malformed files raise ``RunError`` naming
+(Oobleck's speedups as median and range over the starts, their band over the uncertain constants
+and the cliff), ``sim_band.csv`` (every band sample's simulations), ``sim_samples.csv`` (each
+sample's constants) and ``summary.json``. Missing or malformed files raise ``RunError`` naming
 the file.
 """
 
@@ -261,6 +263,8 @@ class SimData:
     events: pd.DataFrame
     summary: pd.DataFrame
     ratios: pd.DataFrame = field(default_factory=pd.DataFrame)
+    band: pd.DataFrame = field(default_factory=pd.DataFrame)
+    samples: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def load_sim(run_dir: str | Path) -> SimData:
@@ -271,6 +275,8 @@ def load_sim(run_dir: str | Path) -> SimData:
         events=_csv(path / "sim_events.csv", required=False),
         summary=_csv(path / "sim_summary.csv"),
         ratios=_csv(path / "sim_ratios.csv", required=False),
+        band=_csv(path / "sim_band.csv", required=False),
+        samples=_csv(path / "sim_samples.csv", required=False),
     )
 
 
@@ -282,13 +288,19 @@ def frequency_label(trace: str) -> str:
 def timeline(segments: pd.DataFrame, bin_s: float) -> pd.DataFrame:
     """Time-weighted mean throughput per bin of ``bin_s`` seconds, per (model, trace, strategy).
 
-    Columns: model, trace, strategy, time_h (bin start, hours from the trace start), samples_per_s,
-    nodes_alive (time-weighted mean). Of a simulation with shifted starts, the first start's.
+    Columns: model, trace, strategy, time_h (bin start, hours from the trace start),
+    samples_per_s (work that stayed: durable progress), rolled_back_per_s (work done there and
+    later rolled back or abandoned in flight: segments with ``durable`` False; 0 for simulations
+    written before that column existed), nodes_alive (time-weighted mean). Of a simulation with
+    shifted starts, the first start's.
     """
     rows: list[dict[str, Any]] = []
     segments = first_start(segments)
+    columns = ["model", "trace", "strategy", "time_h", "samples_per_s", "rolled_back_per_s", "nodes_alive"]
     if segments.empty:
-        return pd.DataFrame(columns=["model", "trace", "strategy", "time_h", "samples_per_s", "nodes_alive"])
+        return pd.DataFrame(columns=columns)
+    if "durable" not in segments:
+        segments = segments.assign(durable=True)
     for (model, trace, strategy), group in segments.groupby(["model", "trace", "strategy"], sort=False):
         start = group["t_start_s"].min()
         end = group["t_end_s"].max()
@@ -296,6 +308,7 @@ def timeline(segments: pd.DataFrame, bin_s: float) -> pd.DataFrame:
         t0 = group["t_start_s"].to_numpy()
         t1 = group["t_end_s"].to_numpy()
         rate = group["samples_per_s"].to_numpy()
+        kept = group["durable"].astype(bool).to_numpy()
         alive = group["nodes_alive"].to_numpy()
         for left in edges[:-1]:
             right = min(left + bin_s, end)
@@ -309,11 +322,12 @@ def timeline(segments: pd.DataFrame, bin_s: float) -> pd.DataFrame:
                     "trace": trace,
                     "strategy": strategy,
                     "time_h": (left - start) / 3600.0,
-                    "samples_per_s": float((overlap * rate).sum() / width),
+                    "samples_per_s": float((overlap * rate * kept).sum() / width),
+                    "rolled_back_per_s": float((overlap * rate * ~kept).sum() / width),
                     "nodes_alive": float((overlap * alive).sum() / width),
                 }
             )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=columns)
 
 
 def breakdown(summary: pd.DataFrame) -> pd.DataFrame:
@@ -354,10 +368,12 @@ def throughput_table(summary: pd.DataFrame) -> pd.DataFrame:
     """Throughput (samples/s) per model and trace, one column per strategy, plus Oobleck's ratios:
     medians over the shifted starts when there are several (a ratio is the median of the ratios
     of the same start), with ``<ratio> min`` / ``<ratio> max`` columns for their range."""
+    from oobleck.sim.ratios import baselines_in
+
     table = summary.pivot_table(
         index=["model", "trace"], columns="strategy", values="throughput", aggfunc="median", sort=False
     )
-    for baseline in BASELINES:
+    for baseline in baselines_in(summary):
         if "oobleck" not in table or baseline not in table:
             continue
         name = f"oobleck/{baseline}"
@@ -373,20 +389,47 @@ def throughput_table(summary: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-BASELINES = ("varuna", "bamboo")
+def band_text(row: Any, digits: int = 3) -> str:
+    """A ratio's band over the uncertain constants as text ("1.42-7.6", "1.42-unbounded"), with
+    "!" where it crosses the cliff; "" without a band."""
+    if row is None or "ratio_low" not in row or pd.isna(row.get("ratio_low")):
+        return ""
+    high = "unbounded" if int(row.get("band_unbounded", 0) or 0) else _significant(float(row["ratio_high"]), digits)
+    return f"{_significant(float(row['ratio_low']), digits)}-{high}" + cliff_mark(row)
 
 
-def throughput_cells(summary: pd.DataFrame, *, digits: int = 3) -> pd.DataFrame:
+def cliff_mark(row: Any) -> str:
+    """ "!" where a ratio's band crosses the cliff, "!!" where all of it lies beyond, else ""."""
+    if bool(row.get("cliff", False)):
+        return "!"
+    return "!!" if bool(row.get("beyond_cliff", False)) else ""
+
+
+def _ratio_rows(ratios: pd.DataFrame | None) -> dict[tuple[str, str, str], Any]:
+    if ratios is None or ratios.empty:
+        return {}
+    return {(r["model"], r["trace"], r["baseline"]): r for _, r in ratios.iterrows()}
+
+
+def throughput_cells(summary: pd.DataFrame, *, digits: int = 3, ratios: pd.DataFrame | None = None) -> pd.DataFrame:
     """``throughput_table`` as text for printing: a strategy that ran out of memory reads "OOM"
     (not 0), and so does Oobleck's ratio over it (not ``inf``); a baseline that fit but made no
-    progress reads "no progress"; a ratio over several starts reads "median [min-max]"; a
-    throughput is marked "*" when the strategy kept no durable progress in some start (every
-    iteration before the trace's last change was rolled back)."""
+    progress reads "no progress"; a ratio over several starts reads "median [min-max]", and with
+    ``ratios`` (``sim_ratios.csv``) its band over the uncertain constants follows in braces,
+    "{low-high}", marked "!" where it crosses the cliff and "!!" where all of it lies beyond
+    (``oobleck.sim.ratios``); a throughput is
+    marked "*" when the strategy kept no durable progress in some start (every iteration before
+    the trace's last change was rolled back)."""
     numbers = throughput_table(summary)
+    bands = _ratio_rows(ratios)
     ranged = [c for c in numbers.columns if str(c).endswith((" min", " max"))]
     numbers_shown = numbers.drop(columns=ranged)
     flags = summary.assign(oom=summary["oom"].astype(bool) if "oom" in summary else False)
     oom = flags.pivot_table(index=["model", "trace"], columns="strategy", values="oom", aggfunc="any", sort=False)
+    ran = summary["ran"].astype(bool) if "ran" in summary else pd.Series(True, index=summary.index)
+    refused = flags.assign(refused=~ran & ~flags["oom"]).pivot_table(
+        index=["model", "trace"], columns="strategy", values="refused", aggfunc="all", sort=False
+    )
     lost = None
     if "no_durable_progress" in summary:
         lost = flags.assign(nd=summary["no_durable_progress"].astype(bool)).pivot_table(
@@ -399,10 +442,12 @@ def throughput_cells(summary: pd.DataFrame, *, digits: int = 3) -> pd.DataFrame:
             strategy = column.split("/", 1)[1] if "/" in str(column) else column
             if strategy in oom.columns and bool(oom.loc[key, strategy]):
                 cells.loc[key, column] = "OOM"
+            elif "/" in str(column) and strategy in refused.columns and bool(refused.loc[key, strategy]):
+                cells.loc[key, column] = "does not run"
             elif "/" in str(column) and pd.isna(value):
-                cells.loc[key, column] = (
-                    "no progress" if strategy in numbers.columns and numbers.loc[key, strategy] == 0 else "-"
-                )
+                stalled = strategy in numbers.columns and numbers.loc[key, strategy] == 0
+                band = band_text(bands.get((*key, strategy)), digits) if stalled else ""
+                cells.loc[key, column] = ("no progress" + (f" {{{band}}}" if band else "")) if stalled else "-"
             elif pd.isna(value):
                 cells.loc[key, column] = "-"
             else:
@@ -410,10 +455,29 @@ def throughput_cells(summary: pd.DataFrame, *, digits: int = 3) -> pd.DataFrame:
                 if "/" in str(column) and f"{column} min" in numbers:
                     low, high = numbers.loc[key, f"{column} min"], numbers.loc[key, f"{column} max"]
                     text += f" [{_significant(float(low), digits)}-{_significant(float(high), digits)}]"
+                if "/" in str(column):
+                    band = band_text(bands.get((*key, strategy)), digits)
+                    text += f" {{{band}}}" if band else ""
                 if "/" not in str(column) and lost is not None and strategy in lost and bool(lost.loc[key, strategy]):
                     text += "*"
                 cells.loc[key, column] = text
     return cells
+
+
+def cliff_notes(ratios: pd.DataFrame | None) -> list[str]:
+    """One line per cell whose band crosses the cliff ("!") or lies beyond it ("!!"), with the
+    threshold."""
+    lines = []
+    for _, row in (ratios if ratios is not None else pd.DataFrame()).iterrows():
+        mark = cliff_mark(row)
+        if not mark:
+            continue
+        lines.append(
+            f"{mark} {model_label(row['model'])}, {row['trace']}, {strategy_label(row['baseline'])}: its restart plus one "
+            f"checkpoint interval takes {row['cycle_low_s']:.0f}-{row['cycle_high_s']:.0f} s over the band, against "
+            f"{row['failure_interval_s']:.0f} s between failures"
+        )
+    return lines
 
 
 def _significant(value: float, digits: int) -> str:
@@ -421,6 +485,6 @@ def _significant(value: float, digits: int) -> str:
     return f"{value:.0f}" if abs(value) >= 10 ** (digits - 1) else f"{value:.{digits}g}"
 
 
-def format_throughput_table(summary: pd.DataFrame) -> str:
+def format_throughput_table(summary: pd.DataFrame, ratios: pd.DataFrame | None = None) -> str:
     """Throughput per (model, trace) and strategy with Oobleck's ratios, as aligned text."""
-    return throughput_cells(summary).to_string()
+    return throughput_cells(summary, ratios=ratios).to_string()

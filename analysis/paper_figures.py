@@ -3,11 +3,13 @@
     python -m analysis.paper_figures OUT_DIR SIM_RUN_DIR [SIM_RUN_DIR ...]
 
 Each SIM_RUN_DIR is a run dir of ``python -m oobleck.simulate`` (e.g. of
-``experiment=paper_failure_frequency`` and ``experiment=paper_spot``); their tables are merged,
-the figures of ``analysis.figures`` are drawn into OUT_DIR (PNG and PDF), and ``paper_table.md``
-there holds Oobleck's throughput ratio over each baseline ("OOM" where a baseline does not fit
-in memory) beside the paper's headline figure. The notebook ``analysis/notebooks/01_paper_figures.py``
-does the same interactively.
+``experiment=paper_failure_frequency`` and ``experiment=paper_spot``, on one or both testbeds);
+their tables are merged per testbed (``testbed=a100_analytic``, ``testbed=paper_testbed``), the
+figures of ``analysis.figures`` are drawn into OUT_DIR (into ``OUT_DIR/<testbed>/`` when there
+are several), and ``paper_table.md`` there holds Oobleck's throughput ratio over each baseline
+("OOM" where a baseline does not fit in memory), its band over the uncertain constants and the
+cliff thresholds, one table per testbed, beside the paper's headline figure. The notebook
+``analysis/notebooks/01_paper_figures.py`` does the same interactively.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pandas as pd
 
 from analysis.figures import write_figures
 from analysis.labels import model_label, strategy_label, trace_label
-from analysis.load import load_sim, throughput_cells
+from analysis.load import cliff_notes, load_sim, throughput_cells
 from oobleck.errors import report_errors
 
 # The paper's headline (Oobleck, SOSP'23 abstract and section 7): up to 13.9x Varuna's throughput
@@ -28,10 +30,26 @@ from oobleck.errors import report_errors
 PAPER_HEADLINE = {("gpt3_6_7b", "synthetic/10m", "varuna"): 13.9}
 
 
-def markdown_table(summary: pd.DataFrame) -> str:
-    """Throughput per model and trace (samples/s) and Oobleck's ratios; "OOM" where a strategy does
-    not fit in memory, with the paper's headline beside the row it reports."""
-    cells = throughput_cells(summary).reset_index()
+def markdown_table(summary: pd.DataFrame, ratios: pd.DataFrame | None = None) -> str:
+    """Throughput per model and trace (samples/s) and Oobleck's ratios, one table per testbed;
+    "OOM" where a strategy does not fit in memory, each ratio's band over the uncertain constants
+    in braces with "!" / "!!" where it crosses / lies beyond the cliff (the thresholds listed
+    under the table), and the paper's headline beside the row it reports."""
+    testbeds = list(dict.fromkeys(summary["testbed"])) if "testbed" in summary else [None]
+    out = []
+    for testbed in testbeds:
+        part = summary[summary["testbed"] == testbed] if testbed is not None else summary
+        bands = ratios
+        if ratios is not None and testbed is not None and "testbed" in ratios:
+            bands = ratios[ratios["testbed"] == testbed]
+        if testbed is not None and len(testbeds) > 1:
+            out.append(f"testbed={testbed}\n")
+        out.append(_one_table(part, bands))
+    return "\n".join(out)
+
+
+def _one_table(summary: pd.DataFrame, ratios: pd.DataFrame | None) -> str:
+    cells = throughput_cells(summary, ratios=ratios).reset_index()
     columns = [c for c in cells.columns if c not in ("model", "trace")]
     header = [
         strategy_label(c) if "/" not in str(c) else "/".join(strategy_label(p) for p in str(c).split("/"))
@@ -48,7 +66,16 @@ def markdown_table(summary: pd.DataFrame) -> str:
             + " | ".join(str(row[c]) for c in columns)
             + f" | {'' if paper is None else f'{paper}x vs Varuna'} |"
         )
+    notes = cliff_notes(ratios)
+    if notes:
+        lines.append("")
+        lines += [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
+
+
+def _merged(sims: list, name: str) -> pd.DataFrame:
+    frames = [getattr(sim, name) for sim in sims if not getattr(sim, name).empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,13 +86,29 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with report_errors("analysis.paper_figures"):
         sims = [load_sim(d) for d in args.sim_dirs]
-        metrics = pd.concat([s.metrics for s in sims], ignore_index=True)
-        summary = pd.concat([s.summary for s in sims], ignore_index=True)
+        by_testbed: dict[str | None, list] = {}
+        for sim in sims:
+            testbed = str(sim.summary["testbed"].iloc[0]) if "testbed" in sim.summary else None
+            by_testbed.setdefault(testbed, []).append(sim)
         out = Path(args.out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        for path in write_figures(metrics, summary, out, bin_s=args.bin_s):
-            print(f"written {path}")
-        (out / "paper_table.md").write_text(markdown_table(summary))
+        for testbed, group in by_testbed.items():
+            where = out / str(testbed) if len(by_testbed) > 1 else out
+            where.mkdir(parents=True, exist_ok=True)
+            tables = {name: _merged(group, name) for name in ("metrics", "summary", "band", "ratios")}
+            for path in write_figures(
+                tables["metrics"],
+                tables["summary"],
+                where,
+                bin_s=args.bin_s,
+                band=tables["band"],
+                ratios=tables["ratios"],
+            ):
+                print(f"written {path}")
+        ratios = _merged(sims, "ratios")
+        (out / "paper_table.md").write_text(
+            markdown_table(_merged(sims, "summary"), ratios if not ratios.empty else None)
+        )
         print(f"written {out / 'paper_table.md'}")
     return 0
 

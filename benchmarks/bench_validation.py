@@ -18,6 +18,12 @@ the calibration runs into one calibration, predicts every run, and judges each r
 median ratio over its repeats (``analysis.validation.across_repeats``, written to
 ``repeats.csv``): a load that comes and goes then moves one repeat, not the row.
 
+Three sets: the calibration runs (the model's terms are measured on them only), the development
+set (the runs the model's form was developed on, scored again and again) and the pre-registered
+held-out set (``benchmarks/validation_holdout.yaml``: fixed before the model last changed, never
+used to choose its form, run once: ``--holdout-repeats``). The held-out set's score is printed
+apart from the development set's (``oobleck.sim.holdout.scores``); ``table.csv`` has a ``set`` column.
+
 Calibration: C1 Oobleck, 3 nodes, 20 steps, a node killed at step 5; C2 Oobleck, 3 nodes,
 batch 8, no failure; C3 Oobleck, 7 nodes, 24 steps, a node killed at step 12; VC Varuna, 3
 nodes, a checkpoint every 5 steps, a node killed at step 30; BC Bamboo, 4 nodes of depth 2, a
@@ -36,6 +42,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+HOLDOUT_FILE = Path(__file__).resolve().parent / "validation_holdout.yaml"
 
 CALIBRATION = {
     "C1": ("oobleck", ["cluster.nodes=3", "job.steps=20", "failures.events=[{action:remove,step:5,count:1}]"]),
@@ -96,6 +103,17 @@ PREDICTED = {
 }
 
 
+def holdout_cases(path: Path = HOLDOUT_FILE) -> dict[str, tuple[str, list[str]]]:
+    """The pre-registered held-out cases, as ``PREDICTED`` holds the development set's."""
+    from oobleck.sim.holdout import read_holdout
+
+    cases = read_holdout(path)
+    clash = sorted(set(cases) & (set(CALIBRATION) | set(PREDICTED)))
+    if clash:
+        raise SystemExit(f"{path}: cases {clash} reuse a calibration or development name")
+    return {name: (case.strategy, list(case.overrides)) for name, case in cases.items()}
+
+
 def run(out: Path, name: str, overrides: list[str], repeats: int) -> None:
     # Every run plans with one profile, measured by the first run into this benchmark's own cache
     # (a profile measured earlier under other load would skew every prediction alike).
@@ -140,43 +158,65 @@ def main() -> int:
         default=1,
         help="runs of the whole protocol, interleaved; rows judged by the median ratio",
     )
+    parser.add_argument(
+        "--holdout-repeats",
+        type=int,
+        default=1,
+        help="runs of the pre-registered held-out set (0: leave it out); its own repeats, after the others",
+    )
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: run the protocol at least once")
+    if args.holdout_repeats < 0:
+        parser.error(f"--holdout-repeats {args.holdout_repeats}: 0 leaves the held-out set out")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     print(f"load average before: {os.getloadavg()}", flush=True)
     # Calibration runs of the strategies predicted (Oobleck's always: it measures the step overhead).
     calibration = {k: v for k, v in CALIBRATION.items() if v[0] in {"oobleck", *args.only}}
     predicted = {k: v for k, v in PREDICTED.items() if v[0] in args.only}
+    holdout = {k: v for k, v in holdout_cases().items() if v[0] in args.only} if args.holdout_repeats else {}
 
     def run_dir(name: str, repeat: int) -> Path:  # repeat 0 keeps the single run's layout
         return out / (name if repeat == 0 else f"{name}-r{repeat}")
 
+    def ensure(name: str, overrides: list[str], repeat: int) -> None:
+        if not (args.reuse and (run_dir(name, repeat) / "summary.json").is_file()):
+            run(out, run_dir(name, repeat).name, overrides, args.profile_repeats)
+
     for repeat in range(args.repeats):
         for name, (_, overrides) in {**calibration, **predicted}.items():
-            if not (args.reuse and (run_dir(name, repeat) / "summary.json").is_file()):
-                run(out, run_dir(name, repeat).name, overrides, args.profile_repeats)
+            ensure(name, overrides, repeat)
+    for repeat in range(args.holdout_repeats):
+        for name, (_, overrides) in holdout.items():
+            ensure(name, overrides, repeat)
     print(f"load average after: {os.getloadavg()}")
     from analysis.validation import across_repeats, validation_table
+    from oobleck.sim.holdout import DEVELOPMENT, HOLDOUT, scores
 
-    repeats = range(args.repeats)
-    table = validation_table(
-        [run_dir(n, k) for k in repeats for n in calibration], [run_dir(n, k) for k in repeats for n in predicted]
-    )
+    runs = [run_dir(n, k) for k in range(args.repeats) for n in predicted]
+    runs += [run_dir(n, k) for k in range(args.holdout_repeats) for n in holdout]
+    table = validation_table([run_dir(n, k) for k in range(args.repeats) for n in calibration], runs)
     table["run"] = [Path(run).name for run in table["run"]]
     table["case"] = [run.split("-r")[0] for run in table["run"]]
-    table["strategy"] = table["case"].map({name: strategy for name, (strategy, _) in predicted.items()})
+    cases = {**predicted, **holdout}
+    table["strategy"] = table["case"].map({name: strategy for name, (strategy, _) in cases.items()})
+    table["set"] = [HOLDOUT if case in holdout else DEVELOPMENT for case in table["case"]]
     print(f"runtime overhead: {table.attrs['runtime']}")
     print(table.drop(columns=["calibration"]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     table.to_csv(out / "table.csv", index=False)
-    print(f"within target: {int(table['within_target'].sum())} of {len(table)} rows; written {out / 'table.csv'}")
+    print(f"written {out / 'table.csv'}")
+    for _, row in scores(table).iterrows():
+        name = "held-out (pre-registered)" if row["set"] == HOLDOUT else str(row["set"])
+        print(f"{name}: {row['within_target']} of {row['rows']} rows within target")
     if args.repeats > 1:
-        summary = across_repeats(table)
+        development = table[table["set"] == DEVELOPMENT]
+        summary = across_repeats(development)
         print(summary.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         summary.to_csv(out / "repeats.csv", index=False)
         print(
-            f"within target by the median over {args.repeats} repeats: {int(summary['within_target'].sum())} of {len(summary)} rows; written {out / 'repeats.csv'}"
+            f"development set, by the median over {args.repeats} repeats: {int(summary['within_target'].sum())} of "
+            f"{len(summary)} rows within target; written {out / 'repeats.csv'}"
         )
     return 0
 

@@ -229,6 +229,12 @@ class SimConfig:
     trace_starts: int = MISSING
     trace_start_spacing_s: float | None = MISSING
     global_batch_size_by_model: dict[str, int] = MISSING
+    testbed: str = MISSING  # the cluster preset (conf/testbed/) an experiment runs on
+    # sim.uncertain.<name>: {key, low, high, scale, source} (oobleck.sim.uncertainty).
+    uncertain: dict[str, Any] = MISSING
+    band_samples: int = MISSING  # cost samples per grid point of the bands (0: nominal only)
+    band_seed: int = MISSING
+    processes: int = MISSING  # simulation processes (0: one per core of this machine)
 
 
 @dataclass
@@ -528,6 +534,15 @@ def validate(cfg: Config | DictConfig) -> None:
             raise ConfigError(
                 f"sim.global_batch_size_by_model.{name}={batch} is not a multiple of job.microbatch_size={cfg.job.microbatch_size}"
             )
+    if not (isinstance(sim.band_samples, int) and sim.band_samples >= 0):
+        raise ConfigError(
+            f"sim.band_samples={sim.band_samples!r} must be an integer >= 0 (0: the nominal constants only)"
+        )
+    if not (isinstance(sim.processes, int) and sim.processes >= 0):
+        raise ConfigError(f"sim.processes={sim.processes!r} must be an integer >= 0 (0: one per core)")
+    from oobleck.sim.uncertainty import declared
+
+    declared(cfg)  # each uncertain constant: its key, range, scale and source
     _choice("logger.wandb.mode", cfg.logger.wandb.mode, ("offline", "online", "disabled"))
     _validate_checkpoint(cfg)
 

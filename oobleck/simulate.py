@@ -19,14 +19,13 @@ outputs of the models simulated so far. Examples::
 
 from __future__ import annotations
 
-import copy
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 from oobleck.cli import Interrupted, entry, run_app
 from oobleck.config import CONF_DIR, group_names, register_configs, to_container, validate
@@ -34,17 +33,26 @@ from oobleck.config import CONF_DIR, group_names, register_configs, to_container
 PROGRAM = "oobleck.simulate"
 
 
-def summary_table(summary) -> str:
+def summary_table(summary, ratios=None) -> str:
     """A compact text table: throughput per (model, trace) and strategy, plus Oobleck's speedups
-    (``OOM`` where a baseline does not fit in memory)."""
-    from analysis.load import format_throughput_table
+    (``OOM`` where a baseline does not fit in memory), their bands over the uncertain constants
+    and, below it, the threshold each cell marked "!" crosses."""
+    from analysis.load import cliff_notes, format_throughput_table
 
     if summary.empty:
         return "(no runs)"
-    note = "\n(ratios: median [min-max] over the shifted starts; * kept no durable progress in some start)"
     starts = summary["start"].nunique() if "start" in summary else 1
-    return format_throughput_table(summary) + (
-        note if starts > 1 or ("no_durable_progress" in summary and summary["no_durable_progress"].any()) else ""
+    notes = []
+    if starts > 1 or ("no_durable_progress" in summary and summary["no_durable_progress"].any()):
+        notes.append("ratios: median [min-max] over the shifted starts; * kept no durable progress in some start")
+    if ratios is not None and "ratio_low" in ratios:
+        notes.append(
+            "{low-high}: the band over the uncertain constants (sim.uncertain) and the starts; ! the band crosses "
+            "the cliff where a restart plus a checkpoint interval stops fitting between failures, !! lies beyond it:"
+        )
+        notes += [f"  {line}" for line in cliff_notes(ratios)]
+    return format_throughput_table(summary, ratios) + "".join(
+        f"\n({n})" if not n.startswith("  ") else f"\n{n}" for n in notes
     )
 
 
@@ -75,64 +83,86 @@ def toy_setting_notice(cfg: DictConfig) -> str | None:
     )
 
 
-def _one_model(cfg: DictConfig, model: str) -> DictConfig:
-    part = copy.deepcopy(cfg)
-    with open_dict(part):
-        part.sim.models = [model]
-    return part
+def _parts_done(setup: Any, done: dict) -> list[str]:
+    """The models every part of which has finished, in the config's order (up to the first gap)."""
+    finished = []
+    for model in setup.cfg.sim.models:
+        if not all(part in done for part in setup.parts() if part[0] == model):
+            break
+        finished.append(str(model))
+    return finished
 
 
-def _combined(parts: list) -> Any:
-    """The per-model results as one experiment's (each table concatenated, the wall times summed)."""
-    import pandas as pd
+def simulate_parts(setup: Any, processes: int, bar: Any) -> tuple[dict, bool]:
+    """Run every part of the experiment (one model at one grid point), over ``processes`` forked
+    processes when that is more than one; returns the results by part and whether Ctrl-C stopped it."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    from oobleck.sim.experiment import ExperimentResult
+    from oobleck.sim import experiment
 
-    def table(name: str) -> pd.DataFrame:
-        frames = [getattr(part, name) for part in parts if not getattr(part, name).empty]
-        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    done: dict = {}
+    parts = setup.parts()
+    try:
+        if processes <= 1 or len(parts) <= 1:
 
-    return ExperimentResult(
-        table("metrics"), table("events"), table("summary"), sum(part.seconds for part in parts), table("ratios")
-    )
+            def progress(label: str) -> None:
+                bar.set_postfix_str(label)
+                bar.update(1)
+
+            for part in parts:
+                done[part] = experiment.run_part(setup, part, progress=progress)
+            return done, False
+        import multiprocessing
+
+        # Forked: the children share the parent's imports and setup (a simulation uses no CUDA).
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=min(processes, len(parts)), mp_context=context) as pool:
+            futures = {pool.submit(experiment.run_part, setup, part): part for part in parts}
+            try:
+                for future in as_completed(futures):
+                    part = futures[future]
+                    done[part] = future.result()
+                    bar.set_postfix_str(f"{part[0]} grid point {part[1]}")
+                    bar.update(setup.simulations(part))
+            except KeyboardInterrupt:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+    except KeyboardInterrupt:
+        return done, True
+    return done, False
 
 
 def run(cfg: DictConfig, run_dir: Path) -> dict:
+    import os
+
     from tqdm import tqdm
 
-    from oobleck.sim.experiment import run_experiment, write_outputs
+    from oobleck.sim.experiment import combine, prepare, write_outputs
 
     validate(cfg)
     notice = toy_setting_notice(cfg)
     if notice:
         print(notice, file=sys.stderr, flush=True)
-    models = list(cfg.sim.models)
-    total = len(models) * len(cfg.sim.traces) * int(cfg.sim.trace_starts) * len(cfg.sim.strategies)
-    parts: list = []
-    interrupted = False
+    started = time.perf_counter()
+    setup = prepare(cfg)
+    models = [str(m) for m in cfg.sim.models]
+    total = sum(setup.simulations(part) for part in setup.parts())
+    processes = int(cfg.sim.processes) or (os.cpu_count() or 1)
     with tqdm(total=total, desc="simulate", unit="run", disable=not cfg.logger.progress_bar) as bar:
-
-        def progress(label: str) -> None:
-            bar.set_postfix_str(label)
-            bar.update(1)
-
-        # One model at a time (its templates are shared by its traces and strategies), so Ctrl-C
-        # keeps every model finished before it.
-        try:
-            for model in models:
-                parts.append(run_experiment(_one_model(cfg, model), progress=progress))
-        except KeyboardInterrupt:
-            interrupted = True
-    result = _combined(parts)
+        # A part is one model at one grid point (its templates and decisions are shared by its
+        # traces, starts and samples); Ctrl-C keeps every model all of whose parts finished.
+        done, interrupted = simulate_parts(setup, processes, bar)
+    finished = _parts_done(setup, done)
+    kept = [done[part] for part in setup.parts() if part[0] in finished]
+    result = combine(setup, kept, time.perf_counter() - started)
     config = to_container(cfg)
-    done = [str(m) for m in models[: len(parts)]]
     extra = {"experiment": cfg.experiment, "sim": config["sim"]}
     if interrupted:
-        extra["interrupted"] = {"models_done": done, "models_requested": models}
+        extra["interrupted"] = {"models_done": finished, "models_requested": models}
     paths = write_outputs(result, run_dir, extra=extra)
     if interrupted:
         raise Interrupted(
-            f"wrote the {len(done)} of {len(models)} models simulated so far ({', '.join(done) or 'none'}) "
+            f"wrote the {len(finished)} of {len(models)} models simulated so far ({', '.join(finished) or 'none'}) "
             f"to {paths['summary_csv']} and the other sim_*.csv in {run_dir}"
         )
     figures = []
@@ -141,7 +171,14 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
 
         print(f"{PROGRAM}: writing figures to {run_dir} ...", file=sys.stderr, flush=True)
         started = time.perf_counter()
-        figures = write_figures(result.metrics, result.summary, run_dir, bin_s=float(cfg.sim.timeline_bin_s))
+        figures = write_figures(
+            result.metrics,
+            result.summary,
+            run_dir,
+            bin_s=float(cfg.sim.timeline_bin_s),
+            band=result.band,
+            ratios=result.ratios,
+        )
         print(
             f"{PROGRAM}: wrote {len(figures)} figure files in {time.perf_counter() - started:.1f} s",
             file=sys.stderr,
@@ -156,7 +193,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
             flush=True,
         )
         log_simulation(cfg, result.first_start(), figures, run_dir, config, lambda m, s: run_sections(cfg, m, s))
-    print(summary_table(result.summary), flush=True)
+    print(summary_table(result.summary, result.ratios), flush=True)
     print(f"{PROGRAM}: {total} simulations in {result.seconds:.1f} s; outputs in {run_dir}", flush=True)
     if notice:
         print(notice, file=sys.stderr, flush=True)

@@ -154,26 +154,28 @@ def test_ctrl_c_in_a_simulation_keeps_the_models_it_finished(tmp_path, monkeypat
     import oobleck.sim.experiment as experiment
     from oobleck.simulate import run
 
-    real, calls = experiment.run_experiment, []
+    real, calls = experiment.run_part, []
 
-    def interrupted_second(cfg, **kwargs):  # Ctrl-C during the second model's simulations
-        calls.append(list(cfg.sim.models))
-        if len(calls) == 2:
+    def interrupted_second(setup, part, **kwargs):  # Ctrl-C during the second model's simulations
+        calls.append(part[0])
+        if part[0] == "gpt3_medium":
             raise KeyboardInterrupt
-        return real(cfg, **kwargs)
+        return real(setup, part, **kwargs)
 
-    monkeypatch.setattr(experiment, "run_experiment", interrupted_second)
+    monkeypatch.setattr(experiment, "run_part", interrupted_second)
     cfg = compose_config(
         "experiment=paper_spot",
         "sim.models=[gpt2_small,gpt3_medium]",
         "sim.traces=[synthetic/6h]",
         "sim.strategies=[oobleck]",
+        "sim.processes=1",
+        "sim.band_samples=0",
         "logger.progress_bar=false",
         "logger.wandb.mode=disabled",
     )
     with pytest.raises(Interrupted, match="wrote the 1 of 2 models simulated so far \\(gpt2_small\\)"):
         run(cfg, tmp_path)
-    assert calls == [["gpt2_small"], ["gpt3_medium"]]
+    assert calls == ["gpt2_small", "gpt3_medium"]  # one part each (no band), Ctrl-C in the second
     assert set(pd.read_csv(tmp_path / "sim_summary.csv")["model"]) == {"gpt2_small"}
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["interrupted"] == {"models_done": ["gpt2_small"], "models_requested": ["gpt2_small", "gpt3_medium"]}

@@ -14,10 +14,11 @@
 # %% [markdown]
 # # The paper's simulator figures
 #
-# Throughput against failure frequency, throughput over spot-instance traces, and where the
-# node time goes, for Oobleck, Varuna and Bamboo, from the outputs of `python -m oobleck.simulate`
-# (`experiment=paper_failure_frequency`, `experiment=paper_spot`). Point `sim_dirs` at those run
-# dirs; with none, the notebook runs the simulation given by `simulate` itself.
+# Throughput against failure frequency, throughput over spot-instance traces, where the node time
+# goes, and Oobleck's speedups with their bands over the constants nobody measured on the modelled
+# hardware, for Oobleck, Varuna and Bamboo, from the outputs of `python -m oobleck.simulate`
+# (`experiment=paper_failure_frequency`, `experiment=paper_spot`, on one testbed). Point
+# `sim_dirs` at those run dirs; with none, the notebook runs the simulation given by `simulate`.
 
 # %% tags=["parameters"]
 sim_dirs = []  # run dirs of python -m oobleck.simulate
@@ -35,7 +36,7 @@ from IPython.display import Image, Markdown, display
 
 from analysis.figures import write_figures
 from analysis.labels import model_label, strategy_label, trace_label
-from analysis.load import breakdown, format_throughput_table, load_sim
+from analysis.load import breakdown, cliff_notes, format_throughput_table, load_sim
 from analysis.paper_figures import markdown_table
 
 out = Path(out_dir)
@@ -49,29 +50,50 @@ if not sim_dirs:
     sim_dirs = [str(out / "simulation")]
 
 sims = [load_sim(d) for d in sim_dirs]
-metrics = pd.concat([s.metrics for s in sims], ignore_index=True)
-summary = pd.concat([s.summary for s in sims], ignore_index=True)
-if models:
-    metrics, summary = metrics[metrics["model"].isin(models)], summary[summary["model"].isin(models)]
-if traces:
-    metrics, summary = metrics[metrics["trace"].isin(traces)], summary[summary["trace"].isin(traces)]
+
+
+def merged(name):
+    frames = [getattr(s, name) for s in sims if not getattr(s, name).empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+metrics, summary, band, ratios = merged("metrics"), merged("summary"), merged("band"), merged("ratios")
+for column, wanted in (("model", models), ("trace", traces)):
+    if wanted:
+        metrics, summary = metrics[metrics[column].isin(wanted)], summary[summary[column].isin(wanted)]
+        band = band[band[column].isin(wanted)] if not band.empty else band
+        ratios = ratios[ratios[column].isin(wanted)] if not ratios.empty else ratios
 assert not summary.empty, f"no simulated runs left for models={models}, traces={traces} in {sim_dirs}"
 print(f"{len(summary)} simulated runs: {summary['model'].nunique()} models x {summary['trace'].nunique()} traces")
 
 # %% [markdown]
 # ## Throughput (samples/s) and Oobleck's speedup
-# A baseline that does not fit in GPU memory reads OOM, and so does the speedup over it.
+# A baseline that does not fit in GPU memory reads OOM, and so does the speedup over it. A ratio
+# reads `median [min-max]` over the shifted starts at the nominal constants, then `{low-high}`:
+# its band over the uncertain constants (`sim.uncertain`) and the starts, `!` where the band
+# crosses the cliff (a restart plus a checkpoint interval stops fitting between failures), `!!`
+# where it lies beyond it.
 
 # %%
-print(format_throughput_table(summary))
-(out / "paper_table.md").write_text(markdown_table(summary))
-display(Markdown(markdown_table(summary)))
+print(format_throughput_table(summary, ratios if not ratios.empty else None))
+for line in cliff_notes(ratios if not ratios.empty else None):
+    print(line)
+table_md = markdown_table(summary, ratios if not ratios.empty else None)
+(out / "paper_table.md").write_text(table_md)
+display(Markdown(table_md))
 
 # %% [markdown]
 # ## Figures
 
 # %%
-written = write_figures(metrics, summary, out, bin_s=float(bin_s))
+written = write_figures(
+    metrics,
+    summary,
+    out,
+    bin_s=float(bin_s),
+    band=band if not band.empty else None,
+    ratios=ratios if not ratios.empty else None,
+)
 for path in written:
     if path.suffix == ".png":
         print(path)

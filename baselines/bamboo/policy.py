@@ -94,6 +94,10 @@ class BambooConfig(StrategyConfig):
     redundant_forward_exposed: float = 1.0
     # eager and inline: the redundant forward's activations stay in device memory (memory model).
     keep_redundant_activations: bool = True
+    # Activations take this many times the bytes the profile counts (2.0: fp32 against a
+    # bf16/fp16 profile; Bamboo's released DeepSpeed configs have no fp16 section, so it trains
+    # in fp32). Memory only: the iteration time stays the profile's.
+    activation_bytes_factor: float = 1.0
     # Dissolve the most degraded pipeline into the others when faster (not in real Bamboo).
     rebalance: bool = False
 
@@ -104,6 +108,11 @@ class BambooConfig(StrategyConfig):
             raise ConfigError(
                 f"strategy.redundancy={self.redundancy!r} must be one of {', '.join(REDUNDANCY_MODES)} "
                 "(lazy is Bamboo's default; see baselines/bamboo/policy.py)"
+            )
+        if not float(self.activation_bytes_factor) > 0:
+            raise ConfigError(
+                f"strategy.activation_bytes_factor={self.activation_bytes_factor!r} must be > 0 "
+                "(2.0: fp32 activations against a bf16 profile)"
             )
         if not 0.0 <= float(self.redundant_forward_exposed) <= 1.0:
             raise ConfigError(
@@ -192,6 +201,7 @@ class Bamboo(Strategy):
             return cached
         arrays, gpus, size = self._arrays, self.context.cluster.gpus_per_node, len(partition)
         layers = self.context.profile.layers
+        factor = float(self.config.activation_bytes_factor)
         memory = []
         for i, (a, b) in enumerate(partition):
             c, d = partition[(i + 1) % size]
@@ -199,12 +209,12 @@ class Bamboo(Strategy):
                 stage_memory(
                     self.config.redundancy,
                     own_state=arrays.state_bytes(a, b),
-                    own_activations=arrays.activation_bytes(a, b),
+                    own_activations=arrays.activation_bytes(a, b) * factor,
                     copy_param_bytes=float(arrays.params[d] - arrays.params[c]),
                     copy_state=arrays.state_bytes(c, d),
-                    copy_activations=arrays.activation_bytes(c, d),
-                    input_bytes=float(layers[a - 1].output_bytes) if a > 0 else 0.0,
-                    output_bytes=float(layers[b - 1].output_bytes),
+                    copy_activations=arrays.activation_bytes(c, d) * factor,
+                    input_bytes=float(layers[a - 1].output_bytes) * factor if a > 0 else 0.0,
+                    output_bytes=float(layers[b - 1].output_bytes) * factor,
                     stage=i,
                     stages=size,
                     microbatches=-(-self.context.num_microbatches // max(1, self.context.cluster.nodes // size)),

@@ -9,26 +9,28 @@ cycles at once), so an 11-hour trace costs one step per change, not per iteratio
 Nodes: a node the trace adds becomes usable ``node_creation_s`` later (instance creation; a
 node removed before then never joins), the cluster the trace starts with included, so a job
 starts only once its nodes exist. The start itself is charged like a restart without a
-checkpoint to read (``decision_downtime``): every strategy pays for its start.
+checkpoint to read: every strategy pays for its start.
 
 At a change the strategy decides (``Strategy.on_change``, the same decision the real runtime
-executes) and ``decision_downtime`` charges it by its kind: a reconfiguration or failover its
-fixed part plus the layer copies over the links, a re-route (ReCycle) the reconfiguration's fixed
-part alone (it copies nothing; its slower re-routed steps are its layout's ``iteration_s``), a restart its fixed part plus reading the
-checkpoint (plus a checkpoint first when it is planned). Unless the decision is ``continue``,
-the iteration in flight is lost. A restart, or a stop (the job dies: nothing fits, or there is
+executes) and ``oobleck.sim.charges.decision_downtime`` charges it by its kind. A change that took
+a working node abandons the iteration in flight; one that did not (a join, a standby lost) is
+carried out at the next step boundary: the iteration in flight completes first (a planned
+checkpoint is taken there too). A restart, or a stop (the job dies: nothing fits, or there is
 nothing to fall back on), also loses every iteration not in a durable checkpoint: checkpoints
-are written as ``oobleck.checkpoint`` writes them (``oobleck.recovery_costs.checkpoint_cost``: with
-asynchronous writes training pauses only for the snapshot, and a checkpoint becomes durable when
-its write completes). A change that arrives during a recovery extends it: the cluster runs again
-only when both the old and the new recovery are done (a second restart starts its full restart
-time over; training never continues during a restart).
+are written as ``oobleck.checkpoint`` writes them (``oobleck.recovery_costs.checkpoint_cost``:
+with asynchronous writes training pauses only for the snapshot, and a checkpoint becomes durable
+when its write completes). A stopped job is started again as soon as the nodes alive allow a
+layout (at once, or at the next join). A change that arrives during a recovery extends it: the
+cluster runs again only when both the old and the new recovery are done (a second restart
+starts its full restart time over; training never continues during a restart).
 
 Accounting is in node-seconds of alive nodes, split into useful work, redundant work (Bamboo),
 checkpointing, restart (which includes the start), reconfiguration (incl. failover and re-route), lost work
 and idle nodes; the parts sum to the alive node-seconds (a tested invariant). Throughput counts
 samples of iterations that were never rolled back; ``kept_samples`` counts those done before the
 last membership change that survived it (0 after a start: the strategy kept no durable progress).
+Running segments carry ``durable``: False for the stretches whose work was later rolled back (or
+abandoned in flight), so a timeline can draw durable progress and discarded work apart.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oobleck.faults.trace import Trace, TraceChange
-from oobleck.recovery_costs import CheckpointCost, checkpoint_cost, layer_transfer_s, restore_s
+from oobleck.sim.charges import CostCache, decision_downtime
 from oobleck.strategy import Decision, Kind, Layout, RunState, Strategy
 
 # The event kind each decision is recorded as (the real runtime's events.csv uses the same names).
@@ -53,82 +55,8 @@ EVENT_KIND = {
 }
 # Event kinds that charge downtime (each has ``downtime_s``).
 DOWNTIME_EVENTS = ("start", "reconfiguration", "failover", "reroute", "restart")
-
-
-class CostCache:
-    """Per-plan costs (checkpoint, restore) of one strategy's layouts, shared by the simulations of
-    an experiment (plans are frozen: a plan object always costs the same)."""
-
-    def __init__(self) -> None:
-        self._checkpoints: dict[int, tuple[Any, CheckpointCost]] = {}
-        self._restores: dict[int, tuple[Any, float]] = {}
-
-    def checkpoint(self, strategy: Strategy, layout: Layout) -> CheckpointCost:
-        hit = self._checkpoints.get(id(layout.plan))
-        if hit is None:
-            ctx = strategy.context
-            hit = (
-                layout.plan,
-                checkpoint_cost(layout.plan, ctx.profile, strategy.config.costs, ctx.cluster.inter_node_bandwidth),
-            )
-            self._checkpoints[id(layout.plan)] = hit  # keeps the plan alive: its id stays unique
-        return hit[1]
-
-    def restore(self, strategy: Strategy, layout: Layout) -> float:
-        hit = self._restores.get(id(layout.plan))
-        if hit is None:
-            ctx = strategy.context
-            hit = (
-                layout.plan,
-                restore_s(layout.plan, ctx.profile, strategy.config.costs, ctx.cluster.inter_node_bandwidth),
-            )
-            self._restores[id(layout.plan)] = hit
-        return hit[1]
-
-
-def decision_downtime(
-    decision: Decision,
-    strategy: Strategy,
-    *,
-    previous: Layout | None = None,
-    restarting: bool = False,
-    cache: CostCache | None = None,
-) -> tuple[float, tuple[tuple[str, float], ...]]:
-    """Seconds no node makes progress for carrying out ``decision``, and their named parts.
-
-    ``previous``: the layout running before (a planned restart checkpoints it first);
-    ``restarting``: a ``start`` after the job had stopped (it pays a restart, reading the
-    checkpoint when ``decision.rollback_to_step`` is positive).
-    """
-    costs = strategy.config.costs
-    cache = cache or CostCache()
-    kind = decision.kind
-    if kind in (Kind.RECONFIGURE, Kind.FAILOVER):
-        fixed = costs.reconfigure_fixed_s if kind is Kind.RECONFIGURE else costs.failover_s
-        copy = layer_transfer_s(
-            decision.transfers, strategy.context.cluster.inter_node_bandwidth, costs.moved_bytes_per_param / 4.0
-        )
-        return fixed + copy + costs.warmup_s, (("fixed", fixed), ("state_copy", copy), ("warmup", costs.warmup_s))
-    if kind is Kind.REROUTE:
-        # No state moves (peers already hold the stage): detection, planning and the new plan's
-        # publication, as for a reconfiguration. The re-routed schedule's slower steps are the
-        # layout's iteration_s (the strategy costs it at operation level, oobleck.schedules.cost).
-        fixed = costs.reconfigure_fixed_s
-        return fixed + costs.warmup_s, (("fixed", fixed), ("state_copy", 0.0), ("warmup", costs.warmup_s))
-    if kind not in (Kind.RESTART, Kind.START):
-        return 0.0, ()
-    assert decision.layout is not None
-    parts: list[tuple[str, float]] = []
-    if decision.checkpoint_first and previous is not None:
-        # Training stops at the step boundary and waits for the checkpoint to be complete.
-        ck = cache.checkpoint(strategy, previous)
-        parts.append(("checkpoint", ck.snapshot_s + ck.write_s))
-    parts.append(("restart", costs.restart_fixed_s))
-    loads = kind is Kind.RESTART or restarting
-    if loads and (decision.rollback_to_step or 0) > 0:
-        parts.append(("load", cache.restore(strategy, decision.layout)))
-    parts.append(("warmup", costs.restart_warmup_s))
-    return sum(seconds for _, seconds in parts), tuple(parts)
+# What a strategy can do about a failure that took a working node (recorded with failure=True).
+REACTIONS = ("reconfiguration", "failover", "reroute", "restart", "stop", "oom")
 
 
 BREAKDOWN = ("useful", "redundant", "checkpoint", "restart", "reconfiguration", "lost", "idle")
@@ -171,6 +99,10 @@ class _Run:
     pending_durable_at: float = math.inf
     committed: _Work = field(default_factory=_Work)
     lost_samples: float = 0.0
+    # When the first iteration of ``uncommitted`` / ``pending`` started (inf when empty): a
+    # rollback discards the work done since then.
+    uncommitted_from: float = math.inf
+    pending_from: float = math.inf
     started: bool = False
     checkpointed: bool = False  # a checkpoint is durable (committed.iters can be restored)
     node_seconds: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in BREAKDOWN})
@@ -228,6 +160,31 @@ class SimResult:
     summary: dict[str, Any]
 
 
+def split_durable(segments: list[dict[str, Any]], spans: list[tuple[float, float]]) -> list[dict[str, Any]]:
+    """``segments`` with ``durable``: running segments cut where ``spans`` (work later thrown
+    away) begin and end, the pieces inside a span ``durable=False``; every other row True."""
+    merged: list[list[float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1] + EPS:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    out: list[dict[str, Any]] = []
+    for row in segments:
+        if row["phase"] != "running" or not merged:
+            out.append({**row, "durable": True})
+            continue
+        t0, t1 = row["t_start_s"], row["t_end_s"]
+        cuts = sorted({t0, t1, *(t for span in merged for t in span if t0 < t < t1)})
+        for a, b in zip(cuts, cuts[1:]):
+            if b - a <= EPS:
+                continue
+            middle = (a + b) / 2
+            lost = any(start <= middle <= end for start, end in merged)
+            out.append({**row, "t_start_s": a, "t_end_s": b, "durable": not lost})
+    return out
+
+
 class Simulator:
     """Replays ``trace`` for ``strategy``; ``labels`` are copied into every output row."""
 
@@ -262,6 +219,8 @@ class Simulator:
         self.events: list[dict[str, Any]] = []
         self.counts: dict[str, int] = {}
         self.kept_samples: float | None = None  # at the last membership change
+        self.rolled_back: list[tuple[float, float]] = []  # spans whose work was thrown away
+        self.first_layout: Layout | None = None  # the layout the job first ran
 
     # ----- output rows -----------------------------------------------------------------------
     def _event(self, time_s: float, kind: str, count: int = 1, **fields: Any) -> None:
@@ -297,6 +256,10 @@ class Simulator:
 
     def _commit(self, work: _Work) -> None:
         run, ns = self.run, self.run.node_seconds
+        if work is run.pending:
+            run.pending_from = math.inf
+        elif work is run.uncommitted:
+            run.uncommitted_from = math.inf
         done = work.take()
         ns["useful"] += done.busy - done.redundant
         ns["redundant"] += done.redundant
@@ -307,16 +270,36 @@ class Simulator:
         """A checkpoint's snapshot ended at ``time_s``: its iterations are durable ``lag_s`` later."""
         run = self.run
         self._settle(time_s)
-        run.pending.add(run.uncommitted.take())
+        self._to_pending()
         run.pending_durable_at = time_s + lag_s
         run.iters_since_checkpoint = 0
         if lag_s <= EPS:
             self._settle(time_s)
 
+    def _to_pending(self) -> None:
+        """The iterations since the last checkpoint join those waiting to be durable."""
+        run = self.run
+        if run.uncommitted.iters:
+            run.pending_from = min(run.pending_from, run.uncommitted_from)
+        run.pending.add(run.uncommitted.take())
+        run.uncommitted_from = math.inf
+
+    def _abandon(self, start: float, end: float) -> None:
+        """Work done from ``start`` to ``end`` is thrown away (drawn as such in the timeline)."""
+        if end - start > EPS:
+            self.rolled_back.append((start, end))
+
     def _roll_back(self, now: float) -> float:
         """Everything not durable at ``now`` is lost; returns the samples lost."""
         run = self.run
         self._settle(now)
+        first = min(
+            run.pending_from if run.pending.iters else math.inf,
+            run.uncommitted_from if run.uncommitted.iters else math.inf,
+        )
+        if math.isfinite(first):
+            self._abandon(first, now)
+        run.pending_from = run.uncommitted_from = math.inf
         lost = _Work()
         lost.add(run.pending.take())
         lost.add(run.uncommitted.take())
@@ -345,34 +328,50 @@ class Simulator:
             return
         self._run_layout(t, t_to)
 
+    def _checkpoint_pause(self, layout: Layout) -> tuple[float, float]:
+        """Seconds training stops per checkpoint of ``layout``, and the lag until it is durable."""
+        interval = self.strategy.checkpoint_every_steps
+        if not interval:
+            return 0.0, 0.0
+        costs = self.strategy.config.costs
+        ck = self.cache.checkpoint(self.strategy, layout)
+        return ck.pause_s(costs, interval * layout.iteration_s), ck.durable_after_s(costs)
+
+    def _to_step_boundary(self, now: float) -> float:
+        """Seconds from ``now`` to the running layout's next step boundary (0 when nothing runs)."""
+        run = self.run
+        if run.layout is None or run.recovery_until > now + EPS:
+            return 0.0
+        if run.in_checkpoint:
+            return max(0.0, self._checkpoint_pause(run.layout)[0] - run.inflight_s)
+        return max(0.0, run.layout.iteration_s - run.inflight_s)
+
     def _run_layout(self, t0: float, t1: float) -> None:
         run = self.run
         layout = run.layout
         assert layout is not None
         ns = run.node_seconds
-        costs = self.strategy.config.costs
         used = len(layout.nodes)
         ns["idle"] += (len(self.alive) - used) * (t1 - t0)
         period = layout.iteration_s
         interval = self.strategy.checkpoint_every_steps
-        pause = lag = 0.0
-        if interval:
-            ck = self.cache.checkpoint(self.strategy, layout)
-            pause, lag = ck.pause_s(costs, interval * period), ck.durable_after_s(costs)
+        pause, lag = self._checkpoint_pause(layout)
         per_iteration = _Work(1, layout.samples_per_iteration, used * period, used * period * layout.redundant_fraction)
         rate = layout.samples_per_iteration / period
         if interval:
             rate = interval * layout.samples_per_iteration / (interval * period + pause)
         self._segment(t0, t1, "running", rate)
 
-        def complete(count: int) -> None:
+        def complete(count: int, first_start: float) -> None:
+            if not run.uncommitted.iters:
+                run.uncommitted_from = first_start
             run.uncommitted.add(
                 _Work(count, count * per_iteration.samples, count * per_iteration.busy, count * per_iteration.redundant)
             )
             run.iters_since_checkpoint += count
 
         remaining = t1 - t0
-        checkpoints_done: list[float] = []
+        done = [0, math.inf, -math.inf]  # checkpoints completed: count, first and last time
         while remaining > EPS:
             now = t1 - remaining
             if run.in_checkpoint:
@@ -386,7 +385,7 @@ class Simulator:
                 remaining -= need
                 run.in_checkpoint, run.inflight_s = False, 0.0
                 self._checkpoint_done(now + need, lag)
-                checkpoints_done.append(now + need)
+                done[:] = [done[0] + 1, min(done[1], now + need), now + need]
                 # Whole cycles of (interval iterations + one checkpoint) in closed form: every
                 # checkpoint but the last is durable by the end of the next cycle's pause.
                 cycle = interval * period + pause
@@ -395,11 +394,11 @@ class Simulator:
                     start = t1 - remaining
                     ns["checkpoint"] += used * cycles * pause
                     if cycles > 1:
-                        complete((cycles - 1) * interval)
+                        complete((cycles - 1) * interval, start)
                         self._checkpoint_done(start + (cycles - 1) * cycle, lag)
-                    complete(interval)
+                    complete(interval, start + (cycles - 1) * cycle)
                     self._checkpoint_done(start + cycles * cycle, lag)
-                    checkpoints_done.extend(start + (j + 1) * cycle for j in range(cycles))
+                    done[:] = [done[0] + cycles, min(done[1], start + cycle), start + cycles * cycle]
                     remaining -= cycles * cycle
                 continue
             need = period - run.inflight_s
@@ -409,43 +408,61 @@ class Simulator:
                 break
             remaining -= need
             run.inflight_s = 0.0
-            complete(1)
+            complete(1, now + need - period)
             # Whole iterations up to the next checkpoint (or all of them without checkpoints).
             todo = interval - run.iters_since_checkpoint if interval else math.inf
             if todo > 0:
                 count = int(min(todo, remaining // period))
                 if count:
-                    complete(count)
+                    complete(count, t1 - remaining)
                     remaining -= count * period
             if interval and run.iters_since_checkpoint >= interval:
                 run.in_checkpoint = True
-        if checkpoints_done:
+        if done[0]:
             # One row per running period (a long trace has tens of thousands of checkpoints):
             # ``count`` checkpoints completed, the first at ``first_time_s``, the last at ``time_s``.
             self._event(
-                checkpoints_done[-1],
+                done[2],
                 "checkpoint",
-                count=len(checkpoints_done),
-                first_time_s=checkpoints_done[0],
+                count=done[0],
+                first_time_s=done[1],
                 downtime_s=pause,
                 durable_after_s=lag,
             )
 
     # ----- decisions -------------------------------------------------------------------------
-    def _apply(self, time_s: float, decision: Decision, cause: str = "", restarting: bool = False) -> None:
+    def _apply(
+        self,
+        time_s: float,
+        decision: Decision,
+        cause: str = "",
+        *,
+        restarting: bool = False,
+        failure: bool = False,
+        at_boundary: bool = False,
+    ) -> float:
+        """Carry out ``decision`` taken at ``time_s``; returns when it was carried out (the next
+        step boundary with ``at_boundary``, else ``time_s``)."""
         run, ns = self.run, self.run.node_seconds
         lost_samples = 0.0
         if decision.kind is Kind.CONTINUE:
             run.layout = decision.layout if decision.layout is not None else run.layout
-            return
+            return time_s
         old = run.layout
+        if at_boundary and decision.kind is not Kind.STOP:
+            # Nothing was lost: the iteration in flight (or the checkpoint pause) completes first.
+            delay = self._to_step_boundary(time_s)
+            if EPS < delay and time_s + delay < self.end_s:
+                self._run_layout(time_s, time_s + delay)
+                time_s += delay
         downtime, breakdown = decision_downtime(
-            decision, self.strategy, previous=old, restarting=restarting, cache=self.cache
+            decision, self.strategy, previous=old, restarting=restarting, failure=failure, cache=self.cache
         )
         if old is not None and run.recovery_until <= time_s + EPS:
             # The iteration in flight is abandoned (a checkpoint in flight just has to be redone).
             if not run.in_checkpoint:
                 ns["lost"] += len(old.nodes) * run.inflight_s
+                self._abandon(time_s - run.inflight_s, time_s)
             run.inflight_s = 0.0
             run.in_checkpoint = False
         if decision.checkpoint_first:
@@ -482,6 +499,7 @@ class Simulator:
             time_s,
             event,
             cause=cause,
+            failure=failure,
             downtime_s=downtime,
             bytes_moved=decision.bytes_moved * self.strategy.config.costs.moved_bytes_per_param / 4.0,
             lost_samples=lost_samples,
@@ -491,6 +509,7 @@ class Simulator:
             breakdown=";".join(f"{k}={v:.3f}" for k, v in breakdown),
             reason=decision.reason,
         )
+        return time_s
 
     def _state(self, removed: list[int], joined: list[int], now: float) -> RunState:
         run = self.run
@@ -511,7 +530,7 @@ class Simulator:
         self.next_id += 1
         return self.ids[name]
 
-    def _start(self, now: float, cause: str) -> bool:
+    def _start(self, now: float, cause: str, failure: bool = False) -> bool:
         """A fresh start (or, after a stop, a restart) on the alive nodes; False if still nothing runs."""
         run = self.run
         decision = self.strategy.start(sorted(self.alive))
@@ -524,10 +543,11 @@ class Simulator:
             rollback = run.committed.iters if run.checkpointed else 0
             decision = Decision(Kind.START, decision.layout, rollback_to_step=rollback, reason=decision.reason)
         run.started = run.started or decision.layout is not None
+        self.first_layout = self.first_layout or decision.layout
         if not restarting and not self.charge_start and decision.layout is not None:
             run.layout = decision.layout  # already running when the window opens (validation)
             return True
-        self._apply(now, decision, cause=cause, restarting=restarting)
+        self._apply(now, decision, cause=cause, restarting=restarting, failure=failure and restarting)
         return True
 
     def simulate(self) -> SimResult:
@@ -537,31 +557,50 @@ class Simulator:
         self.alive = {self._arrive(n) for n in first.added}
         now = first.time_s
         self._start(now, cause="start")
-        for change in rest:
+        waiting: list[int] = []  # joined nodes whose change is carried out with the next one
+        for index, change in enumerate(rest):
             self._advance(now, change.time_s)
             now = change.time_s
             removed = sorted(self.ids.pop(n) for n in change.removed)
-            joined = sorted(self._arrive(n) for n in change.added)
+            arrived = sorted(self._arrive(n) for n in change.added)
+            joined = sorted({*waiting, *arrived} - set(removed))
+            waiting = []
             self.alive.difference_update(removed)
             self.alive.update(joined)
             for node in removed:
                 self._event(now, "failure", node=node)
-            for node in joined:
+            for node in arrived:
                 self._event(now, "join", node=node)
             self._settle(now)
-            if removed and self.run.pending.iters:
+            run = self.run
+            if removed and run.pending.iters:
                 # A checkpoint still being written when a node dies is abandoned (its writer may be
                 # gone): its iterations are not durable, but in-place recovery keeps them.
-                self.run.uncommitted.add(self.run.pending.take())
-                self.run.pending_durable_at = math.inf
+                run.uncommitted_from = min(run.pending_from, run.uncommitted_from)
+                run.pending_from = math.inf
+                run.uncommitted.add(run.pending.take())
+                run.pending_durable_at = math.inf
             cause = f"-{len(removed)}+{len(joined)}"
-            if self.run.layout is None:
-                self._start(now, cause)
+            if run.layout is None:
+                self._start(now, cause, failure=bool(removed))
             else:
-                self._apply(now, self.strategy.on_change(self._state(removed, joined, now)), cause=cause)
-            self.kept_samples = self.run.total_samples
+                lost_working = bool(set(removed) & set(run.layout.nodes))
+                following = rest[index + 1].time_s if index + 1 < len(rest) else self.end_s
+                if not lost_working and now + self._to_step_boundary(now) > following:
+                    # Nothing was lost and the next change comes before the step boundary where
+                    # this one would be carried out: both are decided together then.
+                    waiting = joined
+                    self.kept_samples = run.total_samples
+                    continue
+                decision = self.strategy.on_change(self._state(removed, joined, now))
+                now = self._apply(now, decision, cause=cause, failure=bool(removed), at_boundary=not lost_working)
+                if run.layout is None and run.started:
+                    # The job stopped: it is started again at once if the nodes alive allow it.
+                    self._start(now, cause, failure=bool(removed))
+            self.kept_samples = run.total_samples
         self._advance(now, self.end_s)
         self._finish_run()
+        self.segments = split_durable(self.segments, self.rolled_back)
         return SimResult(self.segments, self.events, self._summary())
 
     def _finish_run(self) -> None:
@@ -588,6 +627,7 @@ class Simulator:
             "kept_samples": kept,
             # Only a strategy that ran can lose its progress (one that never fits is marked OOM).
             "no_durable_progress": bool(run.started and kept <= 0),
+            "ran": run.started,  # False: no layout ever started (out of memory, or refused the cluster)
             "node_seconds": total,
         }
         for kind in (
@@ -607,7 +647,32 @@ class Simulator:
             summary[f"{key}_node_s"] = ns[key]
             summary[f"{key}_fraction"] = ns[key] / total if total > 0 else 0.0
         summary["oom"] = self.counts.get("oom", 0) > 0
+        summary.update(self._recovery_cycle())
         return summary
+
+    def _recovery_cycle(self) -> dict[str, float]:
+        """How long a failure keeps the job from durable progress when it restarts: the mean
+        restart a failure caused, plus one checkpoint interval of the layout it started on and
+        that checkpoint's pause and write (None when no failure made it restart or it never
+        checkpoints). Beyond the time between failures no checkpoint becomes durable: the cliff
+        of ``oobleck.sim.ratios``."""
+        reactions = [e for e in self.events if e.get("failure") and e["kind"] in REACTIONS]
+        restarts = [e["downtime_s"] for e in reactions if e["kind"] == "restart"]
+        restart = sum(restarts) / len(restarts) if restarts else None
+        cycle = None
+        layout, interval = self.first_layout, self.strategy.checkpoint_every_steps
+        if layout is not None and interval:
+            pause, lag = self._checkpoint_pause(layout)
+            cycle = interval * layout.iteration_s + pause + lag
+        total = restart + cycle if restart is not None and cycle is not None else None
+        return {
+            "restart_s_mean": restart,
+            "checkpoint_cycle_s": cycle,
+            "recovery_cycle_s": total,
+            # How often a failure made it restart (Varuna: every working node lost; Bamboo: only
+            # a stage and its only copy lost together).
+            "restart_share": len(restarts) / len(reactions) if reactions else 0.0,
+        }
 
 
 def simulate(

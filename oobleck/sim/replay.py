@@ -12,18 +12,20 @@
   re-planned. Keys hold the layout object (decisions hand out the same layout objects, so the
   chain of layouts is shared too), the change, whether any step committed and whether a
   checkpoint exists, plus the strategy's plain attributes (Bamboo's fixed depth), which a hit
-  restores. Restarts and stops are never reused: they carry step numbers.
+  restores. Restarts and stops are never reused (they carry step numbers), but the fresh start a
+  restart plans on the survivors is.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Any
 
 from oobleck.faults.kinds import FaultKind
 from oobleck.faults.trace import Trace, TraceEvent
-from oobleck.sim.engine import CostCache
+from oobleck.sim.charges import CostCache, PlanBytes
 from oobleck.strategy import Decision, Kind, RunState, Strategy
 
 
@@ -59,13 +61,35 @@ def start_offsets(trace: Trace, starts: int, spacing_s: float | None = None) -> 
     return [k * float(spacing_s) for k in range(starts)]
 
 
+def failure_interval_s(trace: Trace) -> float:
+    """The failure-free stretch a moment of the trace typically falls in: the median of the gaps
+    between its changes that remove nodes (and from its start to the first, from the last to its
+    end), each gap weighted by its length. For a regular trace that is its interval; for a bursty
+    one (the spot traces) it is longer than the plain median gap, which a burst of removals
+    seconds apart would pull down though training spends little time in such gaps. inf without
+    any removal."""
+    times = [change.time_s for change in trace.changes() if change.removed]
+    if not times:
+        return math.inf
+    edges = [trace.start_ms / 1000.0, *times, trace.end_ms / 1000.0]
+    gaps = sorted(b - a for a, b in zip(edges, edges[1:]) if b > a)
+    total, covered = sum(gaps), 0.0
+    for gap in gaps:
+        covered += gap
+        if covered >= total / 2:
+            return float(gap)
+    return float(gaps[-1])
+
+
 class DecisionMemo:
     """Decisions (and per-plan costs) of one strategy config on one context, across simulations."""
 
     def __init__(self) -> None:
         self.starts: dict[tuple, tuple[Decision, tuple]] = {}
         self.changes: dict[tuple, tuple[Any, Decision | None, tuple]] = {}
-        self.costs = CostCache()
+        self.geometry = PlanBytes()  # what each plan writes and holds: the same under any cost constants
+        self.costs = CostCache(self.geometry)
+        self.initial: tuple | None = None  # the strategy's plain state before its first decision
         self.hits = 0
         self.misses = 0
 
@@ -87,6 +111,15 @@ class Memoized(Strategy):
     def __init__(self, inner: Strategy, memo: DecisionMemo) -> None:
         super().__init__(inner.config, inner.context)
         self.inner, self.memo = inner, memo
+        # A fresh simulation: an inner strategy used before (its caches kept) starts from the
+        # plain state it had before its first decision.
+        if memo.initial is None:
+            memo.initial = _plain_state(inner)
+        else:
+            _restore(inner, memo.initial)
+        # The inner strategy's own calls of ``start`` (a restart starts afresh on the survivors)
+        # go through the memo too.
+        inner.start = self.start  # type: ignore[method-assign]
 
     @property
     def checkpoint_every_steps(self) -> int:
@@ -97,7 +130,7 @@ class Memoized(Strategy):
         hit = self.memo.starts.get(key)
         if hit is None:
             self.memo.misses += 1
-            decision = self.inner.start(nodes)
+            decision = type(self.inner).start(self.inner, nodes)
             hit = self.memo.starts[key] = (decision, _plain_state(self.inner))
         else:
             self.memo.hits += 1

@@ -45,7 +45,9 @@ states the model; ``calibrate`` measures each of its terms on the calibration ru
 - ``cores``: ``os.cpu_count()`` where the calibration runs (the runs are local).
 
 CLI: ``python -m oobleck.sim.validate RUN_DIR [--calibration CAL_RUN_DIR ...]`` prints the table and
-writes ``validation.csv`` (and, with a calibration run, ``runtime_overhead.json``).
+writes ``validation.csv`` (and, with a calibration run, ``runtime_overhead.json``). The protocol over
+many runs (``benchmarks/bench_validation.py``) scores the development set and the pre-registered
+held-out set apart (``oobleck.sim.holdout``).
 """
 
 from __future__ import annotations

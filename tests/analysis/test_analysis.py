@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -10,6 +11,7 @@ import pytest
 
 from analysis.figures import (
     effective_time_breakdown_figure,
+    ratio_bands_figure,
     throughput_over_time_figure,
     throughput_vs_frequency_figure,
     write_figures,
@@ -18,6 +20,7 @@ from analysis.labels import model_label, strategy_label, trace_label
 from analysis.load import (
     BREAKDOWN,
     breakdown,
+    cliff_notes,
     format_throughput_table,
     load_run,
     load_sim,
@@ -129,6 +132,83 @@ def test_timeline_is_a_time_weighted_mean_per_bin():
     assert ours["time_h"].tolist() == pytest.approx([0.0, 60 / 3600])
 
 
+def test_timeline_draws_rolled_back_work_apart():
+    segments = _segments()
+    # Oobleck's 0-90 s of running: the last 30 s were later rolled back.
+    first = segments.index[0]
+    rolled = segments.loc[[first]].assign(t_start_s=60, t_end_s=90, durable=False)
+    segments.loc[first, "t_end_s"] = 60
+    segments = pd.concat([segments.assign(durable=True), rolled], ignore_index=True)
+    ours = timeline(segments, bin_s=60.0).query("strategy == 'oobleck'").sort_values("time_h")
+    assert ours["samples_per_s"].tolist() == pytest.approx([10.0, 0.0])
+    assert ours["rolled_back_per_s"].tolist() == pytest.approx([0.0, 5.0])  # 30 s at 10 in a 60 s bin
+
+
+def _band(summary: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Band rows (two samples, Varuna much slower in the second) and ratios with a cliff at 10m."""
+    rows = []
+    for sample, slow in ((0, 1.0), (1, 4.0)):
+        for _, row in summary.iterrows():
+            throughput = row["throughput"] / (slow if row["strategy"] == "varuna" else 1.0)
+            rows.append(
+                {**row[["model", "trace", "strategy", "oom"]].to_dict(), "throughput": throughput, "sample": sample}
+            )
+    band = pd.DataFrame(rows).assign(start=0)
+    ratios = pd.DataFrame(
+        [
+            {
+                "model": "gpt3_2_7b",
+                "trace": trace,
+                "baseline": "varuna",
+                "ratio_median": 1.5,
+                "ratio_min": 1.5,
+                "ratio_max": 1.5,
+                "ratio_low": 1.5,
+                "ratio_high": 6.0,
+                "band_unbounded": 0,
+                "cliff": trace == "synthetic/10m",
+                "beyond_cliff": False,
+                "cycle_low_s": 300.0,
+                "cycle_high_s": 900.0,
+                "failure_interval_s": 600.0 if trace == "synthetic/10m" else 3600.0,
+            }
+            for trace in ("synthetic/10m", "synthetic/1h")
+        ]
+    )
+    return band, ratios
+
+
+def test_bands_and_cliffs_are_printed_and_drawn_with_what_they_mean():
+    summary = _summary()
+    band, ratios = _band(summary)
+    cells = throughput_cells(summary, ratios=ratios)
+    assert cells.loc[("gpt3_2_7b", "synthetic/10m"), "oobleck/varuna"] == "1.5 {1.5-6!}"
+    assert cells.loc[("gpt3_2_7b", "synthetic/1h"), "oobleck/varuna"] == "1.5 {1.5-6}"
+    (note,) = cliff_notes(ratios)
+    assert "300-900 s over the band, against 600 s between failures" in note
+    fig = throughput_vs_frequency_figure(summary, band, ratios)
+    text = " ".join(_texts(fig))
+    assert "Pale bands" in text and "2 samples of the uncertain constants" in text and "!" in _texts(fig)
+    pale = [p for p in fig.axes[0].patches if p.get_alpha() is not None and p.get_alpha() < 1]
+    varuna = [p for p in pale if p.get_facecolor()[:3] == pytest.approx((0xD9 / 255, 0x5F / 255, 0x02 / 255))]
+    assert [(p.get_y(), p.get_y() + p.get_height()) for p in varuna] == [(1.25, 5.0), (1.25, 5.0)]
+    fig = ratio_bands_figure(ratios)
+    assert "thin line: the band over the samples" in " ".join(_texts(fig)) and "!" in " ".join(_texts(fig))
+    # A baseline out of memory in a cell is said there, not left blank.
+    oom = ratios.iloc[:1].assign(baseline="bamboo", note="OOM", ratio_median=math.nan, ratio_low=math.nan)
+    fig = ratio_bands_figure(pd.concat([ratios, oom], ignore_index=True))
+    assert " OOM" in [t.get_text() for t in fig.axes[1].texts]
+
+
+def test_every_figure_says_what_its_marks_are():
+    over_time = " ".join(_texts(throughput_over_time_figure(_segments(), 60.0, _summary())))
+    assert "unshifted trace (start 0)" in over_time and "rolled back" in over_time and "nodes alive" in over_time
+    breakdown_text = " ".join(_texts(effective_time_breakdown_figure(_summary())))
+    assert "the unshifted trace (start 0) at the nominal constants" in breakdown_text
+    bars = " ".join(_texts(throughput_vs_frequency_figure(_summary())))
+    assert "whiskers: the lowest to the highest start" in bars
+
+
 def test_breakdown_and_throughput_tables():
     long = breakdown(_summary())
     shares = long.groupby(["trace", "strategy"])["fraction"].sum()
@@ -182,6 +262,7 @@ def test_throughput_over_time_is_a_grid_with_one_legend():
         "Varuna",
         "Bamboo",
         "nodes alive",
+        "work later rolled back",
     ]
     assert all(ax.get_legend() is None for ax in fig.axes)
     assert _texts(fig).count("Bamboo: out of memory") == 4

@@ -50,6 +50,7 @@ def test_paper_figures_notebook_on_a_short_simulation(tmp_path: Path):
         "sim.duration_h=1.5",
         "sim.trace_starts=2",
         "sim.trace_start_spacing_s=300",
+        "sim.band_samples=1",
         "logger.wandb.mode=disabled",
     ]
     notebook = execute(
@@ -61,10 +62,10 @@ def test_paper_figures_notebook_on_a_short_simulation(tmp_path: Path):
     )
     assert _errors(notebook) == [] and (tmp_path / "01.ipynb").is_file()
     out = tmp_path / "out"
-    for stem in ("throughput_vs_frequency", "throughput_over_time", "effective_time_breakdown"):
+    for stem in ("throughput_vs_frequency", "throughput_over_time", "effective_time_breakdown", "ratio_bands"):
         assert (out / f"{stem}.png").stat().st_size > 10_000 and (out / f"{stem}.pdf").is_file()
     table = (out / "paper_table.md").read_text()
-    assert "| GPT-2 small | 10m |" in table and "inf" not in table
+    assert "| GPT-2 small | 10m |" in table and "inf" not in table and "{" in table  # ratios with their bands
     assert set(pd.read_csv(out / "effective_time.csv")["strategy"]) == {"Oobleck", "Varuna", "Bamboo"}
 
 

@@ -11,7 +11,8 @@ from baselines.bamboo.policy import FAILED, balanced_partition
 from oobleck.faults.trace import parse_trace
 from oobleck.planning.instantiate import _Sync, plan_iteration_time
 from oobleck.recovery_costs import checkpoint_cost, restore_s
-from oobleck.sim.engine import decision_downtime, simulate
+from oobleck.sim.charges import decision_downtime
+from oobleck.sim.engine import simulate
 from oobleck.strategy import Kind, RunState
 
 
@@ -100,7 +101,9 @@ def test_varuna_restarts_from_the_checkpoint_ignores_idle_nodes_and_morphs_on_a_
         assert dict(parts) == pytest.approx(
             {
                 "checkpoint": written.snapshot_s + written.write_s,
-                "restart": costs.restart_fixed_s,
+                "process_start": costs.restart_fixed_s,
+                "group_init": costs.group_init(len(grown.layout.nodes)),
+                "model_build": 0.0,
                 "load": read,
                 "warmup": costs.restart_warmup_s,
             }

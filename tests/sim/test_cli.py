@@ -45,6 +45,7 @@ def test_cli_simulates_every_strategy_on_a_short_trace(tmp_path: Path):
         "sim.timeline_bin_s=600",
         "sim.trace_starts=2",
         "sim.trace_start_spacing_s=300",
+        "sim.band_samples=1",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "run"
@@ -70,6 +71,14 @@ def test_cli_simulates_every_strategy_on_a_short_trace(tmp_path: Path):
     for figure in ("throughput_over_time.png", "effective_time_breakdown.png"):
         assert (run / figure).stat().st_size > 10_000
     assert "oobleck/varuna" in done.stdout
+    # The band over the uncertain constants (conf/testbed/a100_analytic.yaml): 1 nominal + 3 grid
+    # points x 1 sample, every start and strategy; the printed ratios carry it in braces.
+    band, samples = pd.read_csv(run / "sim_band.csv"), pd.read_csv(run / "sim_samples.csv")
+    assert len(samples) == 4 and len(band) == 4 * 2 * 3 and set(band["testbed"]) == {"a100_analytic"}
+    assert {"achieved_flop_fraction", "storage_aggregate", "process_start"} <= set(samples.columns)
+    assert (ratios["ratio_low"] <= ratios["ratio_min"]).all() and (ratios["band_points"] == 4 * 2).all()
+    assert "{" in done.stdout and "the band over the uncertain constants" in done.stdout
+    assert (run / "ratio_bands.png").stat().st_size > 10_000
 
 
 def test_cli_bad_trace_is_one_clear_line(tmp_path: Path):

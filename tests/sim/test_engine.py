@@ -166,17 +166,71 @@ def test_an_asynchronous_checkpoint_is_durable_only_once_written():
     assert checkpoint["downtime_s"] == pytest.approx(2.5) and checkpoint["durable_after_s"] == pytest.approx(12.0)
 
 
-def test_a_stop_loses_what_is_not_durable_and_a_later_start_restarts():
+def test_a_stopped_job_restarts_as_soon_as_its_nodes_allow():
     class StopsOnLoss(RoundNumbers):
+        """Stops on any loss (nothing to fall back on); needs ``least`` nodes to start."""
+
+        def __init__(self, least: int) -> None:
+            super().__init__(interval=0)
+            self.least = least
+
+        def start(self, nodes):
+            if len(nodes) < self.least:
+                return Decision(Kind.STOP, reason=f"needs {self.least} nodes")
+            return super().start(nodes)
+
         def on_change(self, state):
             if state.removed:
                 return Decision(Kind.STOP, reason="nothing to fall back on")
             return super().on_change(state)
 
-    trace = _trace("0,add,a\n0,add,b\n95000,remove,b\n150000,add,c\n")
-    result = simulate(StopsOnLoss(interval=0), trace, duration_s=200.0, charge_start=False)
+    # One node is enough: the job stopped at 95 s restarts at once (20 s) from nothing on the
+    # survivor. Everything before the stop (9 iterations) is lost; 115..200 s: 8 iterations.
+    result = simulate(
+        StopsOnLoss(1), _trace("0,add,a\n0,add,b\n95000,remove,b\n"), duration_s=200.0, charge_start=False
+    )
     s = result.summary
-    # Without checkpoints everything done before the stop (9 iterations) is lost; the start at
-    # 150 s is a restart (20 s) from nothing; 170..200 s: 3 iterations.
-    assert s["lost_samples"] == 9 and s["samples"] == 3 and s["n_stop"] == 1 and s["n_restart"] == 1
+    assert s["lost_samples"] == 9 and s["samples"] == 8 and s["n_stop"] == 1 and s["n_restart"] == 1
+    restart = next(e for e in result.events if e["kind"] == "restart")
+    assert restart["time_s"] == pytest.approx(95) and restart["failure"]
     assert s["kept_samples"] == 0 and s["no_durable_progress"]
+    # Two nodes needed: it waits for the join at 150 s, then restarts (20 s); 170..200 s: 3 iterations.
+    trace = _trace("0,add,a\n0,add,b\n95000,remove,b\n150000,add,c\n")
+    s = simulate(StopsOnLoss(2), trace, duration_s=200.0, charge_start=False).summary
+    assert s["lost_samples"] == 9 and s["samples"] == 3 and s["n_stop"] == 1 and s["n_restart"] == 1
+    assert s["idle_node_s"] == pytest.approx(150 - 95)
+
+
+def test_a_join_is_taken_in_at_the_next_step_boundary():
+    # c joins 5 s into the third iteration (20..30 s): that iteration completes, then the 1 s
+    # reconfiguration; nothing is lost and c idles until the boundary.
+    result = simulate(
+        RoundNumbers(interval=0), _trace("0,add,a\n0,add,b\n25000,add,c\n"), duration_s=100.0, charge_start=False
+    )
+    s = result.summary
+    reconfiguration = next(e for e in result.events if e["kind"] == "reconfiguration")
+    assert reconfiguration["time_s"] == pytest.approx(30) and not reconfiguration["failure"]
+    assert s["lost_samples"] == 0 and s["lost_node_s"] == pytest.approx(3 * 9)  # in flight when the window closes
+    assert s["idle_node_s"] == pytest.approx(5) and s["reconfiguration_node_s"] == pytest.approx(3 * 1)
+    assert s["samples"] == 3 + 6  # 10, 20, 30 s; then 41 .. 91 s
+    # A failure abandons the iteration in flight at once and is detected first.
+    costs = round_costs(detect_s=4.0)
+    lost = simulate(
+        RoundNumbers(interval=0, costs=costs), _trace("0,add,a\n0,add,b\n25000,remove,b\n"), duration_s=100.0
+    )
+    restart = next(e for e in lost.events if e["kind"] == "restart")
+    assert restart["time_s"] == pytest.approx(25) and restart["failure"]
+    assert restart["downtime_s"] == pytest.approx(4 + 20) and "detect=4.000" in restart["breakdown"]
+
+
+def test_rolled_back_work_is_marked_in_the_timeline():
+    # As in the first test: checkpoints durable at 35 and 70 s, the removal at 95 s discards the
+    # iterations done at 80 and 90 s and the one in flight: 70..95 s of running is not durable.
+    result = simulate(
+        RoundNumbers(), _trace("0,add,a\n0,add,b\n95000,remove,b\n"), duration_s=200.0, charge_start=False
+    )
+    running = [r for r in result.segments if r["phase"] == "running"]
+    discarded = [(r["t_start_s"], r["t_end_s"]) for r in running if not r["durable"]]
+    assert discarded == [(pytest.approx(70), pytest.approx(95))]
+    spans = [(r["t_start_s"], r["t_end_s"]) for r in result.segments]
+    assert all(a[1] == pytest.approx(b[0]) for a, b in zip(spans, spans[1:]))  # still tiles time

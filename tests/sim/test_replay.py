@@ -10,7 +10,8 @@ from simhelpers import make_strategy
 
 from oobleck.faults.kinds import FaultKind
 from oobleck.faults.trace import parse_trace
-from oobleck.sim.engine import CostCache, simulate
+from oobleck.sim.charges import CostCache
+from oobleck.sim.engine import simulate
 from oobleck.sim.ratios import add_speedups, speedup_ranges
 from oobleck.sim.replay import DecisionMemo, Memoized, shifted_trace, start_offsets
 
@@ -106,3 +107,17 @@ def test_cost_cache_is_per_plan(context):
     cache = CostCache()
     first = cache.checkpoint(strategy, layout)
     assert cache.checkpoint(strategy, layout) is first and cache.restore(strategy, layout) > 0
+
+
+def test_the_failure_interval_is_the_stretch_a_moment_falls_in():
+    from oobleck.sim.replay import failure_interval_s
+
+    regular = parse_trace("0,add,a\n0,add,b\n600000,remove,a\n1200000,remove,b\n1800000,add,c\n", origin="t.csv")
+    assert failure_interval_s(regular) == pytest.approx(600.0)
+    # A burst of removals 10 s apart in a long quiet trace: the typical moment is in a long gap.
+    bursty = parse_trace(
+        "0,add,a\n0,add,b\n0,add,c\n0,add,d\n3000000,remove,a\n3010000,remove,b\n3020000,remove,c\n7200000,add,e\n",
+        origin="t.csv",
+    )
+    assert failure_interval_s(bursty) == pytest.approx(4180.0)  # the last removal to the end
+    assert math.isinf(failure_interval_s(parse_trace("0,add,a\n60000,add,b\n", origin="t.csv")))

@@ -27,7 +27,7 @@ OVERRIDES = (
 
 def _write_run(cfg, run_dir: Path, *, slowdown: float, failure_step: int | None = 8, steps: int = 24) -> Path:
     """A run dir as ``python -m oobleck.run`` writes it, for an ideal runtime slowed by ``slowdown``."""
-    from oobleck.sim.engine import decision_downtime
+    from oobleck.sim.charges import decision_downtime
     from oobleck.sim.experiment import build_context, simulated_strategy
     from oobleck.strategy import RunState
 
@@ -229,3 +229,45 @@ def test_calibration_fits_the_cadence_and_the_whole_fixed_part(tmp_path: Path, m
     assert runtime.step_s(step_shape(layout, strategy.context.profile)) == pytest.approx(cadence, rel=0.1)
     total = float(events.loc[recovery, "total_s"].iloc[0])
     assert runtime.reconfigure_fixed_s == pytest.approx(total - after) and runtime.reconfigure_fixed_s > 0.003
+
+
+def _bench_validation():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_validation.py"
+    spec = importlib.util.spec_from_file_location("bench_validation", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_protocol_reads_the_preregistered_holdout(make_config):
+    from oobleck.config import validate
+    from oobleck.sim.holdout import read_holdout
+
+    bench = _bench_validation()
+    registered = read_holdout(bench.HOLDOUT_FILE)
+    cases = bench.holdout_cases()
+    assert sorted(cases) == ["H1", "H2", "H3", "H4", "H5", "H6"]
+    assert cases == {name: (case.strategy, list(case.overrides)) for name, case in registered.items()}
+    assert not set(cases) & (set(bench.CALIBRATION) | set(bench.PREDICTED))
+    for name, (strategy, overrides) in cases.items():
+        cfg = make_config(*overrides)
+        validate(cfg)  # every case is a valid run, with the strategy it says
+        assert cfg.strategy.name == strategy, name
+
+
+def test_scores_are_reported_per_set_and_a_bad_holdout_is_named(tmp_path):
+    from oobleck.sim.holdout import read_holdout, scores
+
+    table = pd.DataFrame(
+        {"set": ["holdout", "development", "development", "holdout"], "within_target": [True, True, False, False]}
+    )
+    assert scores(table).to_dict("records") == [
+        {"set": "development", "rows": 2, "within_target": 1, "share": 0.5},
+        {"set": "holdout", "rows": 2, "within_target": 1, "share": 0.5},
+    ]
+    bad = tmp_path / "holdout.yaml"
+    bad.write_text("holdout:\n  X1: {strategy: oobleck, overrides: [cluster.nodes=4]}\n")
+    with pytest.raises(RunError, match="case X1 must have exactly strategy, what, overrides"):
+        read_holdout(bad)
