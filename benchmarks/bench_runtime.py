@@ -493,6 +493,7 @@ def bench_transfer(repeats: int, steps: int = 4, link_mbit: float = 0.0) -> dict
             f"  every node's sending link capped at {link_mbit:g} Mbit/s: the receiver's copy takes {one['receiver_copy_s']:.3f} s"
             f" from one source and {two['receiver_copy_s']:.3f} s split over two ({summary['split_speedup']:.2f}x faster)"
         )
+        summary["relay"] = bench_relay(repeats, steps, link_mbit)
         return summary
     one, unprepared, two = summary["1"], summary["1_unprepared"], summary["2"]
     summary["prepare_speedup"] = unprepared["receiver_copy_s"] / one["receiver_copy_s"]
@@ -505,6 +506,102 @@ def bench_transfer(repeats: int, steps: int = 4, link_mbit: float = 0.0) -> dict
         f" split over 2 sources {two['receiver_copy_s']:.3f} s ({summary['split_speedup']:.2f}x faster than one)\n"
         f"  end to end without probes (groups + the receiver's copy): {ahead['groups_and_copy_s']:.3f} s prepared ahead against"
         f" {plain['groups_and_copy_s']:.3f} s ({summary['prepare_speedup_end_to_end']:.2f}x)"
+    )
+    return summary
+
+
+def bench_relay(repeats: int, steps: int, link_mbit: float) -> dict:
+    """A sole holder feeding three new holders, with every node's sending link capped: gpt2_small
+    (``model.seq_len=64``) on 6 nodes as three 2-stage pipelines (f=2); nodes 2 and 4 (the first
+    stages of pipelines 1 and 2) are SIGKILLed together after 2 committed steps and every survivor
+    becomes a 1-node pipeline, so node 0 is the only holder of the first stage's layers, which
+    nodes 1, 3 and 5 all need. Relayed (the planner's copies: node 0 sends each chunk once, down a
+    chain through the three) against the copies before relays (node 0 sends it to each of them),
+    alternated; the copy ends when the last receiver has its layers (``receiver_copy_s``). The
+    cost model's figure for each (``copy_seconds``, at the capped link's rate) is printed beside."""
+    from oobleck.models import num_layers
+    from oobleck.planning.pipeline_cost import copy_seconds
+    from oobleck.planning.reconfigure import plan_transfers
+    from oobleck.strategies.oobleck import Oobleck, plan_layout
+    from oobleck.strategy import Decision, Kind
+    from testing import hand_plan, template
+
+    results: dict[str, list[dict]] = {"direct": [], "relayed": []}
+    charged: dict[str, float] = {}
+    original = Oobleck.on_change
+    try:
+        for _ in range(repeats):
+            for name in results:
+
+                def every_node_its_own_pipeline(self, state, relay=name == "relayed"):
+                    layers = state.layout.plan.num_layers
+                    alive = sorted(set(state.layout.nodes) - set(state.removed))
+                    whole = template([(0, layers, 0, 0, 1)])
+                    plan = state.layout.plan
+                    share, extra = divmod(plan.num_microbatches, len(alive))
+                    new = hand_plan(
+                        [(whole, (n,), share + (i < extra)) for i, n in enumerate(alive)],
+                        batch=plan.global_batch_size,
+                        micro=plan.microbatch_size,
+                        layers=layers,
+                        f=2,
+                        gpus=1,
+                    )
+                    transfers = plan_transfers(plan, new, state.removed, self.context.layer_param_bytes, relay=relay)
+                    charged[name] = copy_seconds(transfers, link_mbit * 1e6 / 8)
+                    return Decision(Kind.RECONFIGURE, plan_layout(new), transfers=transfers, reason=name)
+
+                Oobleck.on_change = every_node_its_own_pipeline
+                cfg = bench_config(
+                    steps,
+                    "model=gpt2_small",
+                    **{
+                        "model.seq_len": 64,
+                        "job.global_batch_size": 6,
+                        "job.microbatch_size": 1,
+                        "job.warmup_steps": 1,
+                        "cluster.nodes": TRANSFER_NODES,
+                        "job.fault_tolerance": 2,
+                        "profile.source": "analytic",
+                        "cluster.collective_timeout_s": 120.0,
+                        "cluster.heartbeat_timeout_s": 30.0,
+                        "failures.kind": "explicit",
+                        "failures.events": [{"action": "remove", "step": 2, "nodes": [2, 4]}],
+                        "cluster.node_address_base": LINK_BASE,
+                    },
+                )
+                layers = num_layers(cfg.model)
+                half = template([(0, layers // 2, 0, 0, 1), (layers // 2, layers, 1, 0, 1)])
+                start = hand_plan(
+                    [(half, (0, 1), 2), (half, (2, 3), 2), (half, (4, 5), 2)],
+                    batch=6,
+                    micro=1,
+                    layers=layers,
+                    f=2,
+                    gpus=1,
+                )
+                with capped_links(link_mbit):
+                    outcome = run_job(cfg, start)
+                moved = [r for r in outcome.recoveries if r["bytes_moved"]]
+                results[name] += moved
+                print_recoveries(
+                    f"gpt2_small, nodes 2 and 4 killed, every survivor its own pipeline, {name} copies,"
+                    f" links capped at {link_mbit:g} Mbit/s ({load()})",
+                    moved,
+                    ("receiver_copy_s", "copy_bytes_per_s"),
+                )
+    finally:
+        Oobleck.on_change = original
+    summary: dict[str, Any] = {
+        name: medians(rows, RECOVERY_KEYS + ("receiver_copy_s",)) for name, rows in results.items()
+    }
+    direct, relayed = summary["direct"]["receiver_copy_s"], summary["relayed"]["receiver_copy_s"]
+    summary["relay_speedup"] = direct / relayed
+    summary["charged"] = dict(charged)
+    print(
+        f"  a sole holder feeding 3 new holders, links capped at {link_mbit:g} Mbit/s: the copy ends after"
+        f" {relayed:.2f} s relayed against {direct:.2f} s sent to each ({summary['relay_speedup']:.2f}x faster);"
+        f" the cost model charges {charged['relayed']:.2f} s and {charged['direct']:.2f} s"
     )
     return summary
 

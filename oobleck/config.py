@@ -148,7 +148,10 @@ class PlannerConfig:
     reference_microbatches_per_stage: int = MISSING
     max_gpus_per_stage: int | None = MISSING
     transfer_sources: int = MISSING
+    copy_piece_mb: float = MISSING
+    replan_horizon: str = MISSING  # schedule | fixed
     replan_horizon_steps: int = MISSING
+    progress_every_s: float = MISSING
 
 
 @dataclass
@@ -501,7 +504,10 @@ def validate(cfg: Config | DictConfig) -> None:
     _positive("job.synthetic_samples", job.synthetic_samples)
     _positive("planner.reference_microbatches_per_stage", cfg.planner.reference_microbatches_per_stage)
     _positive("planner.transfer_sources", cfg.planner.transfer_sources)
+    _positive("planner.copy_piece_mb", cfg.planner.copy_piece_mb)
+    _choice("planner.replan_horizon", cfg.planner.replan_horizon, ("schedule", "fixed"))
     _positive("planner.replan_horizon_steps", cfg.planner.replan_horizon_steps, allow_zero=True)
+    _positive("planner.progress_every_s", cfg.planner.progress_every_s)
     _positive("runtime.bucket_mb", cfg.runtime.bucket_mb)
     _positive("runtime.link_probe_mb", cfg.runtime.link_probe_mb, allow_zero=True)
 

@@ -24,7 +24,7 @@ from oobleck.planning.inputs import ClusterSpec, ModelProfile
 from oobleck.planning.instantiate import instantiate
 from oobleck.planning.outputs import ExecutionPlan
 from oobleck.planning.reconfigure import check_fault_tolerance
-from oobleck.planning.templates import TemplateSet, generate_templates
+from oobleck.planning.templates import TemplateProgress, TemplateSet, generate_templates
 
 PROGRAM = "oobleck.plan"
 
@@ -74,12 +74,25 @@ def make_plan(
         f"planning: templates of {profile.num_layers} layers for up to {cluster.nodes} nodes of "
         f"{cluster.gpus_per_node} devices ({cluster.device_memory_bytes / 1e9:.4g} GB each), f={f} ..."
     )
+    every = float(cfg.planner.progress_every_s)
+    last = [started]
+
+    def progress(at: TemplateProgress) -> None:
+        now = time.perf_counter()
+        if now - last[0] >= every:
+            last[0] = now
+            say(
+                f"planning: templates: {at.settled} of {at.node_counts} node counts settled, candidate bottleneck "
+                f"{at.threshold} of {at.thresholds}, {now - started:.1f} s ..."
+            )
+
     templates = generate_templates(
         profile,
         cluster,
         f,
         reference_microbatches_per_stage=int(cfg.planner.reference_microbatches_per_stage),
         max_gpus_per_stage=cfg.planner.max_gpus_per_stage,
+        progress=progress,
     )
     check_fault_tolerance(templates, cluster.nodes, f)
     generated = time.perf_counter()

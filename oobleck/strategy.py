@@ -198,8 +198,10 @@ class StrategyContext:
     reference_microbatches_per_stage: int = 4
     max_gpus_per_stage: int | None = None
     transfer_sources: int = 4  # a layer copy is split across up to this many live holders
+    copy_piece_bytes: int = 4 * 2**20  # relayed copies stream in pieces of this size (planner.copy_piece_mb)
     # A reconfiguration re-plans from scratch when that saves more over this many steps than the
-    # extra state copy costs (planner.replan_horizon_steps; oobleck.planning.reconfigure).
+    # extra state copy costs (planner.replan_horizon_steps, or derived from the failure schedule:
+    # planner.replan_horizon; oobleck.planning.horizon, set by oobleck.elastic.job for real runs).
     replan_horizon_steps: int = 100
     _templates: dict[int, Any] = field(default_factory=dict, repr=False)
 
@@ -215,6 +217,7 @@ class StrategyContext:
             reference_microbatches_per_stage=int(cfg.planner.reference_microbatches_per_stage),
             max_gpus_per_stage=cfg.planner.max_gpus_per_stage,
             transfer_sources=int(cfg.planner.transfer_sources),
+            copy_piece_bytes=round(float(cfg.planner.copy_piece_mb) * 2**20),
             replan_horizon_steps=int(cfg.planner.replan_horizon_steps),
         )
 

@@ -145,9 +145,10 @@ class Lifecycle:
         except Aborted:
             outcome = "aborted"
         woke = time.perf_counter()
-        if peer is not None:
-            self.reaper.park(peer.release(), [])
-        self.reaper.park(comm.release(), [pending])
+        # Each group parked with its own pending works, as the worker parks them.
+        for owner in (peer, comm):
+            for items, works in owner.release() if owner is not None else ():
+                self.reaper.park(items, works)
         released = time.perf_counter()
         if self.cuda:
             torch.cuda.synchronize()  # the spin ends; nothing of the aborted generation may hang
@@ -320,7 +321,8 @@ def peer_main(rank: int, ranks: int, port: int, backend_name: str, device: str, 
             comm.allreduce_wait("all", tensor, "all-reducing in generation 0")
     except Aborted:
         aborted_at = time.time()
-    reaper.park(comm.release(), comm.pending())
+    for items, works in comm.release():
+        reaper.park(items, works)
     store.wait([SURVIVORS_KEY], timedelta(seconds=timeout_s))
     survivors = json.loads(store.get(SURVIVORS_KEY))
     watch.watch(1)

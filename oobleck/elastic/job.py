@@ -37,6 +37,7 @@ from oobleck.errors import RunError, unwritable_message
 from oobleck.faults.schedule import FaultEvent, build_schedule
 from oobleck.launcher import launcher_class
 from oobleck.metrics.host import HostSnapshot
+from oobleck.planning.horizon import mean_change_gap_s, replan_horizon_steps
 from oobleck.planning.outputs import ExecutionPlan
 from oobleck.schedules import checked_schedule
 from oobleck.strategy import Decision, Kind, Strategy, StrategyContext, build_strategy
@@ -163,9 +164,12 @@ def _launch(
     initial = initial_decision(strategy, int(cfg.cluster.nodes), initial_plan)
     assert initial.layout is not None
     checked_schedule(initial.layout.plan)  # a plan whose schedule cannot run fails before any process starts
+    horizon, why = replan_horizon(cfg, schedule, initial.layout.iteration_s)
+    strategy.context.replan_horizon_steps = horizon
     print(
         f"planning: strategy={strategy.name} starts on {initial.layout.description} "
-        f"(predicted {initial.layout.iteration_s:.3g} s per step), planned in {time.perf_counter() - started:.2f} s",
+        f"(predicted {initial.layout.iteration_s:.3g} s per step), planned in {time.perf_counter() - started:.2f} s; "
+        f"regroup-or-re-plan horizon {horizon} steps ({why})",
         file=sys.stderr,
         flush=True,
     )
@@ -232,6 +236,29 @@ def _launch(
         )
         summary = rec.finish(**summary)
     return outcome, summary
+
+
+def replan_horizon(cfg: Any, schedule: tuple[FaultEvent, ...], iteration_s: float) -> tuple[int, str]:
+    """The steps over which a fresh plan must repay its extra copying (``planner.replan_horizon``,
+    ``oobleck.planning.horizon``), and where the figure comes from: the mean gap between the
+    schedule's membership changes (poisson: ``failures.mtbf_s``; explicit: the run's steps over
+    its changes; a trace: its span over its changes) over the first plan's predicted step time."""
+    fixed = int(cfg.planner.replan_horizon_steps)
+    if cfg.planner.replan_horizon != "schedule":
+        return fixed, "planner.replan_horizon=fixed"
+    if not schedule:
+        return fixed, "no failure schedule to derive it from: planner.replan_horizon_steps"
+    if cfg.failures.kind == "poisson":
+        gap, source = float(cfg.failures.mtbf_s), f"failures.mtbf_s={cfg.failures.mtbf_s}"
+    else:
+        times = [e.time_s if e.time_s is not None else (e.step or 0) * iteration_s for e in schedule]
+        span = int(cfg.job.steps) * iteration_s if cfg.failures.kind == "explicit" else None
+        gap = mean_change_gap_s(times, span)
+        source = f"{len(set(times))} membership changes of failures={cfg.failures.kind}"
+    if gap is None:
+        return fixed, "the failure schedule spans no time: planner.replan_horizon_steps"
+    steps = replan_horizon_steps(gap, iteration_s, fixed)
+    return steps, f"{source}: one every {gap:.3g} s, at {iteration_s:.3g} s per step"
 
 
 def check_writable(run_dir: Path) -> None:

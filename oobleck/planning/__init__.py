@@ -4,14 +4,17 @@ Pure Python (numpy at most): this package never imports torch.distributed, so th
 the same in workers, the controller, the simulator and the CLI.
 
 - ``pipeline_cost``: the cost model (Eq. 1-4, exact 1F1B makespan, memory, gradient sync);
-- ``templates``: n0 and the exact template DP for every node count;
+- ``templates``: n0 and the exact template DP for every node count (``node_bounds``: the
+  node-level bounds that let it skip most of the search);
 - ``instantiate``: exact batch distribution and the choice of pipelines over live nodes;
 - ``inputs`` / ``outputs``: what the planner takes (profile, cluster) and gives (templates, plans);
 - ``reconfigure``: new pipelines, their node placement and layer copies after failures or joins
-  (regroup or re-plan, decided by the cost model); the f check;
+  (regroup or re-plan, decided by the cost model; copies relayed down chains); the f check;
+- ``horizon``: how many steps a new plan is expected to run (the regroup-or-re-plan horizon);
 - ``synthetic``: seeded synthetic profiles for tests, benchmarks and the CLI.
 """
 
+from oobleck.planning.horizon import mean_change_gap_s, replan_horizon_steps
 from oobleck.planning.inputs import AllReduceSample, ClusterSpec, LayerProfile, ModelProfile
 from oobleck.planning.instantiate import build_plan, distribute_microbatches, instantiate
 from oobleck.planning.outputs import (
@@ -25,14 +28,15 @@ from oobleck.planning.outputs import (
     tolerated_failures,
 )
 from oobleck.planning.pipeline_cost import (
+    copy_seconds,
     exact_1f1b_makespan,
     pipeline_iteration_time,
     pipeline_time,
     stage_memory_bytes,
 )
-from oobleck.planning.reconfigure import check_fault_tolerance, reconfigure
+from oobleck.planning.reconfigure import check_fault_tolerance, plan_transfers, reconfigure
 from oobleck.planning.synthetic import synthetic_profile
-from oobleck.planning.templates import TemplateSet, generate_templates, min_nodes
+from oobleck.planning.templates import TemplateProgress, TemplateSet, generate_templates, min_nodes
 
 __all__ = [
     "AllReduceSample",
@@ -45,18 +49,23 @@ __all__ = [
     "PipelineTemplate",
     "ReconfigurationPlan",
     "StageSpec",
+    "TemplateProgress",
     "TemplateSet",
     "WorkerAssignment",
     "build_plan",
     "check_fault_tolerance",
+    "copy_seconds",
     "distribute_microbatches",
     "exact_1f1b_makespan",
     "generate_templates",
     "instantiate",
+    "mean_change_gap_s",
     "min_nodes",
     "pipeline_iteration_time",
     "pipeline_time",
+    "plan_transfers",
     "reconfigure",
+    "replan_horizon_steps",
     "stage_memory_bytes",
     "synthetic_profile",
     "tolerated_failures",

@@ -215,9 +215,16 @@ class ExecutionPlan:
     @cached_property
     def _layer_holders(self) -> dict[int, tuple[Worker, ...]]:
         holders: dict[int, list[Worker]] = {layer: [] for layer in range(self.num_layers)}
-        for assignment in self.assignments():
-            for layer in assignment.held_layers:
-                holders[layer].append(assignment.worker)
+        if self.shadows:
+            for assignment in self.assignments():
+                for layer in assignment.held_layers:
+                    holders[layer].append(assignment.worker)
+        else:  # the same, in the same order, without building every assignment
+            for pipeline in self.pipelines:
+                for stage in pipeline.template.stages:
+                    workers = [(pipeline.nodes[stage.node], stage.gpu_offset + g) for g in range(stage.gpus)]
+                    for layer in stage.layers:
+                        holders[layer] += workers
         return {layer: tuple(workers) for layer, workers in holders.items()}
 
     def to_dict(self) -> dict[str, Any]:
@@ -259,16 +266,34 @@ class ExecutionPlan:
 class LayerTransfer:
     """Copy chunk ``chunk`` of ``chunks`` of layer ``layer``'s state from ``source`` to ``target``.
 
-    A layer needed by a new holder is split into ``chunks`` equal parts (by flattened element
-    range) across distinct surviving holders, so no single source sends it all.
+    A layer is split into ``chunks`` equal parts (by flattened element range), one per surviving
+    holder it is copied from, so no single source sends it all. When several workers need the
+    layer, each chunk travels down a chain through them: its surviving holder sends it to the
+    first (``hop`` 0), which relays it to the second (``hop`` 1), and so on, so every holder sends
+    each chunk at most once however many workers need it. A relayed chunk moves in ``pieces``
+    equal parts, each forwarded as soon as it has arrived, so the chain streams rather than
+    waiting hop by hop (``oobleck.runtime.transfer``).
     """
 
     layer: int
-    source: Worker
+    source: Worker  # a surviving holder (hop 0), or the worker that received this chunk at hop - 1
     target: Worker
     chunk: int
     chunks: int
     nbytes: int  # parameter bytes of this chunk (optimizer state moves with it)
+    hop: int = 0
+    pieces: int = 1
+
+    @classmethod
+    def of_row(cls, row: tuple) -> LayerTransfer:
+        """The transfer whose fields are ``row``, in order: the object ``cls(*row)`` makes, without
+        the frozen ``__init__``'s cost (a reconfiguration builds thousands)."""
+        transfer = object.__new__(cls)
+        transfer.__dict__.update(zip(_TRANSFER_FIELDS, row, strict=True))
+        return transfer
+
+
+_TRANSFER_FIELDS = tuple(LayerTransfer.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
@@ -327,6 +352,8 @@ class ReconfigurationPlan:
                     chunk=t["chunk"],
                     chunks=t["chunks"],
                     nbytes=t["nbytes"],
+                    hop=int(t.get("hop", 0)),
+                    pieces=int(t.get("pieces", 1)),
                 )
                 for t in data["transfers"]
             ),
@@ -344,6 +371,9 @@ def tolerated_failures(plan: ExecutionPlan) -> int:
     count of distinct holder nodes, minus one (k pipelines that each hold every layer: k - 1).
     Counts every holder ``ExecutionPlan.layer_holders`` reports.
     """
+    if not plan.shadows:
+        # Every pipeline holds every layer once, on nodes no other pipeline has.
+        return max(0, len(plan.pipelines) - 1) if plan.num_layers else 0
     holders = plan.layer_holders()
     if not holders:
         return 0

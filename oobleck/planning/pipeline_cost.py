@@ -30,7 +30,11 @@ Assumptions (each is used by template generation, instantiation and reconfigurat
   (3 bytes per parameter byte; gradients are recomputed, not moved: conf/strategy/oobleck.yaml's
   ``moved_bytes_per_param: 12``). Nodes send and receive in parallel over their own links, so a
   set of copies takes its busiest node's cross-node bytes (in or out) over the cross-node
-  bandwidth; a copy inside a node is local and not counted (as the simulator counts it).
+  bandwidth; a copy inside a node is local and not counted (as the simulator counts it). When
+  several workers need a layer, the runtime relays each chunk down a chain through them
+  (``LayerTransfer.hop``) in pieces, each forwarded once it has arrived: the chain's last node
+  has it (crossings - 1) pieces after a direct copy would, which ``copy_seconds`` adds (the
+  longest chain's).
 - Gradient synchronisation once per iteration: a ring all-reduce of ``bytes`` over k participants
   costs ``2 (k - 1) / k * bytes / bandwidth``; inside a stage over its g devices (in-node), and of
   every layer across the k pipelines (cross-node). The two run one after the other.
@@ -44,6 +48,7 @@ from functools import lru_cache
 import numpy as np
 
 from oobleck.planning.inputs import ModelProfile
+from oobleck.planning.outputs import LayerTransfer
 
 # fp32 parameters, fp32 gradients and Adam's two fp32 moments: 4 * 4 bytes per parameter.
 OPTIMIZER_BYTES_PER_PARAM = 16
@@ -167,16 +172,41 @@ def ring_allreduce_seconds(nbytes: float, participants: int, bandwidth: float) -
     return 2.0 * (participants - 1) / participants * nbytes / bandwidth
 
 
-def copy_seconds(copies: Iterable[tuple[int, int, float]], inter_bandwidth: float) -> float:
-    """Seconds to carry out ``(source node, target node, parameter bytes)`` copies (see above)."""
+def copy_seconds(copies: Iterable[LayerTransfer | tuple[int, int, float]], inter_bandwidth: float) -> float:
+    """Seconds the runtime takes to carry out a reconfiguration's copies (see the module docstring):
+    ``LayerTransfer``s, or ``(source node, target node, parameter bytes)`` copies made directly.
+
+    The busiest node's cross-node bytes, in or out, over the cross-node bandwidth; a chunk relayed
+    down a chain (``LayerTransfer.hop``) crossing d nodes in p pieces arrives d - 1 pieces after
+    its first piece could have (each relay forwards a piece once it has it), the longest such
+    wait added."""
+    rows = (
+        (c.layer, c.source[0], c.target[0], c.chunk, c.nbytes, c.hop, c.pieces)
+        if isinstance(c, LayerTransfer)
+        else (-1, c[0], c[1], 0, c[2], 0, 1)
+        for c in copies
+    )
+    return chain_copy_seconds(rows, inter_bandwidth)
+
+
+def chain_copy_seconds(rows: Iterable[tuple[int, int, int, int, float, int, int]], inter_bandwidth: float) -> float:
+    """``copy_seconds`` of ``(layer, source node, target node, chunk, parameter bytes, hop, pieces)``
+    rows (the planner's own form, before it builds ``LayerTransfer``s)."""
     into: dict[int, float] = {}
     out: dict[int, float] = {}
-    for source, target, nbytes in copies:
+    crossings: dict[tuple[int, int], int] = {}
+    piece: dict[tuple[int, int], float] = {}
+    for layer, source, target, chunk, nbytes, hop, pieces in rows:
+        if pieces > 1 or hop > 0:
+            chain = (layer, chunk)
+            crossings[chain] = crossings.get(chain, 0) + (source != target)
+            piece[chain] = nbytes / pieces
         if source != target:
             into[target] = into.get(target, 0.0) + nbytes
             out[source] = out.get(source, 0.0) + nbytes
     busiest = max([*into.values(), *out.values()], default=0.0)
-    return MOVED_BYTES_PER_PARAM_BYTE * busiest / inter_bandwidth
+    fill = max((max(count - 1, 0) * piece[chain] for chain, count in crossings.items()), default=0.0)
+    return MOVED_BYTES_PER_PARAM_BYTE * (busiest + fill) / inter_bandwidth
 
 
 def stage_param_bytes(profile: ModelProfile, start: int, end: int) -> int:

@@ -29,18 +29,20 @@ Deterministic (every process computes the same plan from the same input), in thi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from oobleck.errors import PlanningError
 from oobleck.planning.instantiate import _best_multiset, _Sync, build_plan, sync_of
 from oobleck.planning.outputs import ExecutionPlan, LayerTransfer, ReconfigurationPlan, Worker, tolerated_failures
-from oobleck.planning.pipeline_cost import copy_seconds
+from oobleck.planning.pipeline_cost import MOVED_BYTES_PER_PARAM_BYTE, chain_copy_seconds
 from oobleck.planning.templates import TemplateSet
 
 # Default number of distinct surviving holders one layer copy is split across.
 DEFAULT_MAX_SOURCES = 4
+# Default size of the pieces a relayed chunk streams in (moved bytes; planner.copy_piece_mb).
+DEFAULT_COPY_PIECE_BYTES = 4 * 2**20
 # Steps over which a faster fresh plan must repay its extra copying, for direct API callers; runs
 # pass planner.replan_horizon_steps (conf/config.yaml).
 DEFAULT_REPLAN_HORIZON_STEPS = 100
@@ -54,13 +56,17 @@ class _Candidate:
 
     name: str  # regroup | fresh
     plan: ExecutionPlan
-    transfers: tuple[LayerTransfer, ...]
+    copies: list  # the LayerTransfer fields of every copy (``_copies``): built only for the winner
     min_bytes: int
     standby: tuple[int, ...]
     copy_s: float
 
     def cost(self, horizon: int) -> float:
         return horizon * self.plan.predicted_iteration_s + self.copy_s
+
+    @property
+    def transfers(self) -> tuple[LayerTransfer, ...]:
+        return tuple(LayerTransfer.of_row(row) for row in self.copies)
 
 
 def reconfigure(
@@ -74,6 +80,7 @@ def reconfigure(
     replan_horizon_steps: int = DEFAULT_REPLAN_HORIZON_STEPS,
     standby: Sequence[int] = (),
     fault_tolerance: int | None = None,
+    piece_bytes: int = DEFAULT_COPY_PIECE_BYTES,
 ) -> ReconfigurationPlan:
     """The plan after ``removed`` nodes fail and ``joined`` nodes arrive (see module docstring).
 
@@ -84,6 +91,8 @@ def reconfigure(
     """
     if max_sources <= 0:
         raise PlanningError(f"planner.transfer_sources={max_sources} must be > 0")
+    if piece_bytes <= 0:
+        raise PlanningError(f"planner.copy_piece_mb={piece_bytes / 2**20:g} must be > 0")
     if replan_horizon_steps < 0:
         raise PlanningError(f"planner.replan_horizon_steps={replan_horizon_steps} must be >= 0")
     layer_bytes = tuple(layer_param_bytes if layer_param_bytes is not None else templates.layer_param_bytes)
@@ -115,7 +124,21 @@ def reconfigure(
     if fresh is not None and fresh[1] != regroup[1]:
         sizes["fresh"] = fresh[1]
     candidates = [
-        _place(name, multiset, plan, untouched, templates, alive, held, live, layer_bytes, max_sources, f, sync)
+        _place(
+            name,
+            multiset,
+            plan,
+            untouched,
+            templates,
+            alive,
+            held,
+            live,
+            layer_bytes,
+            max_sources,
+            piece_bytes,
+            f,
+            sync,
+        )
         for name, multiset in sizes.items()
     ]
     chosen = min(candidates, key=lambda c: c.cost(replan_horizon_steps))  # ties: the first (regroup)
@@ -235,6 +258,7 @@ def _place(
     live: dict[int, tuple[Worker, ...]],
     layer_bytes: Sequence[int],
     max_sources: int,
+    piece_bytes: int,
     f: int,
     sync: _Sync,
 ) -> _Candidate:
@@ -281,12 +305,18 @@ def _place(
     placed = set(int(alive[r]) for r in rows)
     new = build_plan(templates, [len(g) for g in groups], groups, old.global_batch_size, old.microbatch_size, f, sync)
     new = dataclasses.replace(new, fault_tolerance=min(f, tolerated_failures(new)))
-    transfers = _transfers(new, {w: range(a, b) for w, (a, b) in held.items()}, live, layer_bytes, max_sources)
-    seconds = copy_seconds(((t.source[0], t.target[0], t.nbytes) for t in transfers), sync.inter)
+    copies = _copies(new, {w: range(a, b) for w, (a, b) in held.items()}, live, layer_bytes, max_sources, piece_bytes)
+    seconds = chain_copy_seconds(
+        (
+            (layer, source[0], target[0], chunk, nbytes, hop, pieces)
+            for layer, source, target, chunk, _, nbytes, hop, pieces in copies
+        ),
+        sync.inter,
+    )
     return _Candidate(
         name=name,
         plan=new,
-        transfers=transfers,
+        copies=copies,
         min_bytes=int(missing[rows, cols].sum()),
         standby=tuple(n for n in alive if n not in placed),
         copy_s=seconds,
@@ -311,30 +341,88 @@ def _transfers(
     live_holders: dict[int, tuple[Worker, ...]],
     layer_param_bytes: Sequence[int],
     max_sources: int,
+    piece_bytes: int = DEFAULT_COPY_PIECE_BYTES,
+    relay: bool = True,
 ) -> tuple[LayerTransfer, ...]:
     """Copies of every layer a worker holds in ``new`` (stage layers and shadow copies) but not in
-    ``held``, each split across up to ``max_sources`` live holders, least-loaded first."""
+    ``held`` (``_copies``)."""
+    return tuple(
+        LayerTransfer(*row)
+        for row in _copies(new, held, live_holders, layer_param_bytes, max_sources, piece_bytes, relay)
+    )
+
+
+def _copies(
+    new: ExecutionPlan,
+    held: Mapping[Worker, Container[int]],
+    live_holders: dict[int, tuple[Worker, ...]],
+    layer_param_bytes: Sequence[int],
+    max_sources: int,
+    piece_bytes: int,
+    relay: bool = True,
+) -> list[tuple[int, Worker, Worker, int, int, int, int, int]]:
+    """The ``LayerTransfer`` fields of every copy: each layer split into chunks across up to
+    ``max_sources`` live holders, least-loaded first. Each chunk goes to every worker that needs
+    the layer: straight from its holder when the layer has no more such workers than chunks
+    (each holder then sends its chunk at most that many times), else down one chain through them
+    all (``_chain``), relayed in pieces of about ``piece_bytes`` moved bytes, so each holder sends
+    each chunk once. ``relay=False``: always straight from the holders (the copies before relays,
+    for comparison)."""
+    needed: dict[int, list[Worker]] = {}
+    for worker, layers in _held_by_worker(new):
+        have = held.get(worker, ())
+        for layer in layers:
+            if layer not in have:
+                needed.setdefault(layer, []).append(worker)
     load: dict[Worker, int] = {}
-    transfers = []
-    for assignment in new.assignments():
-        target = assignment.worker
-        have = held.get(target, ())
-        for layer in assignment.held_layers:
-            if layer in have:
+    rows = []
+    for layer, targets in sorted(needed.items()):
+        receiving = set(targets)
+        sources = sorted((w for w in live_holders[layer] if w not in receiving), key=lambda w: (load.get(w, 0), w))
+        sources = sources[:max_sources]
+        elements = layer_param_bytes[layer] // 4
+        chunks = len(sources)
+        chained = relay and len(targets) > chunks
+        for chunk, source in enumerate(sources):
+            count = elements // chunks + (1 if chunk < elements % chunks else 0)
+            nbytes = 4 * count
+            load[source] = load.get(source, 0) + nbytes * (1 if chained else len(targets))
+            if not chained:
+                rows += [(layer, source, target, chunk, chunks, nbytes, 0, 1) for target in targets]
                 continue
-            sources = sorted((w for w in live_holders[layer] if w != target), key=lambda w: (load.get(w, 0), w))
-            sources = sources[:max_sources]
-            elements = layer_param_bytes[layer] // 4
-            chunks = len(sources)
-            for chunk, source in enumerate(sources):
-                count = elements // chunks + (1 if chunk < elements % chunks else 0)
-                transfers.append(
-                    LayerTransfer(
-                        layer=layer, source=source, target=target, chunk=chunk, chunks=chunks, nbytes=4 * count
-                    )
-                )
-                load[source] = load.get(source, 0) + 4 * count
-    return tuple(transfers)
+            pieces = max(1, min(count, -(-MOVED_BYTES_PER_PARAM_BYTE * nbytes // piece_bytes)))
+            if chunk == 0:
+                by_node: dict[int, list[Worker]] = {}
+                for worker in sorted(targets):
+                    by_node.setdefault(worker[0], []).append(worker)
+            order = _chain(source, by_node, chunk, chunks)
+            for hop, (sender, target) in enumerate(zip((source, *order), order)):
+                rows.append((layer, sender, target, chunk, chunks, nbytes, hop, pieces))
+    return rows
+
+
+def _held_by_worker(plan: ExecutionPlan) -> Iterable[tuple[Worker, Iterable[int]]]:
+    """(worker, layers it holds) for every worker of ``plan``, in assignment order (straight from
+    the stages when the plan has no shadow copies: no assignment objects to build)."""
+    if plan.shadows:
+        return ((a.worker, a.held_layers) for a in plan.assignments())
+    return (
+        ((pipeline.nodes[stage.node], stage.gpu_offset + g), range(stage.start, stage.end))
+        for pipeline in plan.pipelines
+        for stage in pipeline.template.stages
+        for g in range(stage.gpus)
+    )
+
+
+def _chain(source: Worker, by_node: Mapping[int, list[Worker]], chunk: int, chunks: int) -> list[Worker]:
+    """The order a chunk travels through the workers that need it (``by_node``: by node, sorted):
+    the source's own node first (in-node copies), then node by node, each node's workers together,
+    so the chunk crosses into every other node once; the node order is rotated by chunk, so chunks
+    of one layer start their chains on different nodes (no node is first for all of them)."""
+    nodes = [node for node in sorted(by_node) if node != source[0]]
+    shift = chunk * len(nodes) // chunks if nodes else 0
+    nodes = nodes[shift:] + nodes[:shift]
+    return list(by_node.get(source[0], ())) + [worker for node in nodes for worker in by_node[node]]
 
 
 def _reason(chosen: _Candidate, candidates: Sequence[_Candidate], horizon: int, f: int, alive: int) -> str:
@@ -398,13 +486,16 @@ def plan_transfers(
     layer_param_bytes: Sequence[int],
     *,
     max_sources: int = DEFAULT_MAX_SOURCES,
+    piece_bytes: int = DEFAULT_COPY_PIECE_BYTES,
+    relay: bool = True,
 ) -> tuple[LayerTransfer, ...]:
     """The layer copies that take ``old`` to ``new`` after ``removed`` nodes failed, for any pair of
     plans (a strategy that builds its own plans, e.g. with shadow copies, uses this); raises
-    ``PlanningError`` when a layer the new plan needs has no live holder."""
+    ``PlanningError`` when a layer the new plan needs has no live holder. ``relay``: see
+    ``_transfers``."""
     live = _check_replicas(old, set(removed))
     held: dict[Worker, set[int]] = {}
     for assignment in old.assignments():
         if assignment.worker[0] not in removed:
             held.setdefault(assignment.worker, set()).update(assignment.held_layers)
-    return _transfers(new, held, live, layer_param_bytes, max_sources)
+    return _transfers(new, held, live, layer_param_bytes, max_sources, piece_bytes, relay)

@@ -30,17 +30,24 @@ drops out of the state altogether (``_StageTable.compressions_within``).
 Speed without giving up exactness (branch and bound): both searches start from the best layout
 with one full-node stage per node (a cheap min-max partition) as an upper bound and look only
 for strictly better layouts; a sub-search that cannot beat its budget stops and is memoised as
-a lower bound. Most thresholds never reach the DP: a W is skipped when no stage of time W can be
-the bottleneck of a better layout, first by a compute bound (``_promising_markers``), then by a
-node-level relaxation that places the marker's node between the nodes to its left and right and
-counts how many nodes each side needs at the capacity W allows (``_marker_bounds``; exact for
-layouts with one stage per node and equal boundary tensors, so it rarely lets a hopeless W
-through). Inside the DP, a state that has not placed the marker yet is bounded through the
-markers still ahead of it, and dies once it has passed them all. The exactness tests compare
-against brute force over every layout, and medium cases against slower searches of earlier
-versions; benchmarks/bench_planner.py measures the speed. With r = 1 extra stages cost nothing
-in Eq. 1-4 (the (r-1) W per stage vanishes), the bounds lose most of their grip and the search
-takes seconds where r = 4 takes a fraction of one.
+a lower bound. Node counts for which memory rules that seed out are first searched at the few
+thresholds the node-level bound below rates best (``PROBE_THRESHOLDS``), so the ascending sweep
+meets most thresholds with a budget near the optimum. Most thresholds never reach the DP: a W is
+skipped when no stage of time W can be the bottleneck of a better layout, first by a compute
+bound (``_promising_markers``), then, for the few markers of distinct layers, by a per-marker
+node relaxation (``_marker_bounds``), then by the node-level chain bound of
+``oobleck.planning.node_bounds`` for every node count at once (``root_bounds``: whole nodes,
+one-stage nodes exact, split nodes bounded by their compute, links and the stages memory forces;
+the one bound that scales when equal layers put a marker at every position). Inside the DP, the
+unexplored prefix [0, a) is bounded by the same node-level tables (``PrefixBounds``: whole nodes,
+or the rest of the current node then whole nodes), and a state that has not placed the marker
+yet is bounded through the markers still ahead of it. The exactness tests compare against brute
+force over every layout (the bounds themselves too: ``tests/planning/test_node_bounds.py``), and
+medium cases against slower searches of earlier versions; benchmarks/bench_planner.py measures
+the speed. Where memory forces several narrow stages per node (few nodes for a large model), the
+node-level bounds are loosest and most of the time goes there. With r = 1 extra stages cost
+nothing in Eq. 1-4 (the (r-1) W per stage vanishes), the bounds lose most of their grip and the
+search takes seconds where r = 4 takes a fraction of one.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ from __future__ import annotations
 import bisect
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +63,7 @@ import numpy as np
 
 from oobleck.errors import PlanningError
 from oobleck.planning.inputs import ClusterSpec, ModelProfile
+from oobleck.planning.node_bounds import NodeCosts, NodeGeometry, PrefixBounds, bottleneck_floor, root_bounds
 from oobleck.planning.outputs import PipelineTemplate, StageSpec
 from oobleck.planning.pipeline_cost import (
     LINK_INTER,
@@ -67,6 +75,26 @@ from oobleck.planning.pipeline_cost import (
 )
 
 INF = math.inf
+# Above this many candidate bottleneck stages at one threshold, the per-marker node bound
+# (``_marker_bounds``, Python per marker) costs more than the chain bound it precedes.
+MARKER_BOUND_LIMIT = 4
+# Node counts without a seed layout are first searched at the thresholds, of PROBE_THRESHOLDS
+# spread over the candidates, that the node-level bound rates best, until one has a layout (at
+# most PROBE_ATTEMPTS).
+PROBE_THRESHOLDS = 64
+PROBE_ATTEMPTS = 8
+
+
+@dataclass(frozen=True)
+class TemplateProgress:
+    """How far template generation has come: ``settled`` of ``node_counts`` node counts can no
+    longer improve, and the sweep is at candidate bottleneck ``threshold`` of ``thresholds``
+    (ascending; most node counts settle long before the last)."""
+
+    settled: int
+    node_counts: int
+    threshold: int
+    thresholds: int
 
 
 @dataclass(frozen=True)
@@ -143,6 +171,7 @@ class _StageTable:
     def __init__(self, profile: ModelProfile, cluster: ClusterSpec, stage_gpu_limit: int):
         # Every node runs at least this many stages (planner.max_gpus_per_stage below G).
         self.stages_per_node = -(-cluster.gpus_per_node // stage_gpu_limit)
+        self.stage_gpu_limit = min(stage_gpu_limit, cluster.gpus_per_node)
         self.arrays = arrays = ProfileArrays(profile)
         max_gpus = cluster.gpus_per_node
         self.cluster = cluster
@@ -323,8 +352,9 @@ def _one_stage_per_node(table: _StageTable, gpus: int, max_nodes: int) -> dict[i
     return layouts
 
 
-def _bottleneck_dp(table: _StageTable, gpus: int, max_nodes: int) -> dict[int, float]:
-    """Smallest achievable slowest-stage time for every node count (INF where nothing fits).
+def _bottleneck_dp(table: _StageTable, gpus: int, max_nodes: int, only: int | None = None) -> dict[int, float]:
+    """Smallest achievable slowest-stage time for every node count up to ``max_nodes`` (INF where
+    nothing fits), or for ``only`` that count.
 
     Branch and bound like the main DP: a sub-search only looks for values below its budget and
     is memoised as a lower bound otherwise. The slowest stage of [0, a) is at least its compute
@@ -380,7 +410,7 @@ def _bottleneck_dp(table: _StageTable, gpus: int, max_nodes: int) -> dict[int, f
 
     seeds = _one_stage_per_node(table, G, max_nodes)
     result = {}
-    for n in range(1, max_nodes + 1):
+    for n in range(1, max_nodes + 1) if only is None else (only,):
         bound = max(_layout_seconds(table, seeds[n], G)) if n in seeds else INF
         compress = table.compressions_within(bound)
         memo = memos.setdefault(tuple(compress), {})
@@ -404,6 +434,7 @@ def _solve_for_threshold(
     r: int,
     budgets: dict[int, float],
     markers: set[tuple[int, int, int]] | None = None,
+    prefix: PrefixBounds | None = None,
 ) -> dict[int, tuple[float, list[tuple[int, int, int]]]]:
     """Exact DP for one bottleneck value W: the best T among layouts whose slowest stage is W.
 
@@ -426,6 +457,9 @@ def _solve_for_threshold(
     compress = table.compressions_within(W)
     cost, cap = table.cost, table.cap
     bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
+    # Node-level bounds of a prefix whose stages keep >= j + 1 microbatches in flight, by j
+    # (made on first use).
+    prefix_tables: list[Any] = [None] * ((table.num_layers + 2) * (G + 1))
 
     # Lower bound on the cost of covering [0, start) (inlined in ``solve``; INF if impossible).
     # Once the marker is placed every stage costs w + rW; before it, every stage costs
@@ -459,16 +493,24 @@ def _solve_for_threshold(
     # INF where no marker fits: the search stops as soon as it has passed every marker.
     before_marker = np.full(len(compute), INF)
     if markers is not None:
-        prefix = table.arrays.compute
+        cumulative = table.arrays.compute
         for m_start, m_end, _ in markers:
             k = _fewest_nodes(compute, 0, m_start, per_stage_compute * slack, per_stage_compute * slack)
             if k is None:
                 continue
-            rest = 2 * (prefix[m_end:] - prefix[m_end]) / G + prefix[m_start] / G + (k + 1) * W
+            rest = 2 * (cumulative[m_end:] - cumulative[m_end]) / G + cumulative[m_start] / G + (k + 1) * W
             before_marker[m_end:] = np.minimum(before_marker[m_end:], rest)
     else:
         before_marker[:] = -INF
     before_marker = before_marker.tolist()
+
+    def prefix_at(j: int, h: int) -> Any:
+        """(left, marked) bounds of [0, start) after a stage that is the j-th from the right and
+        leaves h GPUs of its node used (the rest of the node still to fill when h < G)."""
+        assert prefix is not None
+        found = prefix.at(j + 1) if h == G else prefix.partial(j + 1, G - h)
+        prefix_tables[j * (G + 1) + h] = found
+        return found
 
     def solve(a: int, j: int, nl: int, h: int, p: int, budget: float) -> float:
         if a == 0:
@@ -525,6 +567,11 @@ def _solve_for_threshold(
                     marked = before_marker[start] + links_but_one + stages * r1W
                     if marked > lower:
                         lower = marked
+                if prefix is not None and start:
+                    tables = prefix_tables[j1 * (G + 1) + h2] or prefix_at(j1, h2)
+                    whole = tables[1 - p2][nl2][start]
+                    if whole > lower:
+                        lower = whole
                 if lower >= limit:
                     continue
                 # The memo lookup of ``solve``, inlined: most sub-searches are answered here.
@@ -618,14 +665,20 @@ class _DeepRecursion:
 def _feasibility(
     profile: ModelProfile, cluster: ClusterSpec, stage_gpus: int
 ) -> tuple[_StageTable, dict[int, float], int]:
+    """The stage table, n0 (exact) and, for every n from n0 on, a floor under its least slowest
+    stage (exact at n0; ``bottleneck_floor`` beyond, INF where no layout can fit)."""
     table = _StageTable(profile, cluster, stage_gpus)
     up_to = min(cluster.nodes, profile.num_layers)
+    floors = bottleneck_floor(NodeGeometry(table, cluster), up_to)
     with _DeepRecursion(profile.num_layers):
-        bottleneck = _bottleneck_dp(table, cluster.gpus_per_node, up_to)
-    feasible = [n for n in range(1, up_to + 1) if bottleneck[n] < INF]
-    if not feasible:
-        raise PlanningError(_no_fit_message(profile, cluster, up_to))
-    return table, bottleneck, feasible[0]
+        # Exact from the first node count the floor allows, up to the first that fits.
+        for n in range(1, up_to + 1):
+            if floors[n] < INF:
+                exact = _bottleneck_dp(table, cluster.gpus_per_node, n, only=n)[n]
+                if exact < INF:
+                    bottleneck = {m: float(floors[m]) for m in range(n + 1, up_to + 1) if floors[m] < INF}
+                    return table, {n: exact, **bottleneck}, n
+    raise PlanningError(_no_fit_message(profile, cluster, up_to))
 
 
 def min_nodes(
@@ -643,8 +696,10 @@ def generate_templates(
     *,
     reference_microbatches_per_stage: int = 4,
     max_gpus_per_stage: int | None = None,
+    progress: Callable[[TemplateProgress], None] | None = None,
 ) -> TemplateSet:
-    """The best template for every node count in [n0, N - f*n0] (exact for the cost model)."""
+    """The best template for every node count in [n0, N - f*n0] (exact for the cost model).
+    ``progress`` is called as the search goes (often: throttle what it prints)."""
     r = reference_microbatches_per_stage
     stage_gpus = _check_inputs(cluster, fault_tolerance, r, max_gpus_per_stage)
     G = cluster.gpus_per_node
@@ -658,7 +713,7 @@ def generate_templates(
         )
     wanted = [n for n in bottleneck if n <= max_nodes and bottleneck[n] < INF]
     with _DeepRecursion(profile.num_layers):
-        best = _sweep_thresholds(table, G, r, wanted, bottleneck)
+        best = _sweep_thresholds(table, G, r, wanted, bottleneck, progress)
     templates = {}
     for n, (_value, layout) in sorted(best.items()):
         template = make_template(profile, cluster, _to_stages(layout, G), r)
@@ -676,10 +731,16 @@ def generate_templates(
 
 
 def _sweep_thresholds(
-    table: _StageTable, gpus: int, r: int, wanted: Sequence[int], bottleneck: dict[int, float]
+    table: _StageTable,
+    gpus: int,
+    r: int,
+    wanted: Sequence[int],
+    bottleneck: dict[int, float],
+    progress: Callable[[TemplateProgress], None] | None = None,
 ) -> dict[int, tuple[float, list[tuple[int, int, int]]]]:
     """Try every distinct stage time W as the bottleneck, ascending, until the bound stops it."""
     candidates = table.candidates
+    geometry = NodeGeometry(table, table.cluster)
     total_per_gpu = table.total_compute / gpus
     cross = table.min_cross_link
     best: dict[int, tuple[float, list[tuple[int, int, int]]]] = {}
@@ -718,6 +779,60 @@ def _sweep_thresholds(
         past = int(np.searchsorted(candidates, hi * (1 + 1e-12), side="right")) if hi < INF else len(candidates)
         return first, past
 
+    def attempt(W: float, budgets: dict[int, float]) -> None:
+        """Search the layouts whose bottleneck is W for every n in ``budgets`` (only those below
+        its budget matter), after the bounds that may rule W out without the DP."""
+        promising = _promising_markers(table, W, r, budgets, total_per_gpu * gpus, gpus)
+        if not promising:
+            return
+        if len(promising) <= MARKER_BOUND_LIMIT:
+            # Few markers: the per-marker node bound also narrows which of them the DP may use.
+            markers, still_open = set(), set()
+            for marker in promising:
+                bounds = _marker_bounds(table, gpus, W, r, marker, list(budgets))
+                beaten = {n for n, bound in bounds.items() if bound < budgets[n]}
+                if beaten:
+                    markers.add(marker[:3])
+                    still_open |= beaten
+            if not markers:
+                return
+            budgets = {n: budgets[n] for n in sorted(still_open)}
+        else:  # many (equal layers put a marker at every position): one chain bound for all of them
+            markers = {marker[:3] for marker in promising}
+        starts, ends, widths = (np.array([m[i] for m in markers]) for i in range(3))
+        costs = NodeCosts(geometry, W, r, starts, ends, widths)
+        bounds = root_bounds(costs, max(budgets))
+        budgets = {n: b for n, b in budgets.items() if bounds[n] < b}
+        if not budgets:
+            return
+        prefix = PrefixBounds(costs, max(budgets))
+        for n, (value, layout) in _solve_for_threshold(table, gpus, W, r, budgets, markers, prefix).items():
+            if n not in best or value < best[n][0]:
+                best[n] = (value, layout)
+
+    # Node counts without a seed (memory rules out one stage per node) start from the threshold
+    # the node-level bound rates best on a coarse grid: the ascending sweep below then meets most
+    # thresholds with a budget close to the optimum instead of none.
+    unseeded = [n for n in nodes if n not in best]
+    if unseeded:
+        first = int(np.searchsorted(candidates, min(bottleneck[n] for n in unseeded) * (1 - 1e-12), side="left"))
+        grid = np.unique(np.linspace(first, len(candidates) - 1, PROBE_THRESHOLDS).astype(np.int64))
+        rated: dict[int, list[tuple[float, float]]] = {n: [] for n in unseeded}
+        for index in grid:
+            W = float(candidates[index])
+            lo = int(np.searchsorted(table.marker_costs, W, side="left"))
+            hi = int(np.searchsorted(table.marker_costs, W, side="right"))
+            marker = (table.marker_starts[lo:hi], table.marker_ends[lo:hi], table.marker_gpus[lo:hi])
+            bounds = root_bounds(NodeCosts(geometry, W, r, *marker), max(unseeded))
+            for n in unseeded:
+                if bounds[n] < INF:
+                    rated[n].append((float(bounds[n]), W))
+        for n in unseeded:
+            for _, W in sorted(rated[n])[:PROBE_ATTEMPTS]:
+                attempt(W, {n: target(n)})
+                if n in best:
+                    break
+
     windows = np.array([window(n) for n in nodes], dtype=np.int64).reshape(-1, 2)
     index = 0
     while len(nodes):
@@ -727,25 +842,19 @@ def _sweep_thresholds(
         if not still.any():
             break
         next_index = int(starts[still].min())
+        if progress is not None:
+            settled = int(((windows[:, 1] <= next_index) | (windows[:, 0] >= windows[:, 1])).sum())
+            progress(TemplateProgress(settled, len(nodes), next_index, len(candidates)))
         W = float(candidates[next_index])
         inside = np.flatnonzero((windows[:, 0] <= next_index) & (next_index < windows[:, 1]))
         budgets = {nodes[i]: target(nodes[i]) for i in inside if lower_bound(nodes[i], W) < target(nodes[i])}
         index = next_index + 1
-        promising = _promising_markers(table, W, r, budgets, total_per_gpu * gpus, gpus)
-        # Keep the markers, and the node counts, that the node-level bound cannot rule out.
-        markers, still_open = set(), set()
-        for marker in promising:
-            bounds = _marker_bounds(table, gpus, W, r, marker, list(budgets))
-            beaten = {n for n, bound in bounds.items() if bound < budgets[n]}
-            if beaten:
-                markers.add(marker[:3])
-                still_open |= beaten
-        if not markers:
+        if not budgets:
             continue
-        budgets = {n: budgets[n] for n in sorted(still_open)}
-        for n, (value, layout) in _solve_for_threshold(table, gpus, W, r, budgets, markers).items():
-            if n not in best or value < best[n][0]:
-                best[n] = (value, layout)
+        before = {n: target(n) for n in budgets}
+        attempt(W, budgets)
+        for n, value in before.items():
+            if target(n) < value:
                 windows[nodes.index(n)] = window(n)
     return best
 

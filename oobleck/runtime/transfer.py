@@ -9,6 +9,12 @@ elements, from a surviving holder to a new one. ``transfer_state`` runs this ran
 - every send and receive is issued at once on its channel (one two-rank channel per source and
   target, each with its own gloo thread), so the chunks of a layer split over several sources
   arrive side by side;
+- a chunk relayed down a chain (``LayerTransfer.hop`` > 0: several workers need the layer) moves
+  in ``pieces``; a relaying rank posts its receives with the others and forwards each piece as
+  soon as that piece has arrived, so the chain streams. Both ends of a channel issue its
+  operations in one order, (hop, layer, chunk, piece), and a relay of hop h waits only on a
+  receive of hop h - 1, which its sender issued earlier in that order: no rank waits on one that
+  waits on it;
 - a received layer joins the worker's layers only once every chunk has arrived, so an abort in
   the middle leaves nothing half-copied behind;
 - the receive buffers can be made ahead (``PreparedLayers``): allocated, and their pages faulted
@@ -36,9 +42,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from oobleck.errors import RunError
-from oobleck.planning.outputs import ReconfigurationPlan
+from oobleck.planning.outputs import LayerTransfer, ReconfigurationPlan
 from oobleck.runtime.comm import Communicator, channel_name
-from oobleck.runtime.state import LayerState, chunk_bounds, chunk_rows, set_step
+from oobleck.runtime.state import STATE_KINDS, LayerState, chunk_bounds, chunk_rows, set_step
 from oobleck.runtime.topology import Topology, rank_of
 
 
@@ -120,44 +126,74 @@ def transfer_state(
     committed: int,
     generation: int,
 ) -> Moved:
-    """This rank's sends and receives of the plan's layer copies (see the module docstring);
-    received layers are added to ``layers`` (made by ``empty_layer(index)``, AdamW step set to
-    ``committed``)."""
+    """This rank's sends, receives and relays of the plan's layer copies (see the module
+    docstring); received layers are added to ``layers`` (made by ``empty_layer(index)``, AdamW
+    step set to ``committed``)."""
     if reconfiguration is None:
         return Moved(0, 0, ())
     ranks = rank_of(topology.plan)
     me = topology.rank
-    pending: list[tuple[Any, str]] = []
     arriving: dict[int, LayerState] = {}
     covered: dict[int, int] = {}
     sent: set[int] = set()
     bytes_in = bytes_out = 0
-    for transfer in reconfiguration.transfers:
+    pending: list[tuple[Any, str]] = []
+    received: dict[tuple[int, int, int], list[Any]] = {}  # (layer, chunk, piece) -> its receives
+    relays: list[tuple[LayerTransfer, int, int, int]] = []
+    # Both ends of a channel issue its operations in one order: (hop, layer, chunk, piece).
+    mine = sorted(
+        (t for t in reconfiguration.transfers if me in (ranks[tuple(t.source)], ranks[tuple(t.target)])),  # type: ignore[index]
+        key=lambda t: (t.hop, t.layer, t.chunk),
+    )
+    for transfer in mine:
         src, dst = ranks[tuple(transfer.source)], ranks[tuple(transfer.target)]  # type: ignore[index]
-        if me not in (src, dst) or src == dst:
+        if src == dst:
             continue
-        if me == src:
-            if transfer.layer not in layers:
-                raise RunError(
-                    f"generation {generation}: rank {me} must send layer {transfer.layer} but does not hold it"
-                )
-            layer = layers[transfer.layer]
-            sent.add(transfer.layer)
-        else:
+        if me == dst:
             if transfer.layer not in arriving:
                 arriving[transfer.layer] = empty_layer(transfer.layer)
             layer = arriving[transfer.layer]
-        a, b = chunk_bounds(layer.numel, transfer.chunk, transfer.chunks)
+        elif transfer.layer in layers:
+            layer = layers[transfer.layer]
+        elif transfer.hop > 0:
+            layer = arriving.get(transfer.layer)  # relayed: it arrives here first
+            if layer is None:
+                raise RunError(
+                    f"generation {generation}: rank {me} must relay layer {transfer.layer} chunk {transfer.chunk} "
+                    "but receives no part of it"
+                )
+        else:
+            raise RunError(f"generation {generation}: rank {me} must send layer {transfer.layer} but does not hold it")
         name = channel_name(src, dst, "xfer")
-        what = f"{'sending' if me == src else 'receiving'} layer {transfer.layer} [{a}, {b})"
-        for row in chunk_rows(layer, a, b):
-            pending.append((comm.broadcast(name, row, src), what))
-            if me == src:
-                bytes_out += row.numel() * row.element_size()
+        for piece, (a, b) in enumerate(_pieces(layer.numel, transfer)):
+            if b == a:
+                continue
+            if me == dst:
+                what = f"receiving layer {transfer.layer} [{a}, {b})"
+                works = [comm.broadcast(name, row, src) for row in chunk_rows(layer, a, b)]
+                received[(transfer.layer, transfer.chunk, piece)] = works
+                pending += [(work, what) for work in works]
+                bytes_in += STATE_KINDS * (b - a) * layer.flat.element_size()
+                covered[transfer.layer] = covered.get(transfer.layer, 0) + (b - a)
+            elif transfer.layer in layers:
+                what = f"sending layer {transfer.layer} [{a}, {b})"
+                pending += [(comm.broadcast(name, row, src), what) for row in chunk_rows(layer, a, b)]
+                bytes_out += STATE_KINDS * (b - a) * layer.flat.element_size()
+                sent.add(transfer.layer)
             else:
-                bytes_in += row.numel() * row.element_size()
-        if me == dst:
-            covered[transfer.layer] = covered.get(transfer.layer, 0) + (b - a)
+                relays.append((transfer, piece, a, b))
+    # Relays, in the channels' order: each piece forwarded once its own receive is done. A relay
+    # at hop h waits only on sends of hop h - 1 (earlier in every rank's order), so none waits
+    # on a rank that waits on it.
+    for transfer, piece, a, b in relays:
+        layer = arriving[transfer.layer]
+        for work in received.pop((transfer.layer, transfer.chunk, piece), ()):
+            comm.waiter.work(work, f"receiving layer {transfer.layer} [{a}, {b}) to relay it")
+        src, dst = ranks[tuple(transfer.source)], ranks[tuple(transfer.target)]  # type: ignore[index]
+        what = f"relaying layer {transfer.layer} [{a}, {b})"
+        pending += [(comm.broadcast(channel_name(src, dst, "xfer"), row, src), what) for row in chunk_rows(layer, a, b)]
+        bytes_out += STATE_KINDS * (b - a) * layer.flat.element_size()
+        sent.add(transfer.layer)
     for work, what in pending:
         comm.waiter.work(work, what)
     for index, layer in arriving.items():
@@ -168,6 +204,12 @@ def transfer_state(
         set_step(layer, committed)
         layers[index] = layer
     return Moved(bytes_in, bytes_out, tuple(sorted(sent)))
+
+
+def _pieces(numel: int, transfer: LayerTransfer) -> list[tuple[int, int]]:
+    """Element ranges of the pieces of ``transfer``'s chunk, in order."""
+    a, b = chunk_bounds(numel, transfer.chunk, transfer.chunks)
+    return [(a + lo, a + hi) for lo, hi in (chunk_bounds(b - a, q, transfer.pieces) for q in range(transfer.pieces))]
 
 
 def probe_links(

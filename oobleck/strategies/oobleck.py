@@ -84,6 +84,7 @@ class Oobleck(Strategy):
                 joined=arrived,
                 layer_param_bytes=ctx.layer_param_bytes,
                 max_sources=ctx.transfer_sources,
+                piece_bytes=ctx.copy_piece_bytes,
                 replan_horizon_steps=ctx.replan_horizon_steps,
                 standby=layout.standby,
                 fault_tolerance=ctx.fault_tolerance,

@@ -137,3 +137,16 @@ def test_bad_profile_is_one_line(tmp_path):
     path.write_text(json.dumps(data))
     result = run_plan(tmp_path, "profile.source=file", f"profile.path={path}")
     _one_line_error(result, "forward_s=-1.0 must be a positive number of seconds")
+
+
+def test_the_template_search_says_how_far_it_has_come(tmp_path, tiny_profile):
+    result = run_plan(
+        tmp_path,
+        "profile.source=file",
+        f"profile.path={tiny_profile}",
+        "cluster.nodes=5",
+        "planner.progress_every_s=1e-9",  # every step of the search, for the test
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("planning: templates: ")]
+    assert lines and all("node counts settled, candidate bottleneck" in line for line in lines), result.stderr

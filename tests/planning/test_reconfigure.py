@@ -67,10 +67,19 @@ def _assert_valid(result: ReconfigurationPlan, templates: TemplateSet, standby: 
         if a.worker[0] not in result.removed:  # a node that failed (even if it came back) holds nothing
             old_held.setdefault(a.worker, set()).update(a.layers)
     received = {}
+    chains = {}
     for t in result.transfers:
-        assert t.source[0] not in result.removed and t.layer in old_held[t.source]  # a live, real holder
         assert t.source != t.target
         received.setdefault((t.target, t.layer), []).append(t)
+        chains.setdefault((t.layer, t.chunk), {})[t.hop] = t
+    for (layer, _), hops in chains.items():
+        assert sorted(hops) == list(range(len(hops)))  # a chain: hops 0, 1, ...
+        first = hops[0].source
+        assert first[0] not in result.removed and layer in old_held[first]  # a live, real holder
+        for hop in range(1, len(hops)):
+            assert hops[hop].source == hops[hop - 1].target  # relayed by the worker that received it
+        assert len({t.source for t in hops.values()}) == len(hops)  # each holder sends it once
+        assert len({(t.pieces, t.nbytes) for t in hops.values()}) == 1
     for a in new.assignments():
         for layer in a.layers:
             if layer in old_held.get(a.worker, set()):
@@ -78,7 +87,7 @@ def _assert_valid(result: ReconfigurationPlan, templates: TemplateSet, standby: 
                 continue
             chunks = received[(a.worker, layer)]
             assert sorted(c.chunk for c in chunks) == list(range(chunks[0].chunks))
-            assert len({c.source for c in chunks}) == len(chunks)  # distinct sources
+            assert len({chains[(layer, c.chunk)][0].source for c in chunks}) == len(chunks)  # distinct holders
             assert sum(c.nbytes for c in chunks) == templates.layer_param_bytes[layer]
     assert result.bytes_moved == result.min_bytes_moved
     assert new.fault_tolerance == min(new.fault_tolerance, tolerated_failures(new))
@@ -327,7 +336,7 @@ def test_reconfigured_plan_is_as_good_as_a_fresh_one(case):
     assert math.isclose(eager.new.predicted_iteration_s, fresh.predicted_iteration_s, rel_tol=1e-12), (eager.new, fresh)
 
     def copying(r: ReconfigurationPlan) -> float:
-        return copy_seconds(((t.source[0], t.target[0], t.nbytes) for t in r.transfers), templates.inter_node_bandwidth)
+        return copy_seconds(r.transfers, templates.inter_node_bandwidth)
 
     slower = H * (result.new.predicted_iteration_s - fresh.predicted_iteration_s)
     assert result.new.predicted_iteration_s <= 1.03 * fresh.predicted_iteration_s or slower <= copying(eager) - copying(

@@ -1,0 +1,489 @@
+"""Node-level lower bounds for template search: Eq. 1-4 relaxed to whole nodes, for one threshold W.
+
+The template DP (``oobleck.planning.templates``) places one stage at a time; these bounds look at
+whole nodes instead. With W the bottleneck (the rightmost slowest stage, the "marker"), Eq. 1-4 at
+m = r S adds up per stage (module docstring of ``templates``): a stage left of the marker costs
+``w + rW``, the marker ``rW``, a stage right of it ``2w + (r-1)W``. Summing over the stages of one
+node gives that node's cost, and a layout's T is the sum over its nodes. Here every node covering
+layers ``[x, s)`` gets a *lower bound* of its cost, for each side of the marker:
+
+- one stage on all G GPUs: its exact cost (w from the stage table; w <= W left of the marker,
+  w < W right of it, w == W for the marker); memory is checked for the microbatches it keeps in
+  flight, at least one per node to its right (each node holds at least one stage);
+- two or more stages (a split node): at least ``C/G + y + l`` for the sum of its w (sum_i C_i/g_i
+  >= C/G with sum_i g_i = G; at least one in-node boundary y, the cheapest; its last stage's
+  link l) and the per-stage terms of two stages; it exists only if its last stage can hold the
+  node's last layer within W on some g < G GPUs and the other G - g GPUs can hold the rest at
+  ``(W - y)`` per GPU. A split node holding the marker costs at least ``rW + (r-1)W``.
+
+Chaining these node bounds over positions is a shortest-path DP over (position, nodes), which
+numpy runs for every node count at once: ``root_bounds`` bounds T of every layout on n nodes whose
+bottleneck is W (the sweep skips a W when it cannot beat the best T known), and ``PrefixBounds``
+bounds what covering layers ``[0, s)`` with u whole nodes costs, the admissible estimate of the
+DP's unexplored part. For layouts with one stage per node the bound is exact (memory aside), so
+on profiles where that shape wins it leaves one threshold per node count to the DP.
+
+The bounds are rounded down by ``BOUND_SLACK`` (relative): they add in another order than the
+DP does and must never exceed the value they bound.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from oobleck.planning.pipeline_cost import LINK_INTER, LINK_INTRA, LINK_NONE, link_seconds
+
+if TYPE_CHECKING:
+    from oobleck.planning.inputs import ClusterSpec
+    from oobleck.planning.templates import _StageTable
+
+INF = math.inf
+# Bounds are compared with sums the DP adds in another order: keep them below by this much.
+BOUND_SLACK = 1e-9
+
+
+class NodeGeometry:
+    """The threshold-independent arrays of a stage table that node bounds need."""
+
+    def __init__(self, table: _StageTable, cluster: ClusterSpec):
+        G, L = table.max_gpus, table.num_layers
+        self.gpus, self.num_layers = G, L
+        self.compute = table.arrays.compute  # compute of layers [0, i)
+        self.span_compute = self.compute[None, :] - self.compute[:, None]  # [x, s]: compute of [x, s)
+        positions = np.arange(L + 1)
+        self.positions = positions
+        self.span = positions[None, :] - positions[:, None]  # [x, s]: layers in [x, s)
+        valid = self.span > 0
+        # One stage on all G GPUs over [x, s): w, and the microbatches it may keep in flight.
+        self.whole_inter = np.where(valid, table.cost_stack[G, LINK_INTER], INF)
+        self.whole_last = np.where(valid[:, L], table.cost_stack[G, LINK_NONE][:, L], INF)
+        caps = np.zeros((L + 1, L + 1))
+        for end in range(1, L + 1):
+            caps[:end, end] = table.cap[G][end]
+        self.whole_cap = caps
+        out = table.arrays.output_bytes
+        bandwidths = (cluster.intra_node_bandwidth, cluster.inter_node_bandwidth)
+        # The cross-node link of a node ending at s (none for the pipeline's last node, s = L).
+        self.cross = np.array(
+            [link_seconds(out[s - 1], LINK_INTER, *bandwidths) if 0 < s < L else 0.0 for s in positions]
+        )
+        boundaries = out[:-1]
+        self.cheapest_intra = link_seconds(float(boundaries.min()), LINK_INTRA, *bandwidths) if boundaries.size else 0.0
+        # _most[u]: the most compute of any layer range a stage on as many GPUs as a stage may have
+        # keeps in memory with u microbatches in flight (a stage on fewer GPUs keeps less).
+        self.stages_per_node = table.stages_per_node
+        self.stage_gpu_limit = table.stage_gpu_limit
+        self.layer_compute = np.diff(self.compute)
+        widest = np.zeros((L + 1, L + 1))
+        for end in range(1, L + 1):
+            widest[:end, end] = table.cap[table.stage_gpu_limit][end]
+        limit = np.minimum(widest, L + 1).astype(np.int64)[valid]
+        most = np.zeros(L + 3)
+        np.maximum.at(most, limit, self.span_compute[valid])
+        self._most = np.maximum.accumulate(most[::-1])[::-1]
+
+    def most_compute(self, in_flight: int) -> float:
+        return float(self._most[min(in_flight, len(self._most) - 1)])
+
+    def most_compute_of(self, in_flight: np.ndarray) -> np.ndarray:
+        return self._most[np.minimum(in_flight, len(self._most) - 1).astype(np.int64)]
+
+    def split_floor(self, link: np.ndarray) -> np.ndarray:
+        """``[x, s]``: no node of two or more stages over [x, s) (last link ``link[s]``) has all its
+        stages under this: its last stage [b, s) on g < G GPUs takes C(b, s) / g + link, the others
+        share G - g GPUs, so one of them takes at least C(x, b) / (G - g) + y (memory not counted)."""
+        G, L = self.gpus, self.num_layers
+        floor = np.full((L + 1, L + 1), INF)
+        compute = self.compute
+        for b in range(1, L):
+            before = compute[b] - compute[:b]  # C(x, b) for x < b
+            after = compute[b + 1 :] - compute[b]  # C(b, s) for s > b
+            for g in range(1, G):
+                rest = before / (G - g) + self.cheapest_intra
+                last = after / g + link[b + 1 :]
+                both = np.maximum(rest[:, None], last[None, :])
+                floor[:b, b + 1 :] = np.minimum(floor[:b, b + 1 :], both)
+        return floor
+
+
+def bottleneck_floor(geometry: NodeGeometry, max_nodes: int) -> np.ndarray:
+    """``floor[n]`` (n = 0 .. max_nodes): every layout on n nodes has a stage at least this slow
+    (INF: no layout fits): the slowest-stage DP over whole nodes, each node at least as slow as
+    its one-stage time or ``split_floor``; a one-stage node keeps >= u microbatches in flight when
+    u - 1 nodes follow it."""
+    L = geometry.num_layers
+    floor = np.full(max_nodes + 1, INF)
+    if max_nodes < 1:
+        return floor
+    split_inter = geometry.split_floor(geometry.cross)
+    split_last = geometry.split_floor(np.zeros(L + 1))[:, L]
+    last = np.minimum(np.where(geometry.whole_cap[:, L] >= 1, geometry.whole_last, INF), split_last)
+    slowest = last  # [x]: the least slowest stage covering [x, L) with u nodes
+    floor[1] = slowest[0]
+    for u in range(2, max_nodes + 1):
+        node = np.minimum(np.where(geometry.whole_cap >= u, geometry.whole_inter, INF), split_inter)
+        slowest = np.min(np.maximum(node, slowest[None, :]), axis=1)
+        floor[u] = slowest[0]
+    return floor
+
+
+class NodeCosts:
+    """Lower bounds of every node's cost at threshold W (see the module docstring), as bands:
+    ``[x, d]`` is the node [x, x + d + 1) (a node at threshold W holds at most ``width`` layers,
+    so the chains only look that far); ``last_vectors`` are the pipeline's last node [x, L).
+    Sides, in that order everywhere: left of the marker, right of it, holding it."""
+
+    def __init__(
+        self,
+        geometry: NodeGeometry,
+        W: float,
+        r: int,
+        marker_starts: np.ndarray,
+        marker_ends: np.ndarray,
+        marker_gpus: np.ndarray,
+    ):
+        self.geometry = geometry
+        self.W, self.r = W, r
+        # For every width g < G of a marker stage, the most compute such a marker holds.
+        self.marker_widths: dict[int, float] = {}
+        for start, end, g in zip(marker_starts, marker_ends, marker_gpus):
+            if g < geometry.gpus:
+                held = float(geometry.compute[end] - geometry.compute[start])
+                self.marker_widths[int(g)] = max(self.marker_widths.get(int(g), 0.0), held)
+        L = geometry.num_layers
+        positions = geometry.positions
+        # For every end s, the largest start of a marker stage ending at or before s.
+        latest_marker = np.full(L + 1, -1)
+        if len(marker_starts):
+            np.maximum.at(latest_marker, np.asarray(marker_ends), np.asarray(marker_starts))
+            latest_marker = np.maximum.accumulate(latest_marker)
+        y = geometry.cheapest_intra
+        starts = positions[:, None]
+        first_inter = self._first_split_start(geometry, W, geometry.cross, positions, y)
+        first_last = self._first_split_start(geometry, W, np.zeros(1), positions[L:], y)
+        splittable = (starts >= first_inter[None, :]) & (geometry.span >= 2)
+        whole = self._whole_sides(geometry.whole_inter)
+        reach = np.isfinite(np.minimum.reduce(whole)) | splittable
+        self.width = width = max(int(np.where(reach, geometry.span, 0).max()), 1)
+        ends = starts + np.arange(1, width + 1)[None, :]  # [x, d]
+        inside = ends <= L
+        ends = np.minimum(ends, L)
+        self.after = np.where(inside, ends, L + 1)  # [x, d] -> node end, or L + 1 (an INF slot)
+        self.whole_band = [np.where(inside, m[starts, ends], INF) for m in whole]
+        self.cap_band = np.where(inside, geometry.whole_cap[starts, ends], 0.0)
+        self._split_band = (
+            inside & splittable[starts, ends],
+            geometry.span_compute[starts, ends],
+            geometry.cross[ends],
+            starts <= latest_marker[ends],
+        )
+        self._split_band += (
+            self._last_stage_floor(
+                self._split_band[1], self._split_band[2], geometry.layer_compute[np.maximum(ends - 1, 0)]
+            ),
+        )
+        fits_last = geometry.whole_cap[:, L] >= 1
+        self._last = (
+            [np.where(fits_last, m, INF) for m in self._whole_sides(geometry.whole_last)],
+            (
+                (positions >= first_last[0]) & (L - positions >= 2),
+                geometry.span_compute[:, L],
+                0.0,
+                positions <= latest_marker[L],
+                self._last_stage_floor(geometry.span_compute[:, L], np.zeros(1), geometry.layer_compute[L - 1]),
+            ),
+        )
+        usable = np.isfinite(np.minimum.reduce(self.whole_band))
+        self._limits = np.unique(self.cap_band[usable])  # in-flight counts where a whole stage stops fitting
+        self._banded: dict[tuple, list[np.ndarray]] = {}
+        # The bands indexed by node end, [s, d] -> node [s - d - 1, s), in flight >= 1 (prefixes).
+        node_starts = positions[:, None] - np.arange(1, width + 1)[None, :]
+        exists = node_starts >= 0
+        self.before = np.where(exists, node_starts, L + 1)
+        self._by_end_index = (exists, np.maximum(node_starts, 0), np.broadcast_to(np.arange(width), node_starts.shape))
+        self._by_end: dict[tuple, list[np.ndarray]] = {}
+
+    def _whole_sides(self, w: np.ndarray) -> list[np.ndarray]:
+        W, r = self.W, self.r
+        return [
+            np.where(w <= W, w + r * W, INF),
+            np.where(w < W, 2 * w + (r - 1) * W, INF),
+            np.where(w == W, r * W, INF),
+        ]
+
+    def _split_sides(self, parts: tuple, most: float | np.ndarray) -> list[np.ndarray]:
+        """Bounds of nodes of two or more stages, each keeping >= ``in_flight`` in flight. A stage
+        holds at most ``most`` compute (what fits its memory on as many GPUs as a stage may have,
+        and w <= W), so t >= C / most and sum_i C_i / g_i >= (sum_i sqrt C_i)^2 / G, least at a
+        vertex of that concave relaxation (``_spread``); and the node's last stage carries its
+        link (``_last_stage_floor``)."""
+        exists, compute, link, holds_marker, last_stage = parts
+        geometry, W, r = self.geometry, self.W, self.r
+        G, y = geometry.gpus, geometry.cheapest_intra
+        exists = exists & (most > 0)
+        most = np.maximum(most, BOUND_SLACK)  # (where it was 0, nothing exists)
+        stages = np.maximum(max(2, geometry.stages_per_node), np.ceil(compute / most - BOUND_SLACK))
+        least = np.maximum(_spread(compute, most, G), last_stage)
+        least = least + (stages - 1) * y + link
+        left = least + stages * r * W
+        right = 2 * least + stages * (r - 1) * W
+        # Holding the marker (a stage of g < G GPUs and compute at most ``held``, costing rW): each
+        # other stage costs at least 2w + (r-1)W (w + rW >= that left of the marker, as w <= W);
+        # they hold the rest of the compute on G - g GPUs, with all links but one in-node.
+        marked = np.full(np.shape(compute), INF)
+        for g, held in self.marker_widths.items():
+            rest = np.maximum(compute - held, 0.0)
+            others = np.maximum(1.0, np.ceil(rest / most - BOUND_SLACK))
+            spent = _spread(rest, most, G - g) + (others - 1) * y + np.minimum(link, y)
+            marked = np.minimum(marked, 2 * spent + others * (r - 1) * W)
+        return [
+            np.where(exists, left, INF),
+            np.where(exists, right, INF),
+            np.where(exists & holds_marker, marked + r * W, INF),
+        ]
+
+    def _most_of(self, in_flight: np.ndarray) -> np.ndarray:
+        """``_most`` of every entry of ``in_flight``."""
+        geometry = self.geometry
+        held = geometry.most_compute_of(in_flight)
+        return np.maximum(np.minimum(held, self.W * geometry.stage_gpu_limit), 0.0) * (1 + BOUND_SLACK)
+
+    def _most(self, in_flight: int) -> float:
+        """The most compute one stage holds: what fits its memory on as many GPUs as a stage may
+        have (more GPUs spread the activations), and w <= W."""
+        geometry = self.geometry
+        most = min(geometry.most_compute(in_flight), self.W * geometry.stage_gpu_limit)
+        return max(most, 0.0) * (1 + BOUND_SLACK)
+
+    def _last_stage_floor(self, compute: np.ndarray, link: np.ndarray, last_layer: np.ndarray) -> np.ndarray:
+        """The node's last stage carries its link: on g GPUs it holds at least the node's last
+        layer and at most (W - link) g; the others hold the rest on G - g GPUs (at most (W - y)
+        each), so sum_i C_i / g_i >= C_last / g + (C - C_last) / (G - g), linear in C_last: least
+        at one end of its range."""
+        geometry, W = self.geometry, self.W
+        G, y = geometry.gpus, geometry.cheapest_intra
+        slack = 1 + BOUND_SLACK
+        floor = np.full(np.shape(compute), INF)
+        for g in range(1, min(G - 1, geometry.stage_gpu_limit) + 1):
+            rest_gpus = G - g
+            high = np.minimum(compute, (W - link) * g * slack)
+            low = np.maximum(last_layer, compute - (W - y) * rest_gpus * slack)
+            held = high if g >= rest_gpus else low
+            value = held / g + np.maximum(compute - held, 0.0) / rest_gpus
+            floor = np.minimum(floor, np.where(low <= high, value, INF))
+        return floor
+
+    @staticmethod
+    def _first_split_start(
+        geometry: NodeGeometry, W: float, link: np.ndarray, ends: np.ndarray, y: float
+    ) -> np.ndarray:
+        """For every node end s, the smallest start x of a node of two or more stages that might
+        fit W (L + 1 where none does): the last stage holds [b, s) on g < G GPUs, the rest [x, b)."""
+        G, L = geometry.gpus, geometry.num_layers
+        compute = geometry.compute
+        first = np.full(len(ends), L + 1)
+        rest_room = (W - y) * (1 + BOUND_SLACK)
+        if rest_room <= 0:
+            return first
+        for g in range(1, G):
+            room = (W - link) * g * (1 + BOUND_SLACK)
+            fits = room > 0
+            b = np.searchsorted(compute, compute[ends] - np.where(fits, room, 0.0), side="left")
+            fits &= b <= ends - 1  # the last stage holds at least the node's last layer
+            x = np.searchsorted(compute, compute[np.minimum(b, L)] - rest_room * (G - g), side="left")
+            first = np.where(fits, np.minimum(first, x), first)
+        return first
+
+    def key(self, in_flight: int) -> tuple[int, float]:
+        """Equal for in-flight counts between which no memory limit of these bounds changes."""
+        return int(np.searchsorted(self._limits, in_flight, side="left")), self._most(in_flight)
+
+    def by_end(self, in_flight: int) -> list[np.ndarray]:
+        """``bands`` indexed by node end: ``[s, d]`` -> node [s - d - 1, s)."""
+        key = self.key(in_flight)
+        if key not in self._by_end:
+            exists, rows, offsets = self._by_end_index
+            self._by_end[key] = [np.where(exists, band[rows, offsets], INF) for band in self.bands(in_flight)]
+        return self._by_end[key]
+
+    def bands(self, in_flight: int) -> list[np.ndarray]:
+        """Banded node bounds (left, right, marker) for nodes keeping >= ``in_flight`` in flight
+        (the same arrays between two in-flight counts where no memory limit changes)."""
+        key = self.key(in_flight)
+        if key not in self._banded:
+            fits = self.cap_band >= in_flight
+            split = self._split_sides(self._split_band, self._most(in_flight))
+            self._banded[key] = [np.minimum(np.where(fits, w, INF), s) for w, s in zip(self.whole_band, split)]
+        return self._banded[key]
+
+    def bands_by_end(self, in_flight: np.ndarray) -> list[np.ndarray]:
+        """``bands`` with its own in-flight count for every node end: ``in_flight[s]``."""
+        band_in_flight = in_flight[np.minimum(self.after, len(in_flight) - 1)]
+        fits = self.cap_band >= band_in_flight
+        split = self._split_sides(self._split_band, self._most_of(band_in_flight))
+        return [np.minimum(np.where(fits, w, INF), s) for w, s in zip(self.whole_band, split)]
+
+    def stage_counts(self, in_flight: np.ndarray) -> np.ndarray:
+        """``[x, d]``: the fewest stages node [x, x + d + 1) can have with all under W, its stages
+        keeping >= ``in_flight[end]`` in flight (INF: none)."""
+        band_in_flight = in_flight[np.minimum(self.after, len(in_flight) - 1)]
+        whole = np.isfinite(np.minimum.reduce(self.whole_band)) & (self.cap_band >= band_in_flight)
+        exists = self._split_band[0]
+        most = self._most_of(band_in_flight)
+        split = np.where(
+            exists & (most > 0),
+            np.maximum(
+                max(2, self.geometry.stages_per_node),
+                np.ceil(self._split_band[1] / np.maximum(most, BOUND_SLACK) - BOUND_SLACK),
+            ),
+            INF,
+        )
+        return np.where(whole, 1.0, split)
+
+    def last_vectors(self) -> list[np.ndarray]:
+        whole, parts = self._last
+        return [np.minimum(w, s) for w, s in zip(whole, self._split_sides(parts, self._most(1)))]
+
+    def last_stage_counts(self) -> np.ndarray:
+        whole, parts = self._last
+        most = self._most(1)
+        split = np.where(
+            parts[0] & (most > 0),
+            np.maximum(max(2, self.geometry.stages_per_node), np.ceil(parts[1] / max(most, BOUND_SLACK) - BOUND_SLACK)),
+            INF,
+        )
+        return np.where(np.isfinite(np.minimum.reduce(whole)), 1.0, split)
+
+
+def _spread(compute: np.ndarray, most: float, gpus: int) -> np.ndarray:
+    """The least sum_i C_i / g_i of stages splitting ``compute`` with C_i <= ``most`` on ``gpus``
+    GPUs in all (``NodeCosts._split_sides``)."""
+    full = np.floor(compute / most)
+    roots = full * np.sqrt(most) + np.sqrt(np.maximum(compute - full * most, 0.0))
+    return np.maximum(compute, roots * roots) / gpus
+
+
+def root_bounds(costs: NodeCosts, max_nodes: int) -> np.ndarray:
+    """``bound[n]`` (n = 0 .. max_nodes): T of any layout on n nodes whose bottleneck is W is at
+    least this (INF: there is none). Built right to left, with the fewest stages any cover of
+    what lies to the right of a node can have: its stages keep at least one more in flight."""
+    bound = np.full(max_nodes + 1, INF)
+    if max_nodes < 1:
+        return bound
+    L = costs.geometry.num_layers
+    after = costs.after  # [x, d] -> x + d + 1, or L + 1 (an INF slot) past the end
+    _, last_right, last_marker = costs.last_vectors()
+    right = np.full(L + 2, INF)  # [x]: covering [x, L) right of the marker (slot L + 1: nothing)
+    full = np.full(L + 2, INF)  # [x]: the same, holding the marker
+    fewest = np.full(L + 2, INF)  # [x]: the fewest stages covering [x, L) with the same nodes
+    right[: L + 1], full[: L + 1], fewest[: L + 1] = last_right, last_marker, costs.last_stage_counts()
+    bound[1] = full[0]
+    for u in range(2, max_nodes + 1):
+        in_flight = np.where(np.isfinite(fewest), fewest + 1, L + 2).astype(np.int64)
+        if np.all(in_flight[np.isfinite(fewest)] <= u):  # (every cover has one stage per node)
+            left_b, right_b, marker_b = costs.bands(u)
+        else:
+            left_b, right_b, marker_b = costs.bands_by_end(np.maximum(in_flight, u))
+        next_right, next_full = right[after], full[after]
+        right[: L + 1] = (right_b + next_right).min(axis=1)
+        full[: L + 1] = np.minimum((marker_b + next_right).min(axis=1), (left_b + next_full).min(axis=1))
+        fewest[: L + 1] = (costs.stage_counts(np.maximum(in_flight, u)) + fewest[after]).min(axis=1)
+        bound[u] = full[0]
+    return bound * (1 - BOUND_SLACK)
+
+
+class PrefixBounds:
+    """``at(f)``: tables ``(left, marked)``; ``left[u][s]``: covering layers [0, s) with u whole
+    nodes left of the marker, every stage keeping >= f microbatches in flight, costs at least
+    this; ``marked[u][s]``: the same with the marker among them (stages after it right of it).
+    ``partial(f, g)``: the same, when [0, s) is covered by the rest of a node whose last g GPUs
+    are still free (its stages lie left of s, on those GPUs, with in-node links) and u whole
+    nodes before it."""
+
+    def __init__(self, costs: NodeCosts, max_nodes: int):
+        self.costs = costs
+        self.max_nodes = max_nodes
+        self._tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._lists: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}
+        self._partial: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}
+
+    def _arrays(self, in_flight: int) -> tuple[np.ndarray, np.ndarray]:
+        costs = self.costs
+        key = costs.key(in_flight)
+        if key not in self._tables:
+            L, max_nodes = costs.geometry.num_layers, self.max_nodes
+            before = costs.before  # [s, d] -> s - d - 1, or L + 1 (an INF slot) before the start
+            left_b, right_b, marker_b = costs.by_end(in_flight)
+            left = np.full((max_nodes + 1, L + 2), INF)
+            marked = np.full((max_nodes + 1, L + 2), INF)
+            left[0, 0] = 0.0
+            for u in range(1, max_nodes + 1):
+                previous_left = left[u - 1][before]
+                left[u, : L + 1] = (previous_left + left_b).min(axis=1)
+                marked[u, : L + 1] = np.minimum(
+                    (previous_left + marker_b).min(axis=1), (marked[u - 1][before] + right_b).min(axis=1)
+                )
+            scale = 1 - BOUND_SLACK
+            self._tables[key] = (left[:, : L + 1] * scale, marked[:, : L + 1] * scale)
+        return self._tables[key]
+
+    def at(self, in_flight: int) -> tuple[list[list[float]], list[list[float]]]:
+        key = self.costs.key(in_flight)
+        if key not in self._lists:
+            left, marked = self._arrays(in_flight)
+            self._lists[key] = (left.tolist(), marked.tolist())
+        return self._lists[key]
+
+    def partial(self, in_flight: int, free_gpus: int) -> tuple[list[list[float]], list[list[float]]]:
+        """The node's remaining stages cover [x, s) on ``free_gpus`` GPUs: their w sum to at least
+        C(x, s) / free_gpus plus an in-node link, and they hold at most (W - y) per GPU. Left of
+        the marker each costs w + rW; with the marker still to come, either they are right of it
+        (2w + (r-1)W each, the marker among the whole nodes) or one of them is it (rW)."""
+        # Fewer in flight only loosens memory: the tables of the power of two below serve.
+        in_flight = 1 << (max(in_flight, 1).bit_length() - 1)
+        key = (self.costs.key(in_flight), free_gpus)
+        if key not in self._partial:
+            costs = self.costs
+            geometry, W, r = costs.geometry, costs.W, costs.r
+            y, compute = geometry.cheapest_intra, geometry.compute
+            left, marked = self._arrays(in_flight)
+            positions = geometry.positions
+            room = (W - y) * free_gpus * (1 + BOUND_SLACK)
+            first = np.searchsorted(compute, compute - room, side="left")  # the first x the node may start at
+            last = positions - 1  # it holds at least one layer
+            share = compute / free_gpus
+            left_part = _window_min(left - share[None, :], first, last) + share[None, :] + y + r * W
+            right_part = _window_min(marked - 2 * share[None, :], first, last) + 2 * (share[None, :] + y)
+            right_part = right_part + (r - 1) * W
+            holding = _window_min(left, first, last) + r * W
+            scale = 1 - BOUND_SLACK
+            self._partial[key] = (
+                (left_part * scale).tolist(),
+                (np.minimum(right_part, holding) * scale).tolist(),
+            )
+        return self._partial[key]
+
+
+def _window_min(values: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """``out[:, s] = values[:, first[s] .. last[s]].min()`` (INF where the window is empty), by a
+    sparse table over the columns."""
+    rows, columns = values.shape
+    levels = [values]
+    width = 1
+    while 2 * width <= columns:
+        previous = levels[-1]
+        levels.append(np.minimum(previous[:, : columns - 2 * width + 1], previous[:, width : columns - width + 1]))
+        width *= 2
+    length = last - first + 1
+    valid = length >= 1
+    level = np.where(valid, np.floor(np.log2(np.maximum(length, 1))).astype(np.int64), 0)
+    out = np.full((rows, len(first)), INF)
+    for k, table in enumerate(levels):
+        pick = np.flatnonzero(valid & (level == k))
+        if pick.size:
+            span = 1 << k
+            out[:, pick] = np.minimum(table[:, first[pick]], table[:, last[pick] - span + 1])
+    return out

@@ -1,0 +1,135 @@
+"""Reconfiguration copies: relayed down chains when several workers need a layer, and what the cost
+model charges for them (``pipeline_cost.copy_seconds``, what reconfiguration decides by).
+
+The audit case (seed 6000474): two 4-node pipelines of 2 GPUs, 7 layers, 8.39 MB/s between nodes,
+f = 1, 28 microbatches; node 71 fails and node 29, the same stage of the other pipeline, is the
+only surviving holder of layer 3 (10.6 MB of parameters). A fresh plan of seven 1-node pipelines
+needs it on the 12 workers of the 6 other nodes. Copied straight from node 29 that is 12 sends of
+10.6 MB (45.5 s at 3 moved bytes per parameter byte); relayed, node 29 sends each byte once and
+every node receives and forwards it once: the busiest node moves what it lacks, 10.8 MB (3.85 s),
+plus the chain's fill. The layer times here are ours (the audit's profile was not kept), chosen
+so that, as in the audit, the fresh plan is about 0.1 s per iteration faster than the regrouped
+one (2.96 s against 3.07 s; the audit's 4.109 s against 4.222 s).
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import cluster
+
+from oobleck.planning.inputs import LayerProfile, ModelProfile
+from oobleck.planning.instantiate import build_plan
+from oobleck.planning.outputs import LayerTransfer, StageSpec
+from oobleck.planning.pipeline_cost import MOVED_BYTES_PER_PARAM_BYTE, copy_seconds
+from oobleck.planning.reconfigure import plan_transfers, reconfigure
+from oobleck.planning.templates import TemplateSet, make_template
+
+BYTES = (5472, 7888, 23200, 10608000, 4, 4, 129440)
+BANDWIDTH = 8.39e6
+LAYOUTS = {  # (start, end, node position): one stage of both GPUs per node
+    1: [(0, 7, 0)],
+    2: [(0, 3, 0), (3, 7, 1)],
+    3: [(0, 3, 0), (3, 4, 1), (4, 7, 2)],
+    4: [(0, 3, 0), (3, 4, 1), (4, 6, 2), (6, 7, 3)],
+}
+
+
+@pytest.fixture(scope="module")
+def audit_case():
+    seconds = (0.1, 0.1, 0.1, 0.02, 0.02, 0.02, 0.02)
+    layers = tuple(LayerProfile(f"l{i}", t / 3, 2 * t / 3, b, 0, 0) for i, (t, b) in enumerate(zip(seconds, BYTES)))
+    profile = ModelProfile("seed6000474", 1, "synthetic", layers)
+    spec = cluster(8, gpus=2, intra=1e10, inter=BANDWIDTH)
+    templates = TemplateSet(
+        min_nodes=1,
+        max_nodes=4,
+        templates={
+            n: make_template(profile, spec, [StageSpec(a, b, node, 0, 2) for a, b, node in layout], 4)
+            for n, layout in LAYOUTS.items()
+        },
+        num_layers=7,
+        gpus_per_node=2,
+        layer_param_bytes=BYTES,
+        intra_node_bandwidth=spec.intra_node_bandwidth,
+        inter_node_bandwidth=BANDWIDTH,
+    )
+    old = build_plan(templates, [4, 4], [[26, 29, 27, 28], [68, 71, 69, 70]], 28, 1, 1)
+    return templates, old
+
+
+def _direct_seconds(transfers) -> float:
+    """What the copies cost if every worker that needs a chunk got it from the chunk's surviving
+    holder (no relays): the busiest node's bytes over the link."""
+    holder = {(t.layer, t.chunk): t.source[0] for t in transfers if t.hop == 0}
+    into: dict[int, int] = {}
+    out: dict[int, int] = {}
+    for t in transfers:
+        source = holder[(t.layer, t.chunk)]
+        if source != t.target[0]:
+            into[t.target[0]] = into.get(t.target[0], 0) + t.nbytes
+            out[source] = out.get(source, 0) + t.nbytes
+    return MOVED_BYTES_PER_PARAM_BYTE * max([*into.values(), *out.values()]) / BANDWIDTH
+
+
+def test_the_audit_case_charges_the_fresh_plan_its_relayed_copy(audit_case):
+    templates, old = audit_case
+    result = reconfigure(old, templates, removed=[71], fault_tolerance=1)
+    assert result.replanned and [len(p.nodes) for p in result.new.pipelines] == [1] * 7
+    transfers = result.transfers
+    # Node 29 sends every byte of the layer only it holds once, not once per worker needing it.
+    only_29 = BYTES[3]
+    sent_by_29 = sum(t.nbytes for t in transfers if t.source[0] == 29 and t.target[0] != 29)
+    assert only_29 <= sent_by_29 <= only_29 + sum(BYTES) - BYTES[3]  # (and passes on what it receives)
+    assert _direct_seconds(transfers) == pytest.approx(12 * only_29 * 3 / BANDWIDTH) == pytest.approx(45.5, abs=0.1)
+    charged = copy_seconds(transfers, BANDWIDTH)
+    into: dict[int, int] = {}
+    out: dict[int, int] = {}
+    for t in transfers:
+        if t.source[0] != t.target[0]:
+            into[t.target[0]] = into.get(t.target[0], 0) + t.nbytes
+            out[t.source[0]] = out.get(t.source[0], 0) + t.nbytes
+    busiest = 3 * max([*into.values(), *out.values()]) / BANDWIDTH
+    # At least what a node that held layers 0-2 lacks (the audit: "at least 3.85 s" with relays).
+    assert 3 * (sum(BYTES) - sum(BYTES[:3])) / BANDWIDTH <= busiest < 3.9
+    assert busiest <= charged < 7.0
+    # The regrouped plan (the intact pipeline kept) is slower per iteration: with relayed copies
+    # the fresh one repays its extra copying within the 100-step horizon; charged 45.5 s it would not.
+    regrouped = reconfigure(old, templates, removed=[71], fault_tolerance=1, replan_horizon_steps=0)
+    gain = 100 * (regrouped.new.predicted_iteration_s - result.new.predicted_iteration_s)
+    extra = charged - copy_seconds(regrouped.transfers, BANDWIDTH)
+    assert extra < gain < _direct_seconds(transfers) - copy_seconds(regrouped.transfers, BANDWIDTH)
+
+
+def test_chains_send_each_chunk_once_per_holder_and_enter_each_node_once(audit_case):
+    templates, old = audit_case
+    new = reconfigure(old, templates, removed=[71], fault_tolerance=1).new
+    transfers = plan_transfers(old, new, [71], BYTES)
+    chains: dict[tuple[int, int], list[LayerTransfer]] = {}
+    for t in transfers:
+        chains.setdefault((t.layer, t.chunk), []).append(t)
+    for chain in chains.values():
+        chain.sort(key=lambda t: t.hop)
+        senders = [t.source for t in chain]
+        assert len(set(senders)) == len(senders)  # nobody sends the same chunk twice
+        assert [t.hop for t in chain] == list(range(len(chain)))
+        nodes = [chain[0].source[0]] + [t.target[0] for t in chain]
+        entered = [b for a, b in zip(nodes, nodes[1:]) if a != b]
+        assert len(entered) == len(set(entered))  # a node's workers are consecutive in the chain
+        assert len({t.pieces for t in chain}) == 1
+    # Chunks of one layer start on different nodes.
+    firsts = {}
+    for (layer, _chunk), chain in chains.items():
+        firsts.setdefault(layer, set()).add(min(chain, key=lambda t: t.hop).target[0])
+    assert any(len(nodes) > 1 for nodes in firsts.values())
+
+
+def test_copy_seconds_adds_the_fill_of_the_longest_chain():
+    # One chunk of 8 MB in 4 pieces down a chain crossing nodes 0 -> 1 -> 2 -> 3.
+    chain = [LayerTransfer(0, (n, 0), (n + 1, 0), 0, 1, 8_000_000, hop=n, pieces=4) for n in range(3)]
+    busiest = 8_000_000  # every node sends or receives the chunk once
+    fill = 2 * 8_000_000 / 4  # the last node gets its first piece two pieces late
+    assert copy_seconds(chain, 1e6) == pytest.approx(3 * (busiest + fill) / 1e6)
+    # Copies made directly (tuples, or hop 0 in one piece) are the busiest node's bytes alone.
+    direct = [LayerTransfer(0, (0, 0), (n, 0), 0, 1, 8_000_000) for n in (1, 2, 3)]
+    assert copy_seconds(direct, 1e6) == pytest.approx(3 * 3 * busiest / 1e6)
+    assert copy_seconds([(0, n, 8_000_000) for n in (1, 2, 3)], 1e6) == copy_seconds(direct, 1e6)

@@ -1,0 +1,87 @@
+"""Node-level bounds of the template search never exceed what they bound (brute force).
+
+Every layout of small random profiles is enumerated; for its bottleneck W (the marker: its
+rightmost slowest stage), ``root_bounds`` must not exceed its T, ``bottleneck_floor`` must not
+exceed its slowest stage, and ``PrefixBounds`` must not exceed the cost (Eq. 1-4 summed per stage:
+``w + rW`` left of the marker, ``rW`` for it, ``2w + (r-1)W`` right of it) of the nodes that cover
+any prefix of it ending at a node boundary. The template tests then show the search stays exact.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from conftest import cluster
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from planning_brute import all_layouts
+
+from oobleck.planning.node_bounds import NodeCosts, NodeGeometry, PrefixBounds, bottleneck_floor, root_bounds
+from oobleck.planning.pipeline_cost import bottleneck_index, pipeline_iteration_time
+from oobleck.planning.synthetic import synthetic_profile
+from oobleck.planning.templates import _StageTable, stage_memories_of, stage_seconds_of
+
+
+def _stage_costs(seconds: list[float], r: int) -> list[float]:
+    k = bottleneck_index(seconds)
+    W = seconds[k]
+    return [w + r * W if i < k else r * W if i == k else 2 * w + (r - 1) * W for i, w in enumerate(seconds)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    layers=st.integers(min_value=1, max_value=6),
+    gpus=st.integers(min_value=1, max_value=3),
+    nodes=st.integers(min_value=1, max_value=3),
+    seed=st.integers(min_value=0, max_value=10_000),
+    memory=st.sampled_from([1e13, 0.5e9, 1e9, 1.6e9]),
+    r=st.sampled_from([1, 2, 4]),
+    output_bytes=st.sampled_from([0, 4_000_000, 400_000_000]),
+    max_gpus=st.sampled_from([None, 1, 2]),
+)
+def test_node_bounds_never_exceed_brute_force(layers, gpus, nodes, seed, memory, r, output_bytes, max_gpus):
+    profile = synthetic_profile(layers, seed=seed, jitter=0.6, output_bytes=output_bytes)
+    spec = cluster(nodes, gpus, memory)
+    limit = min(max_gpus or gpus, gpus)
+    table = _StageTable(profile, spec, limit)
+    geometry = NodeGeometry(table, spec)
+    floors = bottleneck_floor(geometry, nodes)
+    costs_at: dict[float, NodeCosts] = {}
+    for n in range(1, nodes + 1):
+        for stages in all_layouts(layers, n, gpus, limit):
+            if any(m > memory for m in stage_memories_of(profile, stages)):
+                continue
+            seconds = [float(w) for w in stage_seconds_of(profile, spec, stages)]
+            W = max(seconds)
+            assert floors[n] <= W * (1 + 1e-12)
+            if W not in costs_at:
+                lo = int(np.searchsorted(table.marker_costs, W, side="left"))
+                hi = int(np.searchsorted(table.marker_costs, W, side="right"))
+                marker = (table.marker_starts[lo:hi], table.marker_ends[lo:hi], table.marker_gpus[lo:hi])
+                costs_at[W] = NodeCosts(geometry, W, r, *marker)
+            costs = costs_at[W]
+            T = pipeline_iteration_time(seconds, r * len(seconds))
+            assert root_bounds(costs, n)[n] <= T * (1 + 1e-12)
+            # Every prefix of whole nodes, before the last node.
+            prefix = PrefixBounds(costs, n)
+            # The stages before the last node's keep at least one more microbatch in flight each
+            # than the stages after them: the tables for in-flight >= (stages after the prefix) + 1.
+            per_stage = _stage_costs(seconds, r)
+            k = bottleneck_index(seconds)
+            spent, last_node = 0.0, {s.node: i for i, s in enumerate(stages)}
+            for i, stage in enumerate(stages[:-1]):
+                spent += per_stage[i]
+                if last_node[stage.node] == i:  # the node ends here
+                    left, marked = prefix.at(len(stages) - i)
+                    table_ = marked if i >= k else left
+                    assert table_[stage.node + 1][stage.end] <= spent * (1 + 1e-12) or math.isclose(
+                        table_[stage.node + 1][stage.end], spent, rel_tol=1e-12
+                    )
+                else:  # inside a node: its stages so far use these GPUs, the whole nodes before it
+                    used = stage.gpu_offset + stage.gpus
+                    left, marked = prefix.partial(len(stages) - i, used)
+                    table_ = marked if i >= k else left
+                    assert table_[stage.node][stage.end] <= spent * (1 + 1e-12) or math.isclose(
+                        table_[stage.node][stage.end], spent, rel_tol=1e-12
+                    )
