@@ -98,6 +98,7 @@ class ClusterConfig:
     heartbeat_interval_s: float = MISSING
     heartbeat_timeout_s: float = MISSING
     collective_timeout_s: float = MISSING
+    data_plane_probe_timeout_s: float = MISSING  # a node whose data-plane address does not answer is cut off
     startup_timeout_s: float = MISSING
     torch_threads: int = MISSING  # torch threads per worker; 0 lets torch choose
     fork_workers: bool = MISSING  # local only: fork workers from a process that imported torch once
@@ -441,7 +442,13 @@ def validate(cfg: Config | DictConfig) -> None:
     _positive("cluster.nodes", cluster.nodes)
     _positive("cluster.gpus_per_node", cluster.gpus_per_node)
     ClusterSpec.from_config(cluster)  # the planner's limits on memory and bandwidth (NaN, 1e-300 GB/s)
-    for key in ("heartbeat_interval_s", "heartbeat_timeout_s", "collective_timeout_s", "startup_timeout_s"):
+    for key in (
+        "heartbeat_interval_s",
+        "heartbeat_timeout_s",
+        "collective_timeout_s",
+        "data_plane_probe_timeout_s",
+        "startup_timeout_s",
+    ):
         _positive(f"cluster.{key}", getattr(cluster, key))
     if cluster.heartbeat_timeout_s <= cluster.heartbeat_interval_s:
         raise ConfigError(

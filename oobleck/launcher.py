@@ -7,6 +7,8 @@ the one its class launches (a cluster file without ``_target_`` gets the launche
 where nodes run, so nothing else branches on the kind:
 
 - ``check_config(cluster)``: the cluster settings suit this launcher (``validate`` calls it);
+- ``check_environment(cluster)``: the run can start nodes from here (a Slurm launcher: inside an
+  allocation, with ``srun`` and ``scancel``); checked before anything of the run is created;
 - ``check_devices(cluster)``: the devices the workers need exist where the controller runs;
 - ``forks_workers(cluster)``: whether agents fork their workers from one process that imported
   torch once (``oobleck.elastic.forkserver``);
@@ -87,6 +89,12 @@ class Launcher(ABC):
                 f"cluster.node_address_base={cluster.node_address_base} needs cluster.kind=local (got {cluster.kind}); "
                 "set cluster.node_address_base=null"
             )
+
+    @classmethod
+    def check_environment(cls, cluster: Any, environ: Mapping[str, str] | None = None) -> None:
+        """Refuse to start where this launcher cannot start nodes (``RunError`` saying what to do);
+        a launcher that starts processes on this machine can always start them."""
+        return None
 
     @classmethod
     def check_devices(cls, cluster: Any) -> None:

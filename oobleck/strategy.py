@@ -164,6 +164,9 @@ class RunInfo:
     run_id: str
     run_dir: Path
     config: Mapping[str, Any] = field(default_factory=dict)  # the resolved run config (as the workers get it)
+    # The run's secret: a service reads the run's store in its key space (``keys.KeySpace``,
+    # ``oobleck.runtime.sealed_store``), where the workers write.
+    secret: str = ""
 
 
 @dataclass

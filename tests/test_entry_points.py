@@ -85,6 +85,35 @@ def test_run_refuses_bad_keys_and_schedules_before_anything_starts(tmp_path, ove
     assert not (run_dir / "plan.json").exists() and not (run_dir / "metrics.csv").exists()  # no process was started
 
 
+def test_a_sweep_with_a_point_that_cannot_run_refuses_before_its_first_job_runs(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    done = _entry(
+        tmp_path,
+        "oobleck.run",
+        "-m",
+        "strategy=oobleck,varuna",
+        "checkpoint=none",
+        "failures=none",
+        f"hydra.sweep.dir={sweep_dir}",
+    )
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and lines[-1].startswith("oobleck.run: error: the sweep's job strategy=varuna"), (
+        done.stderr
+    )
+    assert "checkpoints are disabled" in lines[-1]
+    assert not list(sweep_dir.glob("*/metrics.csv")) and not list(sweep_dir.glob("*/plan.json"))  # job 0 never ran
+
+
+def test_slurm_outside_an_allocation_is_refused_before_the_run_dir_exists(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    run_dir = tmp_path / "run"
+    done = _entry(tmp_path, "oobleck.run", "cluster=slurm", f"hydra.run.dir={run_dir}")
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "cluster=slurm must run inside a Slurm allocation" in lines[0] and "with cluster=local" in lines[0]
+    assert not run_dir.exists()  # nothing was created: no run dir, no wandb run
+
+
 def test_ctrl_c_while_profiling_is_one_line_even_pressed_twice(tmp_path):
     run_dir = tmp_path / "run"
     command = [

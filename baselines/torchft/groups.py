@@ -11,7 +11,7 @@ a group's store is, and when a group of several nodes has lost one of them.
   answer from the same all-reduced rows, so no other coordination is needed.
 - A group has one TCPStore, hosted by its first node (torchft's Manager keeps its server address
   there, and a group of several its pipeline rendezvous); for a group of several the host
-  publishes its address in the run's store, signed with the run's secret. Each node's Manager is
+  publishes its address in the run's store (in the run's key space). Each node's Manager is
   built as torchft's ``train_ddp.py`` builds it (``make_manager``).
 - ``PeerWatch``: a node of a group watches its peers' heartbeats (``oobleck.runtime.liveness``); one
   silent for ``cluster.heartbeat_timeout_s`` means the group is broken (torchft would have its
@@ -31,13 +31,12 @@ from typing import Any
 import torch.distributed as dist
 
 from baselines.torchft.config import TorchftConfig
-from oobleck.errors import RunError
 from oobleck.runtime import keys
 from oobleck.runtime.comm import make_store
 
 
 def group_store_key(group: int) -> str:
-    """Where a replica group's first node publishes its store's address (signed)."""
+    """Where a replica group's first node publishes its store's address."""
     return f"torchft/group/{group}/store"
 
 
@@ -57,30 +56,26 @@ def host_group_store(addr: str) -> tuple[dist.TCPStore, socket.socket]:
     return store, listener
 
 
-def read_group_store(store: Any, secret: str, group: int, timeout_s: float) -> tuple[str, int]:
-    """The address the group's first node published (bounded by ``timeout_s``)."""
+def read_group_store(store: Any, group: int, timeout_s: float) -> tuple[str, int]:
+    """The address the group's first node published (bounded by ``timeout_s``; ``store`` is in the
+    run's key space, so only the run can have written it)."""
     key = group_store_key(group)
     store.wait([key], timedelta(seconds=timeout_s))
-    text = keys.verified(secret, store.get(key))
-    if text is None:
-        raise RunError(
-            f"the store address of torchft replica group {group} is not signed by this run; a foreign write?"
-        )
-    host, _, port = text.rpartition(":")
+    host, _, port = store.get(key).decode().rpartition(":")
     return host, int(port)
 
 
 def group_store(
-    store: Any, secret: str, group: int | None, rank: int, size: int, advertised: str, timeout_s: float
+    store: Any, group: int | None, rank: int, size: int, advertised: str, timeout_s: float
 ) -> tuple[Any, socket.socket | None, str, int]:
     """This node's handle on its replica group's TCPStore (the group's first node hosts it and, for a
     group of several, publishes where): (store, listener or None, host, port)."""
     if rank == 0:
         hosted, listener = host_group_store(advertised)
         if size > 1:
-            store.set(group_store_key(group), keys.sign(secret, f"{advertised}:{hosted.port}"))
+            store.set(group_store_key(group), f"{advertised}:{hosted.port}")
         return hosted, listener, advertised, hosted.port
-    host, port = read_group_store(store, secret, group, timeout_s)
+    host, port = read_group_store(store, group, timeout_s)
     return make_store(host, port, timeout_s), None, host, port
 
 
@@ -157,14 +152,12 @@ class PeerWatch:
     def __init__(
         self,
         store: Any,
-        secret: str,
         peers: dict[int, int],
         timeout_s: float,
         interval_s: float,
         lost: Callable[[int], None],
     ) -> None:
-        self._store = store  # this thread's own connection
-        self._secret = secret
+        self._store = store  # this thread's own connection, in the run's key space
         self._peers = peers  # node -> incarnation
         self._timeout_s = timeout_s
         self._interval_s = interval_s
@@ -180,10 +173,10 @@ class PeerWatch:
             for node, incarnation in self._peers.items():
                 key = keys.heartbeat(node, 0, incarnation)
                 try:
-                    value = self._store.get(key) if self._store.check([key]) else None
+                    value = self._store.read(key)  # None: missing, or a value the run did not write
                 except Exception:  # the run's store is gone: the run is over
                     return
-                text = keys.verified(self._secret, value) if value is not None else None
+                text = value.decode() if isinstance(value, bytes) else None
                 last = seen.get(node)
                 if last is None or (text is not None and text != last[0]):
                     seen[node] = (text, now)

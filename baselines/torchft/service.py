@@ -73,7 +73,7 @@ def lighthouse_service(config: Any, run: RunInfo) -> Iterator[dict[str, Any]]:
             summary = {
                 "lighthouse": address,
                 "detection": timeouts.to_dict(cluster_timeout_s),
-                **summarize_replicas(read_final_records(run.store_address)),
+                **summarize_replicas(read_final_records(run.store_address, run.secret)),
             }
             run.run_dir.mkdir(parents=True, exist_ok=True)
             (run.run_dir / "torchft.json").write_text(json.dumps(summary, indent=1))
@@ -81,13 +81,27 @@ def lighthouse_service(config: Any, run: RunInfo) -> Iterator[dict[str, Any]]:
             server.shutdown()
 
 
-def read_final_records(store_address: str) -> list[dict[str, Any]]:
+def read_final_records(store_address: str, secret: str) -> list[dict[str, Any]]:
+    """The workers' final records, read in the run's key space (a value the run did not write is
+    dropped with one log line)."""
     import torch.distributed as dist
 
+    from oobleck.runtime import keys
+    from oobleck.runtime.sealed_store import SealedStore
+
     host, _, port = store_address.rpartition(":")
-    store = dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False, timeout=timedelta(seconds=10))
+    raw = dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False, timeout=timedelta(seconds=10))
+    store = SealedStore(raw, keys.KeySpace(secret))
     count = int(store.add(FINAL_COUNT, 0))
-    return [json.loads(store.get(final_record(i))) for i in range(1, count + 1) if store.check([final_record(i)])]
+    records = (store.read(final_record(i), _record) for i in range(1, count + 1))
+    return [record for record in records if isinstance(record, dict)]
+
+
+def _record(value: bytes) -> dict[str, Any]:
+    record = json.loads(value)
+    if not isinstance(record, dict):
+        raise ValueError(f"not a final record: {value[:80]!r}")
+    return record
 
 
 def summarize_replicas(records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -62,8 +62,8 @@ from oobleck.errors import RunError
 from oobleck.launcher import launcher_class
 from oobleck.planning.outputs import ExecutionPlan
 from oobleck.runtime import keys
-from oobleck.runtime.comm import make_store
-from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, parse_strike, run_worker, stop_requested
+from oobleck.runtime.comm import connect
+from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, read_strike, run_worker, stop_requested
 from oobleck.runtime.liveness import Liveness
 from oobleck.runtime.state import learning_rate
 from oobleck.strategy import strategy_config
@@ -72,7 +72,8 @@ from oobleck.strategy import strategy_config
 class TorchftWorker:
     def __init__(self, host: str, port: int, node: int, local_rank: int, incarnation: int) -> None:
         self.node, self.local_rank, self.incarnation = node, local_rank, incarnation
-        self.store = make_store(host, port, 60.0)
+        self.space = keys.KeySpace.from_environment()  # the run's secret, handed down by the agent
+        self.store = connect(host, port, 60.0, self.space)
         self.cfg = from_container(json.loads(self.store.get(keys.CONFIG)))
         cluster, job = self.cfg.cluster, self.cfg.job
         self.config: TorchftConfig = strategy_config(self.cfg.strategy)  # type: ignore[assignment]
@@ -89,11 +90,9 @@ class TorchftWorker:
         single_machine = launcher_class(cluster).single_machine
         if single_machine:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # torchft's gloo groups on loopback
-        self.secret = os.environ.get(keys.SECRET_ENV, "")  # handed down by the agent: strikes and stop are signed
         self.liveness = Liveness(
-            make_store(host, port, 60.0),
+            connect(host, port, 60.0, self.space),
             keys.heartbeat(node, local_rank, incarnation),
-            self.secret,
             float(cluster.heartbeat_interval_s),
         )
         self.job = job
@@ -138,7 +137,7 @@ class TorchftWorker:
         members = plan.pipelines[group].nodes if group is not None else (self.node,)
         self.name = members[0]
         self.group_store, self._listener, store_host, store_port = group_store(
-            self.store, self.secret, group, rank, k, self.advertised, float(cluster.startup_timeout_s)
+            self.store, group, rank, k, self.advertised, float(cluster.startup_timeout_s)
         )
         self.manager = make_manager(
             c,
@@ -160,8 +159,7 @@ class TorchftWorker:
         stage = plan.pipelines[group].template.stages[rank]
         peers = {n: int(document["incarnations"].get(str(n), 0)) for n in members if n != self.node}
         self.watch = PeerWatch(
-            make_store(self.store.host, self.store.port, 60.0),
-            self.secret,
+            connect(self.store.host, self.store.port, 60.0, self.space),
             peers,
             float(cluster.heartbeat_timeout_s),
             float(cluster.heartbeat_interval_s),
@@ -217,7 +215,7 @@ class TorchftWorker:
     def _read_strike(self) -> None:
         key = keys.strike(self.node)
         if self.strike is None and self.store.check([key]):
-            self.strike = parse_strike(self.secret, self.store.get(key))  # None: a foreign write
+            self.strike = read_strike(self.store, self.node)  # None: a value the run did not write
             self.store.delete_key(key)
             if self.strike is not None and self.strike["phase"] == "reconfigure":
                 raise RunError(
@@ -252,7 +250,7 @@ class TorchftWorker:
             return self._stand_by()
         try:
             while self.manager.current_step() < self.steps:
-                if stop_requested(self.store, self.secret):
+                if stop_requested(self.store):
                     return False
                 self.attempt()
         except GroupLost as error:
@@ -275,7 +273,7 @@ class TorchftWorker:
         """A joined node of a run of multi-node groups: idle until the run stops (the store going
         away ends the wait too)."""
         interval = float(self.cfg.cluster.heartbeat_interval_s)
-        while not stop_requested(self.store, self.secret):
+        while not stop_requested(self.store):
             time.sleep(interval)
         return False
 

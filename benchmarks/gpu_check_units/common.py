@@ -26,6 +26,7 @@ from oobleck.runtime import keys
 from oobleck.runtime.backend import GlooBackend, NcclBackend
 from oobleck.runtime.comm import AbortWatch, Communicator, Waiter
 from oobleck.runtime.executor import StepContext, clip_and_step, global_grad_norm, run_schedule, sync_gradients
+from oobleck.runtime.sealed_store import SealedStore
 from oobleck.runtime.state import learning_rate, new_layer_state
 from oobleck.runtime.topology import build_topology, group_specs
 from oobleck.runtime.worker import resource_probe
@@ -42,6 +43,9 @@ MEMORY_FLAT_MIB = 256
 # What oobleck.runtime.backend sets for NCCL workers (in-process recovery: a communicator error
 # must not kill the process); the units run the runtime's code the same way.
 NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
+# The key space of the units that drive the runtime's communicator without a controller (an
+# abort is set the way the controller sets it: in a run's key space, here one of their own).
+SPACE = keys.KeySpace("gpu-check")
 
 
 @dataclass(frozen=True)
@@ -263,7 +267,7 @@ class SoloRun:
         assert topology is not None
         timeout_s = float(cfg.cluster.collective_timeout_s)
         self.store = store
-        self.watch = AbortWatch("127.0.0.1", store.port, timeout_s)
+        self.watch = AbortWatch("127.0.0.1", store.port, timeout_s, SPACE)
         self.watch.watch(0)
         backend = NcclBackend(device=device) if device.startswith("cuda") else GlooBackend()
         waiter = Waiter(self.watch, timeout_s, float(cfg.cluster.heartbeat_timeout_s), backend)
@@ -275,6 +279,7 @@ class SoloRun:
             port=store.port,
             timeout_s=timeout_s,
             waiter=waiter,
+            space=SPACE,
         )
         self.comm.build()
         dataset = build_dataset(job, model)
@@ -310,7 +315,7 @@ class SoloRun:
     def close(self) -> None:
         self.ctx.close()
         self.comm.release()
-        self.store.set(keys.abort(0), "1")  # ends the watcher thread
+        SealedStore(self.store, SPACE).set(keys.abort(0), "1")  # ends the watcher thread
         self.watch.aborted.wait(5.0)
 
 

@@ -37,6 +37,7 @@ from gpu_check_units.common import (
     MEMORY_FLAT_MIB,
     NCCL_ENV,
     REPO,
+    SPACE,
     Settings,
     cuda_reason,
     growth,
@@ -48,6 +49,7 @@ from gpu_check_units.common import (
 from oobleck.runtime import keys
 from oobleck.runtime.backend import GlooBackend, NcclBackend
 from oobleck.runtime.comm import Aborted, AbortWatch, Communicator, GroupSpec, Reaper, Waiter, run_in_thread
+from oobleck.runtime.sealed_store import SealedStore
 
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 SURVIVORS_KEY = "peer_death/survivors"
@@ -80,7 +82,7 @@ class Lifecycle:
         self.device = "cuda" if cuda else "cpu"
         self.gloo_device = None if cuda else dist.ProcessGroupGloo.create_default_device()
         timeout = s.collective_timeout_s
-        self.watch = AbortWatch("127.0.0.1", store.port, timeout)
+        self.watch = AbortWatch("127.0.0.1", store.port, timeout, SPACE)
         backend = NcclBackend(device="cuda") if cuda else GlooBackend(self.gloo_device)
         self.waiter = Waiter(self.watch, timeout, peer_grace_s=1.0, backend=backend)
         self.reaper = Reaper(delay_s=timeout + 1.0)
@@ -98,6 +100,7 @@ class Lifecycle:
             port=self.store.port,
             timeout_s=self.s.collective_timeout_s,
             waiter=self.waiter,
+            space=SPACE,
         )
 
     def cycle(self, generation: int) -> dict[str, Any]:
@@ -133,7 +136,7 @@ class Lifecycle:
 
         def abort() -> None:
             abort_at.append(time.perf_counter())
-            self.store.set(keys.abort(generation), "1")
+            SealedStore(self.store, SPACE).set(keys.abort(generation), "1")
 
         threading.Timer(self.s.abort_after_s, abort).start()
         try:
@@ -252,7 +255,7 @@ def unit_peer_death(s: Settings, context: dict[str, Any]) -> dict[str, Any]:
             os.kill(procs[victim].pid, signal.SIGKILL)
             procs[victim].wait(timeout=s.experiment_wait_s)  # what the node's agent sees and reports
             seen_at = time.time()
-            store.set(keys.abort(0), "1")  # the controller's abort of generation 0
+            SealedStore(store, SPACE).set(keys.abort(0), "1")  # the controller's abort of generation 0
             aborted_at = time.time()
             store.set(SURVIVORS_KEY, json.dumps(list(range(victim))))
             survivors = [f"peer_death/result/{r}" for r in range(victim)]
@@ -298,14 +301,14 @@ def peer_main(rank: int, ranks: int, port: int, backend_name: str, device: str, 
     store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=60))
     loopback = dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")
     backend = GlooBackend(loopback, device=device) if backend_name == "gloo" else NcclBackend(device=device)
-    watch = AbortWatch("127.0.0.1", port, timeout_s)
+    watch = AbortWatch("127.0.0.1", port, timeout_s, SPACE)
     waiter = Waiter(watch, timeout_s, peer_grace_s=timeout_s, backend=backend)
     reaper = Reaper(delay_s=timeout_s + 1.0)
 
     def communicator(generation: int, my_rank: int, size: int) -> Communicator:
         group = GroupSpec("all", tuple(range(size)))
         return Communicator(
-            generation, my_rank, [group], host="127.0.0.1", port=port, timeout_s=timeout_s, waiter=waiter
+            generation, my_rank, [group], host="127.0.0.1", port=port, timeout_s=timeout_s, waiter=waiter, space=SPACE
         )
 
     watch.watch(0)

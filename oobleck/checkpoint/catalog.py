@@ -9,6 +9,7 @@ complete checkpoint or a newer one that may still be being written. Torch-free.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,14 +153,16 @@ def prepare_step_dir(checkpoint_dir: Path | str, step: int) -> Path:
     return path
 
 
-def prune(checkpoint_dir: Path | str, keep: int) -> list[Path]:
+def prune(checkpoint_dir: Path | str, keep: int, protect: Iterable[int] = ()) -> list[Path]:
     """Retention: keep the newest ``keep`` complete checkpoints; return the directories removed.
 
     Complete means: the manifest parses and every shard has its recorded size (checksums are not
     read here; ``latest_valid`` checks them on resume). Also removed: incomplete step dirs older
     than the newest complete one (abandoned writes). Never removed: the newest complete
-    checkpoint, and anything newer than it (a checkpoint whose write may be in progress).
+    checkpoint, anything newer than it (a checkpoint whose write may be in progress), and the
+    steps in ``protect`` (checkpoints a decision still refers to: workers may be loading them).
     """
+    protected = set(protect)
     if keep < 1:
         raise CheckpointError(f"checkpoint.keep={keep} must be >= 1: the newest complete checkpoint is always kept")
     root = Path(checkpoint_dir)
@@ -173,8 +176,11 @@ def prune(checkpoint_dir: Path | str, keep: int) -> list[Path]:
     doomed = [
         entry.path
         for entry in entries
-        if (entry.step in complete_steps and entry.step not in kept)
-        or (entry.step not in complete_steps and entry.step < newest)
+        if entry.step not in protected
+        and (
+            (entry.step in complete_steps and entry.step not in kept)
+            or (entry.step not in complete_steps and entry.step < newest)
+        )
     ]
     for path in doomed:
         remove_tree_durably(path)

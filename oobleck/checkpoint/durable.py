@@ -9,6 +9,7 @@ check the file against it without a second pass at write time. Torch-free.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import uuid
@@ -138,3 +139,14 @@ def remove_temporaries(directory: Path) -> list[str]:
     if removed:
         fsync_dir(Path(directory))
     return removed
+
+
+def describe_cause(error: BaseException) -> str:
+    """One line for why a write failed, naming the errno for an ``OSError`` (``ENOSPC``: the file
+    system is full, ``EROFS``: it is read-only, ...), e.g.
+    "OSError ENOSPC: No space left on device: '/ckpt/step-00000020/.tmp-layer-00001.bin...'"."""
+    if isinstance(error, OSError) and error.errno is not None:
+        name = errno.errorcode.get(error.errno, str(error.errno))
+        where = f": {error.filename!r}" if error.filename else ""
+        return f"{type(error).__name__} {name}: {error.strerror or error}{where}"
+    return f"{type(error).__name__}: {error}"

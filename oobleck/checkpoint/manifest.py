@@ -35,6 +35,21 @@ class ShardRecord:
     def to_dict(self) -> dict[str, Any]:
         return {"layer": self.layer, "file": self.file, "bytes": self.bytes, "crc32": self.crc32}
 
+    @classmethod
+    def from_dict(cls, entry: Any, where: str = "a shard record") -> ShardRecord:
+        """Parse, with one ``CheckpointError`` naming what is wrong (a record read from the store or
+        from a manifest: integers, and a plain file name inside the step dir)."""
+        try:
+            record = cls(layer=entry["layer"], file=entry["file"], bytes=entry["bytes"], crc32=entry["crc32"])
+        except (TypeError, KeyError) as error:
+            raise CheckpointError(f"{where} = {entry!r} lacks {error}") from None
+        numbers = (record.layer, record.bytes, record.crc32)
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers):
+            raise CheckpointError(f"{where} = {entry!r} has a layer, bytes or crc32 that is not an integer >= 0")
+        if not isinstance(record.file, str) or not record.file or Path(record.file).name != record.file:
+            raise CheckpointError(f"{where}.file={record.file!r} is not a plain file name")
+        return record
+
 
 @dataclass(frozen=True)
 class Manifest:
@@ -116,19 +131,9 @@ class Manifest:
                 raise CheckpointError(
                     f"manifest key {key!r} is {data.get(key)!r}, not a {getattr(kind, '__name__', 'number')}"
                 )
-        shards = []
-        for index, entry in enumerate(data["shards"]):
-            try:
-                record = ShardRecord(
-                    layer=entry["layer"], file=entry["file"], bytes=entry["bytes"], crc32=entry["crc32"]
-                )
-            except (TypeError, KeyError) as error:
-                raise CheckpointError(f"manifest shards[{index}] = {entry!r} lacks {error}") from None
-            if not (isinstance(record.layer, int) and isinstance(record.bytes, int) and isinstance(record.crc32, int)):
-                raise CheckpointError(f"manifest shards[{index}] = {entry!r} has a non-integer layer, bytes or crc32")
-            if not isinstance(record.file, str) or Path(record.file).name != record.file:
-                raise CheckpointError(f"manifest shards[{index}].file={record.file!r} is not a plain file name")
-            shards.append(record)
+        shards = [
+            ShardRecord.from_dict(entry, f"manifest shards[{index}]") for index, entry in enumerate(data["shards"])
+        ]
         return cls(
             step=data["step"],
             num_layers=data["num_layers"],

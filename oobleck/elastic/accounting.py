@@ -17,7 +17,11 @@ never in the controller's core:
 - ``HostReport``: the host's cores and load at the start and the end, and the run's own processes
   on it at most at once (summary.json's ``host`` object, ``oobleck.metrics.host``).
 
-``summarize`` turns the run's ``Outcome`` into summary.json's totals.
+``summarize`` turns the run's ``Outcome`` into summary.json's totals; ``earlier_attempts`` reads
+what a resumed run's earlier attempts did back from its run dir's rows (metrics.csv and
+events.csv), so that summary.json covers the whole run: every step it committed (each once, the
+last commit of a step redone after a rollback), every recovery and checkpoint, and each
+attempt's boundaries (``attempts``: the steps it committed, where it resumed, how it ended).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class Recovery:
     bytes_moved: int
     rolled_back_steps: int = 0
     restart_nodes: tuple[int, ...] = ()
+    note: str = ""
 
 
 def _cause(removed: set[int], joined: set[int], leaving: tuple[int, ...]) -> str:
@@ -110,6 +115,7 @@ class RecoveryAccounting(RunObserver):
             bytes_moved=execution.decision.bytes_moved,
             rolled_back_steps=carried + execution.rolled_back_steps,
             restart_nodes=execution.restart_nodes,
+            note=execution.note,
         )
         self.causes.clear()
         self.detects.clear()
@@ -170,6 +176,8 @@ class RecoveryAccounting(RunObserver):
             "total_s": round(now - r.failure_time, 4),
             "replicas_identical": generation.replicas_identical,
         }
+        if r.note:
+            row["note"] = r.note
         # How fast the busiest receiver took its layers in, and (runtime.link_probe_mb > 0) the
         # raw gloo send/recv rate of the same channels just before, into the same memory again and
         # into fresh memory like the copy's (oobleck.runtime.transfer.probe_links).
@@ -262,6 +270,69 @@ class ScheduleReport(RunObserver):
             )
 
 
+def earlier_attempts(metrics: list[dict[str, Any]], events: list[dict[str, Any]], resume_step: int) -> Outcome:
+    """What the attempts recorded in a run dir's ``metrics`` and ``events`` rows did, as the
+    ``Outcome`` a resume from the checkpoint of ``resume_step`` continues: the steps before it
+    (the last commit of each), the commits lost (rolled back, or after the checkpoint), the
+    recoveries, checkpoints, failed checkpoints and fault-tolerance drops, the generations, and one
+    row per attempt. Its ``attempt`` is the next attempt's number. Rows of a run dir written before
+    attempts were numbered count as attempt 0."""
+    outcome = Outcome()
+    if not metrics and not events:
+        return outcome
+    last: dict[int, dict[str, Any]] = {}
+    for row in metrics:
+        last[int(row["step"])] = row
+    outcome.steps = [dict(last[step]) for step in sorted(last) if step < resume_step]
+    outcome.rolled_back_steps = len(metrics) - len(outcome.steps)
+    recovery_kinds = {kind.value for kind in RECOVERY_EVENTS.values()}
+    for row in events:
+        kind, fields = row.get("kind"), {k: v for k, v in row.items() if k not in ("kind", "time_s", "attempt")}
+        if kind in recovery_kinds:
+            outcome.recoveries.append({"kind": kind, **fields})
+        elif kind == EventKind.CHECKPOINT.value:
+            outcome.checkpoints.append(fields)
+        elif kind == EventKind.CHECKPOINT_FAILED.value:
+            outcome.checkpoint_failures.append(
+                {"checkpoint_step": fields.get("checkpoint_step"), "cause": fields.get("cause")}
+            )
+        elif kind == EventKind.FAULT_TOLERANCE_REDUCED.value:
+            outcome.fault_tolerance.append(
+                {"step": fields.get("step"), "tolerated": fields.get("tolerated"), "wanted": fields.get("wanted")}
+            )
+    numbers = sorted({int(row.get("attempt", 0) or 0) for row in [*metrics, *events]})
+    for number in numbers:
+        steps = [int(r["step"]) for r in metrics if int(r.get("attempt", 0) or 0) == number]
+        rows = [r for r in events if int(r.get("attempt", 0) or 0) == number]
+        times = [
+            float(r["time_s"])
+            for r in [*rows, *(r for r in metrics if int(r.get("attempt", 0) or 0) == number)]
+            if "time_s" in r
+        ]
+        resumed = [r for r in rows if r.get("kind") == EventKind.RESUME.value]
+        stops = [r for r in rows if r.get("kind") == EventKind.STOP.value]
+        generations = [
+            int(r["generation"])
+            for r in [*rows, *metrics]
+            if int(r.get("attempt", 0) or 0) == number and "generation" in r
+        ]
+        outcome.earlier_generations += max(generations) + 1 if generations else 0
+        outcome.attempts.append(
+            {
+                "attempt": number,
+                "resume_step": int(resumed[0]["resume_step"]) if resumed else 0,
+                "first_step": min(steps) if steps else None,
+                "last_step": max(steps) if steps else None,
+                "started_time_s": min(times) if times else None,
+                "ended_time_s": max(times) if times else None,
+                "ended": str(stops[-1].get("reason")) if stops else "ended without a stop event (killed?)",
+            }
+        )
+    outcome.attempt = numbers[-1] + 1 if numbers else 0
+    outcome.generations = outcome.earlier_generations
+    return outcome
+
+
 class HostReport(RunObserver):
     """summary.json's ``host`` object: the snapshot taken before any process started, another at the
     end, and the most nodes the run's plans used (working) and kept (working or standing by) at once."""
@@ -336,6 +407,23 @@ def summarize(outcome: Outcome, cfg: Any) -> dict[str, Any]:
         summary["events_not_applied"] = outcome.events_not_applied
     if outcome.stopped:
         summary["stopped"] = outcome.stopped.splitlines()[0]
+    if outcome.checkpoint_failures:
+        summary["checkpoints_failed"] = len(outcome.checkpoint_failures)
+        summary["checkpoint_failures"] = [
+            f"step {f['checkpoint_step']}: {f['cause']}" for f in outcome.checkpoint_failures
+        ]
+    if outcome.attempts:
+        current = [s["step"] for s in steps if s.get("attempt", outcome.attempt) == outcome.attempt]
+        summary["attempts"] = [
+            *outcome.attempts,
+            {
+                "attempt": outcome.attempt,
+                "resume_step": outcome.resume_step,
+                "first_step": min(current) if current else None,
+                "last_step": max(current) if current else None,
+                "ended": (outcome.stopped or "finished").splitlines()[0],
+            },
+        ]
     if outcome.phase_seconds:
         # Where each surviving worker's step time went ("node:rank" -> phase -> seconds, summed
         # over the steps its last incarnation ran): the simulator's validation reads it.

@@ -1,4 +1,4 @@
-"""The controller's side of checkpoints: which are in progress, completing them, retention.
+"""The controller's side of checkpoints: which are in progress, completing them, failures, retention.
 
 Workers decide *when* among themselves (the rank that commits a step marks it ``commit+checkpoint``
 every ``checkpoint.every_steps`` committed steps, or at the first boundary after a request the
@@ -8,11 +8,21 @@ snapshots it and writes its shard in the background, then reports the shard's re
 store. This coordinator notices every layer's record, writes the manifest last (the commit point),
 applies retention, records a ``checkpoint`` event, and abandons a checkpoint whose writer died
 before reporting. ``latest_step`` is what restarts roll back to.
+
+Storage faults are the checkpoint's, not the run's: a writer that could not write its shards
+reports the cause in their records (a full or read-only file system, a write that outlasted
+``checkpoint.write_timeout_s``), a shard record that is not valid is dropped, and a
+manifest write that fails (``OSError``) fails its checkpoint; each is a ``checkpoint_failed``
+event with the cause, one warning line, and a row of ``Outcome.checkpoint_failures``
+(summary.json). Training goes on; a restart uses the newest checkpoint that completed.
+
+Retention never removes a checkpoint that a live or pending decision refers to (``pin``): the one
+a restart is loading until its workers hold the state, and the one the run resumed from until its
+first generation is established.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,10 +31,14 @@ from typing import Any
 
 from oobleck.checkpoint import Manifest, ShardRecord, checkpoint_root, fingerprint, prune, step_dir, write_manifest
 from oobleck.checkpoint.assignment import assign_checkpoint_writers
+from oobleck.checkpoint.durable import describe_cause
 from oobleck.elastic.events import EventKind
+from oobleck.elastic.ledger import parse_object
+from oobleck.errors import CheckpointError
 from oobleck.planning.outputs import ExecutionPlan, Worker
 from oobleck.runtime import keys
 from oobleck.runtime.plan_document import CheckpointPlan
+from oobleck.runtime.sealed_store import SealedStore
 
 
 @dataclass
@@ -33,7 +47,22 @@ class Pending:
     generation: int
     writers: dict[int, Worker]  # layer -> the worker writing it
     noticed: float
+    train_time_s: float = 0.0  # the run's training time at the boundary (earlier attempts included)
     records: dict[int, ShardRecord] = field(default_factory=dict)
+
+
+def parse_shard_report(value: bytes) -> ShardRecord | str:
+    """What a writer reported for one layer (``keys.checkpoint_shard``): its shard's record, or
+    why it could not write it (``{"layer": l, "failed": cause}``)."""
+    data = parse_object(value)
+    if "failed" in data:
+        if not isinstance(data["failed"], str):
+            raise ValueError(f"not a failure report: {value[:80]!r}")
+        return data["failed"]
+    try:
+        return ShardRecord.from_dict(data)
+    except CheckpointError as error:
+        raise ValueError(str(error)) from None
 
 
 class CheckpointCoordinator:
@@ -41,12 +70,15 @@ class CheckpointCoordinator:
         self,
         cfg: Any,
         run_dir: Path,
-        store: Any,
+        store: SealedStore,
         every_steps: int,
         *,
         event: Callable[..., None],
         extra: dict[str, Any],
+        clock: Callable[[], float] = lambda: 0.0,
     ) -> None:
+        """``clock``: the run's training time so far (written in each manifest: a resume continues
+        the failure schedule's clock from there)."""
         self.cfg = cfg
         self.store = store
         self.every_steps = every_steps
@@ -55,13 +87,17 @@ class CheckpointCoordinator:
         self.root = checkpoint_root(cfg.checkpoint.dir, run_dir).resolve()
         self.event = event
         self.extra = extra
+        self.clock = clock
         self.fingerprint = fingerprint(cfg)
         self.num_layers = 0
         self.pending: dict[int, Pending] = {}
         self.completed: dict[int, Path] = {}  # boundary -> step dir of a complete checkpoint
+        self.failed: dict[int, str] = {}  # boundary -> why it failed
+        self.pinned: set[int] = set()  # boundaries a live or pending decision refers to
         self.last_completed_at = time.time()
         self.requested: int | None = None
         self.completed_rows: list[dict[str, Any]] = []  # one per completed checkpoint (events.csv's)
+        self.failure_rows: list[dict[str, Any]] = []  # one per failed checkpoint
 
     def adopt(self, step: int, path: Path) -> None:
         """A checkpoint that exists already (the one a run resumes from)."""
@@ -72,6 +108,14 @@ class CheckpointCoordinator:
 
     def path(self, step: int) -> Path:
         return self.completed[step]
+
+    def pin(self, step: int | None) -> None:
+        """Keep ``step``'s checkpoint from retention until ``unpin`` (a decision refers to it)."""
+        if step is not None and step > 0:
+            self.pinned.add(step)
+
+    def unpin(self, step: int | None) -> None:
+        self.pinned.discard(step)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ generations
     def writers(self, plan: ExecutionPlan, layer_bytes: list[int]) -> dict[int, Worker]:
@@ -102,7 +146,8 @@ class CheckpointCoordinator:
         """A step committed with a checkpoint after it: its shards are being written."""
         if boundary in self.completed:
             return
-        self.pending[boundary] = Pending(boundary, generation, dict(writers), time.time())
+        self.failed.pop(boundary, None)  # the step is checkpointed again (after a rollback)
+        self.pending[boundary] = Pending(boundary, generation, dict(writers), time.time(), self.clock())
         if self.requested is not None and boundary >= self.requested:
             self.requested = None
 
@@ -112,7 +157,7 @@ class CheckpointCoordinator:
             waiting = {
                 layer for layer, worker in pending.writers.items() if worker[0] == node and layer not in pending.records
             }
-            if waiting and not self._collect(pending):
+            if waiting and self._collect(pending) is False:
                 del self.pending[boundary]
                 self.event(
                     EventKind.CHECKPOINT_ABANDONED,
@@ -121,51 +166,70 @@ class CheckpointCoordinator:
                 )
 
     def poll(self) -> list[int]:
-        """Complete every checkpoint whose shards have all been reported; returns their boundaries."""
+        """Complete every checkpoint whose shards have all been reported, and fail those a writer
+        could not write; returns the boundaries completed."""
         done = []
         for boundary, pending in sorted(self.pending.items()):
-            if self._collect(pending):
-                self._complete(pending)
+            collected = self._collect(pending)
+            if isinstance(collected, str):
                 del self.pending[boundary]
-                done.append(boundary)
+                self._fail(boundary, collected)
+            elif collected:
+                del self.pending[boundary]
+                if self._complete(pending):
+                    done.append(boundary)
         return done
 
-    def _collect(self, pending: Pending) -> bool:
+    def _collect(self, pending: Pending) -> bool | str:
+        """True once every layer's record is in; False while some are awaited; the cause when a
+        writer reported that it could not write a layer, or a report is not valid."""
         for layer in pending.writers:
             if layer in pending.records:
                 continue
             key = keys.checkpoint_shard(pending.boundary, layer)
             if not self.store.check([key]):
                 return False
-            data = json.loads(self.store.get(key))
-            pending.records[layer] = ShardRecord(**data)
+            report = self.store.read(key, parse_shard_report)
+            if isinstance(report, str):
+                node = pending.writers[layer][0]
+                return f"node {node} could not write layer {layer}: {report}"
+            if not isinstance(report, ShardRecord) or report.layer != layer:
+                return f"the report of layer {layer}'s shard is not valid (dropped)"
+            pending.records[layer] = report
         return True
 
-    def _complete(self, pending: Pending) -> None:
+    def _complete(self, pending: Pending) -> bool:
         started = time.time()
         path = step_dir(self.root, pending.boundary)
-        manifest = Manifest.build(
-            pending.boundary, self.fingerprint, pending.records.values(), len(pending.writers), extra=self.extra
-        )
-        write_manifest(path, manifest)
+        try:
+            manifest = Manifest.build(
+                pending.boundary,
+                self.fingerprint,
+                pending.records.values(),
+                len(pending.writers),
+                extra={**self.extra, "train_time_s": round(pending.train_time_s, 4)},
+            )
+            write_manifest(path, manifest)
+        except OSError as error:
+            self._fail(pending.boundary, f"the manifest could not be written: {describe_cause(error)}")
+            return False
+        except CheckpointError as error:
+            self._fail(pending.boundary, str(error))
+            return False
         timings = []
         ranks = {tuple(w) for w in pending.writers.values()}
         for node, local_rank in ranks:
-            key = keys.checkpoint_timing(pending.boundary, node, local_rank)
-            if self.store.check([key]):
-                timings.append(json.loads(self.store.get(key)))
+            timing = self.store.read(keys.checkpoint_timing(pending.boundary, node, local_rank), parse_object)
+            if isinstance(timing, dict):
+                timings.append(timing)
         self.completed[pending.boundary] = path
         self.last_completed_at = time.time()
-        removed = prune(self.root, self.keep)
-        for gone in removed:
-            for step, kept in list(self.completed.items()):
-                if kept == gone:
-                    del self.completed[step]
+        self._retain()
         row = {
             "checkpoint_step": pending.boundary,
             "bytes": manifest.total_bytes,
-            "snapshot_s": round(max((t["snapshot_s"] for t in timings), default=0.0), 4),
-            "write_s": round(max((t["write_s"] for t in timings), default=0.0), 4),
+            "snapshot_s": round(max((_seconds(t, "snapshot_s") for t in timings), default=0.0), 4),
+            "write_s": round(max((_seconds(t, "write_s") for t in timings), default=0.0), 4),
             "manifest_s": round(time.time() - started, 4),
             "total_s": round(time.time() - pending.noticed, 4),
             "writers": len(ranks),
@@ -173,6 +237,28 @@ class CheckpointCoordinator:
         }
         self.event(EventKind.CHECKPOINT, **row)
         self.completed_rows.append(row)
+        return True
+
+    def _retain(self) -> None:
+        try:
+            removed = prune(self.root, self.keep, protect=self.pinned)
+        except OSError as error:  # a read-only or failing file system: old checkpoints stay
+            print(f"oobleck: warning: checkpoint retention failed: {describe_cause(error)}", flush=True)
+            return
+        for gone in removed:
+            for step, kept in list(self.completed.items()):
+                if kept == gone:
+                    del self.completed[step]
+
+    def _fail(self, boundary: int, cause: str) -> None:
+        self.failed[boundary] = cause
+        latest = self.latest_step()
+        fallback = (
+            f"the newest complete checkpoint is step {latest}" if latest is not None else "no checkpoint is complete"
+        )
+        self.event(EventKind.CHECKPOINT_FAILED, checkpoint_step=boundary, cause=cause, newest_complete=latest)
+        self.failure_rows.append({"checkpoint_step": boundary, "cause": cause})
+        print(f"oobleck: warning: the checkpoint of step {boundary} failed: {cause}; {fallback}", flush=True)
 
     def finish(self, deadline: float, drain: Callable[[], None], exited: Callable[[Worker], bool]) -> None:
         """At the end of the run: let checkpoints in progress complete while any of their writers
@@ -196,3 +282,8 @@ class CheckpointCoordinator:
         """A restart rolls back to ``step``: checkpoints in progress of later steps will not complete."""
         for boundary in [b for b in self.pending if b > step]:
             del self.pending[boundary]
+
+
+def _seconds(timing: Mapping[str, Any], name: str) -> float:
+    value = timing.get(name, 0.0)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0

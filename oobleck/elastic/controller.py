@@ -20,6 +20,14 @@ It ties together the parts that each own one thing, and has no strategy-specific
 The strategy's run-long services (``Strategy.services``) are started before any node and stopped
 after the workers; what they yield is published under ``keys.SERVICES``. Only the controller
 writes outputs (plan.json, metrics.csv, events.csv, summary.json, wandb).
+
+Every store value goes through the run's key space (``keys.KeySpace``: names only the run can
+form, values only the run can seal). A resumed run continues the run it resumes (``earlier``:
+what the run dir's earlier attempts did): the steps it committed before the checkpoint, its
+recoveries and checkpoints, and its clocks: the fault schedule's events of steps before the
+checkpoint, or of times before the checkpoint's training time, never fire again. Whatever ends
+the loop (an error, an ``OSError`` of a full or read-only disk, a bug) is recorded: the ``stop``
+event and the outcome's ``stopped`` always say why.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from oobleck.checkpoint.durable import describe_cause
 from oobleck.elastic.accounting import RecoveryAccounting, ScheduleReport, ToleranceReport
 from oobleck.elastic.checkpoints import CheckpointCoordinator
 from oobleck.elastic.events import EventKind, RunObserver
@@ -48,6 +57,7 @@ from oobleck.faults.injector import Injector
 from oobleck.faults.schedule import FaultEvent
 from oobleck.launcher import launcher_class
 from oobleck.runtime import keys
+from oobleck.runtime.sealed_store import SealedStore
 from oobleck.strategy import Decision, Kind, RunInfo, Strategy, checkpoint_every_steps
 
 # How long the loop sleeps between looks: briefly while it polls the store for something only
@@ -85,7 +95,10 @@ class Controller:
         run_id: str | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         fork_server: Any = None,
+        earlier: Outcome | None = None,
     ) -> None:
+        """``resume``: the checkpoint to resume from (``oobleck.checkpoint.Checkpoint``); ``earlier``:
+        what the run's earlier attempts did (``oobleck.elastic.accounting.earlier_attempts``)."""
         self.cfg = cfg
         self.config_dict = config_dict
         self.strategy = strategy
@@ -97,6 +110,7 @@ class Controller:
         self.run_id = run_id or new_run_id()
         self.fork_server = fork_server  # forks the local workers (Launcher.forks_workers); None: exec them
         self.secret = new_secret()
+        self.space = keys.KeySpace(self.secret)
         self.on_event = on_event
         # Called with each committed step's row, in the controller's loop (tools and benchmarks
         # watch the run with it; keep it cheap).
@@ -104,7 +118,7 @@ class Controller:
         # Observers beyond the built-in ones (added when the run starts): see RunObserver.
         self.observers: list[RunObserver] = []
         self.steps = int(cfg.job.steps)
-        self.store: Any = None
+        self.store: SealedStore | None = None
         self.store_host: StoreHost | None = None
         self.membership: Membership | None = None
         self.ledger: StepLedger | None = None
@@ -116,7 +130,10 @@ class Controller:
         self.executor: DecisionExecutor | None = None
         self.finished = False
         self._next_commit_poll = 0.0
-        self._outcome = Outcome()
+        self._outcome = earlier if earlier is not None else Outcome()
+        # Training seconds of the run before this attempt's (the resumed checkpoint's): the fault
+        # schedule's clock and each checkpoint's training time continue from there.
+        self.train_time_offset = float(resume.manifest.extra.get("train_time_s", 0.0)) if resume is not None else 0.0
         self._services = contextlib.ExitStack()  # the strategy's run-long services
 
     # ------------------------------------------------------------------ outputs
@@ -129,6 +146,7 @@ class Controller:
         if self.ledger is not None:
             fields.setdefault("step", self.ledger.next_step)
             fields.setdefault("generation", self.ledger.generation)
+        fields.setdefault("attempt", self.outcome.attempt)
         if self.recorder is not None:
             self.recorder.event(kind.value, **fields)
         if self.on_event is not None:
@@ -164,20 +182,42 @@ class Controller:
             self._loop()
             return self.outcome
         except OobleckError as error:
-            self.outcome.stopped = str(error)
-            self._event(EventKind.STOP, reason=str(error).splitlines()[0][:300])
+            self._stopped(str(error))
+            raise
+        except OSError as error:
+            # Typically a file the controller writes (metrics, events, the run dir) on a full or
+            # read-only file system: said in one line with its errno, not a traceback.
+            failure = RunError(f"the controller stopped on an operating-system error: {describe_cause(error)}")
+            self._stopped(str(failure))
+            raise failure from error
+        except Exception as error:  # a bug: still recorded, then raised with its traceback
+            self._stopped(f"{type(error).__name__}: {error}")
             raise
         finally:
             self._shutdown()
             self._services.close()  # after the workers, which may use the services until they exit
 
+    def _stopped(self, reason: str) -> None:
+        self.outcome.stopped = reason
+        try:
+            self._event(EventKind.STOP, reason=reason.splitlines()[0][:300])
+        except Exception as error:  # the events file itself may be what cannot be written
+            print(f"oobleck: could not record the stop ({type(error).__name__}: {error})", flush=True)
+
+    def train_time(self) -> float:
+        """Seconds of training in the run so far, earlier attempts' included."""
+        started = self.train_started
+        return self.train_time_offset + (time.time() - started if started is not None else 0.0)
+
     def _start(self) -> None:
         """Host the store, build the parts and the observers, start the services and every node."""
         cfg = self.cfg
         self.store_host = host = StoreHost(cfg.cluster)
-        self.store = store = host.store
+        self.store = store = SealedStore(host.store, self.space)
         store.set(keys.CONFIG, json.dumps(self.config_dict))
-        self.ledger = ledger = StepLedger(store, self.steps, int(cfg.job.global_batch_size), on_step=self._on_step)
+        self.ledger = ledger = StepLedger(
+            store, self.steps, int(cfg.job.global_batch_size), on_step=self._on_step, outcome=self._outcome
+        )
         self.membership = membership = Membership(
             cfg,
             store,
@@ -189,7 +229,7 @@ class Controller:
             run_finished=self._run_finished,
         )
         membership.listen()
-        self.decisions = DecisionWatch(host.client(), membership.wake, dist.DistStoreError)
+        self.decisions = DecisionWatch(SealedStore(host.client(), self.space), membership.wake, dist.DistStoreError)
         self.checkpoints = CheckpointCoordinator(
             cfg,
             self.run_dir,
@@ -197,8 +237,10 @@ class Controller:
             checkpoint_every_steps(cfg, self.strategy.config),
             event=self._event,
             extra={"strategy": self.strategy.name, "run_id": self.run_id, "rng": RNG_NOTE},
+            clock=self.train_time,
         )
         self.checkpoints.completed_rows = ledger.outcome.checkpoints
+        self.checkpoints.failure_rows = ledger.outcome.checkpoint_failures
         self.executor = DecisionExecutor(
             self.strategy, store, ledger, membership, self.checkpoints, emit=self._event, notify=self._notify
         )
@@ -207,7 +249,6 @@ class Controller:
             store,
             membership,
             self._event,
-            secret=self.secret,
             notice=lambda nodes, notice_s: self.executor.on_notice(nodes, notice_s, self.steps),  # type: ignore[union-attr]
         )
         self.firing.next_node_id = int(cfg.cluster.nodes)
@@ -216,7 +257,9 @@ class Controller:
             builtin.append(ToleranceReport(ledger.outcome, int(cfg.job.fault_tolerance), self._event))
         builtin.append(ScheduleReport(ledger.outcome, ledger, membership, self.firing, self._event))
         self.observers[:0] = builtin
-        run = RunInfo(str(cfg.cluster.master_addr), host.address, self.run_id, self.run_dir, self.config_dict)
+        run = RunInfo(
+            str(cfg.cluster.master_addr), host.address, self.run_id, self.run_dir, self.config_dict, self.secret
+        )
         store.set(keys.SERVICES, json.dumps(self._services.enter_context(self.strategy.services(run))))
         membership.launcher = launcher_class(cfg.cluster)(
             cfg.cluster,
@@ -268,17 +311,28 @@ class Controller:
                 }
             )
         resume_step, checkpoint = 0, None
+        assert self.executor is not None and self.firing is not None
         if self.resume is not None:
             resume_step, checkpoint = self.resume.step, str(self.resume.step_dir)
             self.checkpoints.adopt(resume_step, self.resume.step_dir)
-            self.ledger.next_step = resume_step
+            self.ledger.next_step = self.outcome.resume_step = resume_step
+            # The schedule's events before the checkpoint happened in the run already.
+            passed = self.firing.injector.skip_before(resume_step, self.train_time_offset)
             skipped = [entry.describe() for entry in self.resume.skipped]
-            self._event(EventKind.RESUME, checkpoint=checkpoint, resume_step=resume_step, skipped="; ".join(skipped))
+            self._event(
+                EventKind.RESUME,
+                checkpoint=checkpoint,
+                resume_step=resume_step,
+                train_time_s=round(self.train_time_offset, 4),
+                events_before=passed,
+                skipped="; ".join(skipped),
+            )
             for line in skipped:
                 print(f"oobleck: warning: {line}", flush=True)
         self._fire_faults()
-        assert self.executor is not None
         self.executor.publish(0, layout, resume_step, checkpoint=checkpoint)
+        if checkpoint is not None:
+            self.executor.restarting_from(resume_step)  # its workers load it: a change first restarts from it
         self.train_started = time.time()
         self.ledger.last_commit_time = self.train_started
 
@@ -327,6 +381,10 @@ class Controller:
         if decisions.take() or now >= self._next_commit_poll:
             ledger.check_commits()
             self._next_commit_poll = now + COMMIT_POLL_S
+        if ledger.undecidable is not None and not self.membership.pending():
+            executor = self.executor
+            assert executor is not None
+            executor.redo(self.steps, f"the commit decision of step {ledger.undecidable} cannot be read")
         decisions.follow(ledger.awaited())
 
     def _after_commits(self) -> None:
@@ -339,21 +397,46 @@ class Controller:
         executor.check_absorbed()
 
     def _check_workers(self) -> None:
-        """Frozen workers fail their nodes; so do the ranks a timed-out collective waited on."""
-        ledger, membership = self.ledger, self.membership
-        assert ledger is not None and membership is not None
+        """Frozen workers fail their nodes; so do the ranks a timed-out collective waited on, or,
+        when those waits blame nobody, the nodes whose data plane does not answer. Workers that
+        left the generation the controller never ended get the next one."""
+        ledger, membership, executor = self.ledger, self.membership, self.executor
+        assert ledger is not None and membership is not None and executor is not None
         plan = ledger.generations[ledger.generation].layout.plan
-        verdict = membership.check_workers(ledger.generation, {a.worker: a.rank for a in plan.assignments()})
-        if verdict is None or membership.lost_pending():
+        findings = membership.check_workers(ledger.generation, {a.worker: a.rank for a in plan.assignments()})
+        if membership.lost_pending():
             return
         timeout = self.cfg.cluster.collective_timeout_s
-        workers = {a.rank: a.worker for a in plan.assignments()}
-        if not verdict.culprits:
-            raise RunError(
-                f"generation {ledger.generation}: rank {verdict.waiter} waited {verdict.waited_s:.1f} s for {verdict.what}, "
-                f"past cluster.collective_timeout_s={timeout}, and every rank it waits on waits on another: no rank to blame"
+        if findings.stranded and not membership.pending():
+            executor.redo(
+                self.steps,
+                f"ranks {list(findings.stranded)} left generation {ledger.generation}, which the controller never "
+                f"ended, and waited past cluster.collective_timeout_s={timeout} for the next one",
             )
+            return
+        verdict = findings.verdict
+        if verdict is None:
+            return
+        workers = {a.rank: a.worker for a in plan.assignments()}
         now = time.time()
+        if not verdict.culprits:
+            cut_off = membership.unreachable(sorted(set(workers.values())))
+            if not cut_off or len(cut_off) == len({node for node, _ in workers.values()}):
+                raise RunError(
+                    f"generation {ledger.generation}: rank {verdict.waiter} waited {verdict.waited_s:.1f} s for "
+                    f"{verdict.what}, past cluster.collective_timeout_s={timeout}, every rank it waits on waits on "
+                    "another, and every node's data plane answers: no rank to blame"
+                )
+            for node in cut_off:
+                membership.node_failed(
+                    node,
+                    f"its data-plane address did not answer within cluster.data_plane_probe_timeout_s="
+                    f"{self.cfg.cluster.data_plane_probe_timeout_s} after rank {verdict.waiter} waited "
+                    f"{verdict.waited_s:.1f} s for {verdict.what} (cut off from the other nodes)",
+                    now,
+                    cause=now - verdict.waited_s,
+                )
+            return
         for rank in verdict.culprits:
             node, local_rank = workers[rank]
             membership.node_failed(
@@ -380,8 +463,7 @@ class Controller:
         # in the plan, the first step after it committed; a notice's nodes killed).
         if membership.booting() or membership.striking() or membership.pending() or executor.busy or firing.noticed:
             return
-        elapsed = time.time() - self.train_started if self.train_started else 0.0
-        firing.fire_due(ledger.next_step, elapsed, ledger.generation)
+        firing.fire_due(ledger.next_step, self.train_time(), ledger.generation)
 
     # ------------------------------------------------------------------ stopping
     def request_stop(self, reason: str, exit_code: int) -> None:
@@ -395,7 +477,7 @@ class Controller:
 
     def stop_message(self, message: str) -> None:
         if self.store is not None:
-            send_stop(self.store, self.secret, message, self.ledger)
+            send_stop(self.store, message, self.ledger)
 
     def _shutdown(self) -> None:
         membership = self.membership

@@ -55,9 +55,11 @@ class EventKind(str, enum.Enum):
     RESTART_PLANNED = "restart_planned"
     STANDBY = "standby"
     FAULT_TOLERANCE_REDUCED = "fault_tolerance_reduced"
+    REDONE = "redone"  # a step that could not be decided is redone on a new generation of the same plan
     # checkpoints
     CHECKPOINT = "checkpoint"
     CHECKPOINT_ABANDONED = "checkpoint_abandoned"
+    CHECKPOINT_FAILED = "checkpoint_failed"  # a storage fault: the cause says which
     CHECKPOINT_REQUESTED = "checkpoint_requested"
     RESUME = "resume"
     # the end of a run
@@ -93,6 +95,7 @@ class Execution:
     plan_s: float  # seconds the decision took
     rolled_back_steps: int = 0  # restart: committed steps lost to the rollback
     restart_nodes: tuple[int, ...] = ()  # restart: the nodes whose workers were replaced
+    note: str = ""  # what else a user should know (a restart from an older checkpoint: why)
 
     @property
     def kind(self) -> Kind:

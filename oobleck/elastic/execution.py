@@ -19,6 +19,12 @@ table a new kind of decision is added to:
   redone;
 - ``stop``: end the run with the reason.
 
+A restart's checkpoint is kept from retention (``CheckpointCoordinator.pin``) until the restart's
+workers hold the state, and a restart that checkpoints first whose checkpoint fails (a storage
+fault) restarts from the newest checkpoint that completed, and says so. ``redo`` handles what is
+not a membership change: a step whose decision cannot be read, or workers that left a generation
+the controller never ended; the generation is ended and the same plan published again.
+
 Every generation is published as one ``PlanDocument`` (``publish``). A change is *absorbed* once
 the first step after it commits; until then ``busy`` holds (scheduled faults wait for it).
 Observers (``oobleck.elastic.events``) hear of each change, execution and publication.
@@ -112,16 +118,30 @@ class DecisionExecutor:
             incarnations={n: s.incarnation for n, s in self.membership.nodes.items()},
             decision=Kind(decision).value,
         )
-        self.documents[generation] = document
-        self.ledger.publish(generation, layout, resume)
-        self.store.set(keys.plan(generation), document.to_json())
-        self.store.set(keys.GEN, str(generation))
+        self._publish(document, layout)
+
+    def _publish(self, document: PlanDocument, layout: Layout) -> None:
+        self.documents[document.generation] = document
+        self.ledger.publish(document.generation, layout, document.resume_step)
+        self.store.set(keys.plan(document.generation), document.to_json())
+        self.store.set(keys.GEN, str(document.generation))
         self.notify("published", document, layout)
 
     def established(self, generation: int) -> None:
         """``generation`` was established: the workers of a restart hold their state now."""
         if self.restarting is not None and generation == self.ledger.generation:
-            self.restarting = None
+            self._restarted()
+
+    def _restarted(self) -> None:
+        """The workers of a restart (or a resume) hold their state: its checkpoint may be retired."""
+        self.checkpoints.unpin(self.restarting)
+        self.restarting = None
+
+    def restarting_from(self, step: int) -> None:
+        """Generation ``ledger.generation`` loads the checkpoint of ``step`` (a restart or a resume):
+        until its workers hold the state, a change restarts from it again, and retention keeps it."""
+        self.restarting = step
+        self.checkpoints.pin(step)
 
     def boundary_committed(self, generation: int, boundary: int) -> None:
         """A step committed with a checkpoint after it (``boundary`` steps committed)."""
@@ -140,8 +160,9 @@ class DecisionExecutor:
         if self.ledger.generation == generation and self.ledger.next_step > first_step:
             self.absorbing = None
             # Its workers hold the state now: a later change is decided afresh (from the newest
-            # checkpoint), never by restarting from this one, which retention may have removed.
-            self.restarting = None
+            # checkpoint), never by restarting from this one, which retention may remove now.
+            if self.restarting is not None:
+                self._restarted()
             self.notify("absorbed", generation)
 
     # ------------------------------------------------------------------ decisions
@@ -275,6 +296,37 @@ class DecisionExecutor:
         decision = guess if state == before else decide(state)
         self.executors[decision.kind](decision, state, step, started, time.time() - started)
 
+    def redo(self, steps: int, reason: str) -> None:
+        """End the newest generation and publish it again as the next one, the step in flight to
+        be redone: its decision cannot be read, or workers left a generation the controller never
+        ended. Established, the plan stays and nothing moves; not yet established, the same
+        document (its copies, its checkpoint to load) is published again."""
+        ledger = self.ledger
+        generation = ledger.generation
+        step = ledger.take_in_flight()
+        if step >= steps:
+            return
+        ledger.count_attempt(step)
+        ledger.abandon(generation)
+        document = self.documents[generation]
+        layout = ledger.generations[generation].layout
+        if ledger.base == generation:
+            plan = document.plan
+            again = dataclasses.replace(
+                document,
+                generation=generation + 1,
+                resume_step=step,
+                reconfiguration=ReconfigurationPlan(plan, plan, (), (), ()),
+                load_checkpoint=None,
+            )
+        else:
+            again = dataclasses.replace(document, generation=generation + 1)
+        self.emit(EventKind.REDONE, step=step, reason=reason, redone_in=generation + 1)
+        print(f"oobleck: warning: redoing step {step} in generation {generation + 1}: {reason}", flush=True)
+        self._publish(again, layout)
+        if self.absorbing is not None and self.absorbing[0] == generation:
+            self.absorbing = (generation + 1, self.absorbing[1])
+
     def _continue(self, decision: Decision, removed: tuple[int, ...], started: float) -> None:
         ledger = self.ledger
         generation = ledger.generations[ledger.base if ledger.base >= 0 else ledger.generation]
@@ -354,22 +406,42 @@ class DecisionExecutor:
         self.emit(EventKind.RESTART_PLANNED, checkpoint_step=boundary, reason=decision.reason)
 
     def restart_if_checkpointed(self) -> None:
-        """Carry out a planned restart once its checkpoint is complete (training stopped at it)."""
-        if self.planned is None or self.planned[1] not in self.checkpoints.completed:
+        """Carry out a planned restart once its checkpoint is complete (training stopped at it); if
+        that checkpoint failed, from the newest one that completed, saying so."""
+        if self.planned is None:
             return
         decision, rollback = self.planned
+        note = ""
+        if rollback in self.checkpoints.failed:
+            failed, rollback = rollback, self.checkpoints.latest_step() or 0
+            note = (
+                f"the checkpoint of step {failed} it was to restart from failed ({self.checkpoints.failed[failed]}); "
+                f"restarting from step {rollback}, the newest that completed"
+            )
+        elif rollback not in self.checkpoints.completed:
+            return
         self.planned = None
         started = time.time()
         step = self.ledger.take_in_flight()
         self.ledger.abandon(self.ledger.generation)
         decision = dataclasses.replace(decision, checkpoint_first=False, rollback_to_step=rollback)
-        self._restart(decision, self.state(step), step, started, 0.0)
+        self._restart(decision, self.state(step), step, started, 0.0, note=note)
 
-    def _restart(self, decision: Decision, state: RunState, step: int, started: float, plan_s: float) -> None:
+    def _restart(
+        self, decision: Decision, state: RunState, step: int, started: float, plan_s: float, *, note: str = ""
+    ) -> None:
         ledger, membership, checkpoints = self.ledger, self.membership, self.checkpoints
         rollback = decision.rollback_to_step if decision.rollback_to_step is not None else step
         if rollback > 0 and rollback not in checkpoints.completed:
             raise RunError(f"cannot restart from the checkpoint of step {rollback}: it is not complete")
+        failed = sorted(b for b in checkpoints.failed if rollback < b <= step)
+        if failed and not note:
+            note = (
+                f"restarting from step {rollback}, the newest checkpoint that completed; the checkpoint of step "
+                f"{failed[-1]} failed ({checkpoints.failed[failed[-1]]})"
+            )
+        if note:
+            print(f"oobleck: warning: {note}", flush=True)
         checkpoints.discard_after(rollback)
         lost = ledger.roll_back(rollback)
         # Nodes under notice keep their workers: no layout uses them, and they are about to go.
@@ -384,7 +456,8 @@ class DecisionExecutor:
             plan_s=plan_s,
             rolled_back_steps=lost,
             restart_nodes=alive,
+            note=note,
         )
         checkpoint = str(checkpoints.path(rollback)) if rollback > 0 else None
         self._execute(execution, checkpoint=checkpoint)
-        self.restarting = rollback
+        self.restarting_from(rollback)

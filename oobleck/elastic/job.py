@@ -1,12 +1,15 @@
 """One real training job end to end: checks, the strategy's first decision, the controller, outputs.
 
 ``launch(cfg, run_dir)`` is what ``python -m oobleck.run`` calls (and what tests call in-process):
-it validates everything that can be checked before any process starts (config, CUDA, the failure
-schedule and trace, the checkpoint to resume from), builds the strategy the config names and
-asks it for its starting layout (a strategy that cannot start, e.g. a Bamboo layout that does
-not fit in memory, stops here with its reason), starts the controller (which starts the local
-agents), and writes plan.json, metrics.csv, events.csv, summary.json and the wandb run through
-``RunRecorder``.
+it validates everything that can be checked before any process starts (``check_run``: config,
+the cluster's environment and devices, the failure schedule and trace; then the checkpoint to
+resume from, and that the checkpoint directory can take the run's checkpoints), builds the
+strategy the config names and asks it for its starting layout (a strategy that cannot start, e.g.
+a Bamboo layout that does not fit in memory, stops here with its reason), starts the controller
+(which starts the local agents), and writes plan.json, metrics.csv, events.csv, summary.json and
+the wandb run through ``RunRecorder``. A run resumed in its own run dir continues it: the
+earlier attempts' rows stay, and summary.json covers them all (``earlier_attempts``). Whatever
+stops the controller, summary.json is written.
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from oobleck.checkpoint.durable import describe_cause
 from oobleck.config import to_container, validate
-from oobleck.elastic.accounting import HostReport, summarize
+from oobleck.elastic.accounting import HostReport, earlier_attempts, summarize
 from oobleck.elastic.controller import Controller
 from oobleck.elastic.forkserver import ForkServer, fork_server_for
 from oobleck.elastic.ledger import Outcome
 from oobleck.elastic.protocol import new_run_id
-from oobleck.errors import OobleckError, RunError, unwritable_message
+from oobleck.errors import RunError, unwritable_message
 from oobleck.faults.schedule import FaultEvent, build_schedule
 from oobleck.launcher import launcher_class
 from oobleck.metrics.host import HostSnapshot
@@ -42,6 +46,32 @@ from oobleck.strategy import Decision, Kind, Strategy, StrategyContext, build_st
 def check_device(cfg: Any) -> None:
     """Refuse devices the run cannot have where it starts (its launcher's ``check_devices``)."""
     launcher_class(cfg.cluster).check_devices(cfg.cluster)
+
+
+def check_run(cfg: Any) -> tuple[FaultEvent, ...]:
+    """Everything about a run checked before anything is created: the config (``validate``), where
+    its nodes start (``Launcher.check_environment``: e.g. inside a Slurm allocation), its devices,
+    and its failure schedule (a trace file, events past the run). Returns the schedule."""
+    validate(cfg)
+    launcher = launcher_class(cfg.cluster)
+    launcher.check_environment(cfg.cluster)
+    launcher.check_devices(cfg.cluster)
+    return build_schedule(cfg.failures, nodes=int(cfg.cluster.nodes), steps=int(cfg.job.steps))
+
+
+def check_checkpoint_dir(cfg: Any, run_dir: Path, strategy: Strategy) -> None:
+    """A run that writes checkpoints gets a checkpoint directory it can write, with room for one
+    checkpoint of its model (``oobleck.checkpoint.storage``), before any process starts."""
+    from oobleck.checkpoint import checkpoint_root
+    from oobleck.checkpoint.storage import checkpoint_bytes, probe_checkpoint_dir
+    from oobleck.models.registry import architecture
+    from oobleck.strategy import checkpoint_every_steps
+
+    if checkpoint_every_steps(cfg, strategy.config) <= 0 and cfg.checkpoint.every_s is None:
+        return
+    model = architecture(cfg.model)
+    needed = checkpoint_bytes([model.params(layer) for layer in range(model.num_layers)])
+    probe_checkpoint_dir(checkpoint_root(cfg.checkpoint.dir, run_dir), needed, int(cfg.checkpoint.keep))
 
 
 def make_strategy(cfg: Any) -> Strategy:
@@ -100,12 +130,13 @@ def launch(
     ``on_start`` is handed the controller before it starts (tests watch or attack the run).
     ``fork_server`` (with its ``run_id``): one the caller started early and closes; without it, a
     config that forks workers gets one started here, before planning, and closed at the end."""
-    validate(cfg)
-    check_device(cfg)
+    schedule = check_run(cfg)
     run_id = run_id or new_run_id()
     own = fork_server_for(cfg, run_id) if fork_server is None else None
     try:
-        return _launch(cfg, Path(run_dir), initial_plan, recorder, handle_signals, on_start, run_id, fork_server or own)
+        return _launch(
+            cfg, Path(run_dir), schedule, initial_plan, recorder, handle_signals, on_start, run_id, fork_server or own
+        )
     finally:
         if own is not None:
             own.close()
@@ -114,6 +145,7 @@ def launch(
 def _launch(
     cfg: Any,
     run_dir: Path,
+    schedule: tuple[FaultEvent, ...],
     initial_plan: ExecutionPlan | None,
     recorder: bool,
     handle_signals: bool,
@@ -124,7 +156,6 @@ def _launch(
     from oobleck.checkpoint import resume_checkpoint
 
     host = HostReport(cfg, HostSnapshot.now())  # before this run starts any process
-    schedule = build_schedule(cfg.failures, nodes=int(cfg.cluster.nodes), steps=int(cfg.job.steps))
     resume = resume_checkpoint(cfg, run_dir)
     if resume is not None and resume.step >= int(cfg.job.steps):
         raise RunError(f"{resume.step_dir} already holds all job.steps={cfg.job.steps} steps; nothing to resume")
@@ -143,6 +174,7 @@ def _launch(
         flush=True,
     )
     check_writable(run_dir)
+    check_checkpoint_dir(cfg, run_dir, strategy)
     config_dict = to_container(cfg)
     save_resolved_config(config_dict, run_dir)
     rec = None
@@ -156,9 +188,14 @@ def _launch(
             strategy=strategy.name,
             wandb=cfg.logger.wandb,
             progress_bar=bool(cfg.logger.progress_bar),
-            resume=resume is not None,  # a resumed run continues the run dir's files and wandb run
+            # A resume (or job.resume=auto finding nothing yet) continues the run dir's files and
+            # wandb run: the earlier attempts' rows stay.
+            resume=cfg.job.resume is not None,
             host=host.start.as_start(),
         )
+    earlier = None
+    if rec is not None and (rec.earlier_metrics or rec.earlier_events):
+        earlier = earlier_attempts(rec.earlier_metrics, rec.earlier_events, resume.step if resume is not None else 0)
     controller = Controller(
         cfg,
         config_dict,
@@ -170,6 +207,7 @@ def _launch(
         resume=resume,
         run_id=run_id,
         fork_server=fork_server,
+        earlier=earlier,
     )
     controller.observers.append(host)
     if on_start is not None:
@@ -177,9 +215,14 @@ def _launch(
     try:
         with stop_on_signals(controller) if handle_signals else contextlib.nullcontext():
             outcome = controller.run()
-    except OobleckError:
+    except BaseException:  # whatever stopped it (a bug too): the summary says what the run did
         if rec is not None:
-            rec.finish(**summarize(controller.outcome, cfg), host=host.record())
+            try:
+                rec.finish(**summarize(controller.outcome, cfg), host=host.record())
+            except OSError as error:  # the run dir itself cannot be written: the original error wins
+                print(
+                    f"oobleck: summary.json could not be written ({describe_cause(error)})", file=sys.stderr, flush=True
+                )
         raise
     summary = summarize(outcome, cfg)
     summary["host"] = host.record()

@@ -11,11 +11,21 @@ happened) and those steps are committed again.
 
 ``DecisionWatch`` tells the controller's loop the moment the step the ledger waits for is decided,
 so the loop reads the store for commits only when there is one to read.
+
+Every value is read through the run's key space (``oobleck.runtime.sealed_store``) and validated;
+one the run did not write, or that does not parse, is dropped with one log line and never acted
+on: a report becomes an empty one, a loss NaN, and a decision that cannot be read makes its step
+*undecidable* (``undecidable``): the controller ends the generation and has the step redone
+(``DecisionExecutor.redo``). That a value of a key the run already wrote can be overwritten at
+all needs a client that lists the store's keys (``keys.KeySpace``): a commit decision overwritten
+between two workers' reads may leave them a step apart, which the next generation's checksums
+show (the run then stops saying so).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +35,7 @@ from typing import Any
 
 from oobleck.errors import RunError
 from oobleck.runtime import keys
+from oobleck.runtime.sealed_store import ForeignValue, SealedStore
 from oobleck.strategy import Layout
 
 
@@ -48,6 +59,7 @@ class Outcome:
     steps: list[dict[str, Any]] = field(default_factory=list)  # the committed steps, in order, once each
     recoveries: list[dict[str, Any]] = field(default_factory=list)  # reconfigurations, failovers, restarts
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint_failures: list[dict[str, Any]] = field(default_factory=list)  # storage faults, with their cause
     probes: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)  # generation -> rank -> probe
     checksums: dict[int, dict[str, int]] = field(default_factory=dict)  # generation -> layer -> crc
     generations: int = 0
@@ -57,17 +69,32 @@ class Outcome:
     events_not_applied: int = 0  # scheduled events never due before the last step, or armed and never struck
     rolled_back_steps: int = 0  # steps committed, then lost to restarts from checkpoints
     fault_tolerance: list[dict[str, Any]] = field(default_factory=list)  # drops below the job's f
+    # The run's earlier attempts (a resume continues their run dir): each one's boundaries
+    # (``oobleck.elastic.accounting.earlier_attempts``); this attempt is the next.
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    earlier_generations: int = 0  # generations the earlier attempts published
+    attempt: int = 0  # this attempt's number (0: the run's first)
+    resume_step: int = 0  # the step this attempt started at
 
 
 class StepLedger:
     """Commits and generations of one run (see the module docstring)."""
 
-    def __init__(self, store: Any, steps: int, global_batch: int, *, on_step: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self,
+        store: SealedStore,
+        steps: int,
+        global_batch: int,
+        *,
+        on_step: Callable[[dict[str, Any]], None],
+        outcome: Outcome | None = None,
+    ) -> None:
+        """``outcome``: what the run did before (a resume's earlier attempts), continued here."""
         self.store = store
         self.steps = steps
         self.global_batch = global_batch
         self.on_step = on_step
-        self.outcome = Outcome()
+        self.outcome = outcome if outcome is not None else Outcome()
         self.generations: dict[int, Generation] = {}
         self.generation = -1  # the newest published generation
         self.base = -1  # the newest established generation (its workers hold the committed state)
@@ -75,13 +102,14 @@ class StepLedger:
         self.attempts: dict[int, int] = {}
         self.last_commit_time = 0.0
         self.checkpoint_boundaries: list[tuple[int, int]] = []  # (generation, committed steps) to checkpoint
+        self.undecidable: int | None = None  # a step of the newest generation whose decision cannot be read
 
     # ------------------------------------------------------------------ generations
     def publish(self, number: int, layout: Layout, resume_step: int) -> Generation:
         generation = Generation(number, layout, resume_step, published_at=time.time())
         self.generations[number] = generation
         self.generation = number
-        self.outcome.generations = number + 1
+        self.outcome.generations = self.outcome.earlier_generations + number + 1
         return generation
 
     def establishing(self) -> bool:
@@ -102,8 +130,7 @@ class StepLedger:
             return None
         generation = self.generations[number]
         if generation.established_at is None:
-            key = keys.established(number)
-            if not self.store.check([key]) or self.store.get(key).decode() != keys.YES:
+            if self.store.read(keys.established(number)) != keys.YES.encode():
                 return None
             generation.established_at = time.time()
             self.base = number
@@ -115,15 +142,21 @@ class StepLedger:
         )
         if not self.store.check(reports):
             return None
-        generation.timings = [json.loads(self.store.get(keys.timing(number, r))) for r in ranks]
+        # A report the run did not write, or that does not parse, is dropped (one log line): the
+        # rank's timings count as zero, its layers are not compared, its probe is empty.
+        timings = self.store.read_present([keys.timing(number, r) for r in ranks], parse_timing)
+        generation.timings = [t if isinstance(t, dict) else dict(EMPTY_TIMING) for t in timings.values()]
         merged: dict[str, int] = {}
         identical = True
-        for r in ranks:
-            for layer, crc in json.loads(self.store.get(keys.checksums(number, r))).items():
+        for crcs in self.store.read_present([keys.checksums(number, r) for r in ranks], parse_checksums).values():
+            for layer, crc in (crcs if isinstance(crcs, dict) else {}).items():
                 if merged.setdefault(layer, crc) != crc:
                     identical = False
         self.outcome.checksums[number] = merged if identical else {}
-        self.outcome.probes[number] = {r: json.loads(self.store.get(keys.probe(number, r))) for r in ranks}
+        probes = self.store.read_present([keys.probe(number, r) for r in ranks], parse_object)
+        self.outcome.probes[number] = {
+            r: probe if isinstance(probe, dict) else {} for r, probe in zip(ranks, probes.values())
+        }
         generation.replicas_identical = identical
         if not identical:
             raise RunError(f"generation {number}: replicas of some layer differ after establishing (checksum mismatch)")
@@ -132,7 +165,11 @@ class StepLedger:
     def abandon(self, number: int) -> None:
         """End generation ``number``: it is marked never established unless it already was (then
         its workers hold the committed state and it becomes the base)."""
-        if self.store.compare_set(keys.established(number), "", keys.NO).decode() == keys.YES:
+        try:
+            established = self.store.compare_set(keys.established(number), "", keys.NO).decode()
+        except ForeignValue:  # dropped: the generation counts as never established
+            established = keys.NO
+        if established == keys.YES:
             self.base = number
             generation = self.generations[number]
             if generation.established_at is None:
@@ -147,43 +184,56 @@ class StepLedger:
         return keys.decision(self.generation, self.next_step)
 
     def check_commits(self) -> None:
+        """Record the steps the workers committed since the last look; a decision that cannot be
+        read marks its step ``undecidable``."""
         while self.generation >= 0 and self.next_step < self.steps:
             key = keys.decision(self.generation, self.next_step)
             if not self.store.check([key]):
                 return
-            value = self.store.get(key).decode()
-            if not keys.is_commit(value):
+            decision = self.store.read(key, keys.parse_decision)
+            if decision is None:
+                self.undecidable = self.next_step
                 return
-            self.record_commit(self.generation, self.next_step, value)
+            if decision[0] == keys.ABORT:
+                return
+            self.record_commit(self.generation, self.next_step, decision)
 
     def take_in_flight(self) -> int:
         """Decide the step in flight of the newest generation now: committed ones are recorded,
         the first undecided one is aborted. Returns the first step not committed."""
         generation = self.generation
+        self.undecidable = None
         while self.next_step < self.steps:
-            value = self.store.compare_set(keys.decision(generation, self.next_step), "", keys.ABORT).decode()
-            if not keys.is_commit(value):
+            key = keys.decision(generation, self.next_step)
+            try:
+                decision = keys.parse_decision(self.store.compare_set(key, "", keys.ABORT))
+            except (ForeignValue, ValueError) as error:  # cannot be read: the step is redone
+                self.store.dropped(key, str(error))
                 break
-            self.record_commit(generation, self.next_step, value)
+            if decision[0] == keys.ABORT:
+                break
+            self.record_commit(generation, self.next_step, decision)
         return self.next_step
 
-    def record_commit(self, generation: int, step: int, value: str) -> None:
+    def record_commit(self, generation: int, step: int, decision: tuple[str, float | None]) -> None:
         plan = self.generations[generation].layout.plan
-        report_key = keys.step_report(generation, step)
         # A worker whose replicas change within a generation reports the step itself (keys.step_report).
-        report = json.loads(self.store.get(report_key)) if self.store.check([report_key]) else {}
+        report = self.store.read(keys.step_report(generation, step), parse_step_report)
+        report = dict(report) if isinstance(report, dict) else {}
         samples = int(report.pop("samples", self.global_batch))
         if "loss_sum" in report:
             loss_sum = float(report.pop("loss_sum"))
         else:
             last = [a.rank for a in plan.assignments() if a.stage == plan.pipelines[a.pipeline].template.num_stages - 1]
-            loss_sum = sum(
-                float(value.decode()) for value in self.store.multi_get([keys.loss(generation, step, r) for r in last])
-            )
+            losses = self.store.read_present([keys.loss(generation, step, r) for r in last], parse_loss)
+            # A loss that is missing or was dropped makes the step's loss unknown (NaN), not wrong.
+            known = [v for v in losses.values() if isinstance(v, float)]
+            loss_sum = sum(known) if len(known) == len(last) else math.nan
         now = time.time()
         observed = now - self.last_commit_time
         self.last_commit_time = now
-        step_time = keys.decision_step_time(value) or observed
+        kind, seconds = decision
+        step_time = seconds or observed
         attempts = self.attempts.get(step, 0) + 1
         self.attempts[step] = attempts
         row = {
@@ -196,12 +246,13 @@ class StepLedger:
             "attempts": attempts,
             "step_time_s": step_time,
             "nodes": len(plan.nodes),
+            "attempt": self.outcome.attempt,
         }
         row.update({k: v for k, v in report.items() if k not in ("step", "generation")})
         self.outcome.steps.append(row)
         self.on_step(row)
         self.next_step = step + 1
-        if keys.decision_kind(value) == keys.COMMIT_CHECKPOINT:
+        if kind == keys.COMMIT_CHECKPOINT:
             self.checkpoint_boundaries.append((generation, step + 1))
 
     def count_attempt(self, step: int) -> None:
@@ -216,7 +267,57 @@ class StepLedger:
         self.outcome.steps = kept
         self.outcome.rolled_back_steps += lost
         self.next_step = to_step
+        # Checkpoints of the steps rolled back are not this run's any more, even where their
+        # commit was read but not yet handed to the checkpoint coordinator.
+        self.checkpoint_boundaries = [(g, b) for g, b in self.checkpoint_boundaries if b <= to_step]
         return lost
+
+
+EMPTY_TIMING = {"groups_s": 0.0, "state_copy_s": 0.0, "load_s": 0.0, "bytes_in": 0, "bytes_out": 0}
+
+
+def parse_object(value: bytes) -> dict[str, Any]:
+    data = json.loads(value)
+    if not isinstance(data, dict):
+        raise ValueError(f"not a JSON object: {value[:80]!r}")
+    return data
+
+
+def parse_timing(value: bytes) -> dict[str, Any]:
+    """A rank's establishment timings (``oobleck.runtime.worker``): numbers in seconds and bytes."""
+    data = parse_object(value)
+    for name in EMPTY_TIMING:
+        if name in data and not _finite(data[name]):
+            raise ValueError(f"{name}={data[name]!r} is not a number")
+    return {**EMPTY_TIMING, **data}
+
+
+def parse_checksums(value: bytes) -> dict[str, int]:
+    data = parse_object(value)
+    if not all(isinstance(crc, int) and not isinstance(crc, bool) for crc in data.values()):
+        raise ValueError("a checksum is not an integer")
+    return data
+
+
+def parse_loss(value: bytes) -> float:
+    loss = float(value)
+    if not _finite(loss):
+        raise ValueError(f"loss {loss} is not finite")
+    return loss
+
+
+def parse_step_report(value: bytes) -> dict[str, Any]:
+    """A worker's own account of a step (``keys.step_report``): ``loss_sum`` and ``samples`` numbers."""
+    data = parse_object(value)
+    if "loss_sum" in data and not _finite(data["loss_sum"]):
+        raise ValueError(f"loss_sum={data['loss_sum']!r} is not a number")
+    if "samples" in data and not (isinstance(data["samples"], int) and data["samples"] >= 0):
+        raise ValueError(f"samples={data['samples']!r} is not a count")
+    return data
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # A TCPStore wait needs a timeout, and c10d logs two lines for each one that expires; the slice

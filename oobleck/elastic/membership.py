@@ -19,6 +19,7 @@ the node is dropped and its close is not the node's.
 from __future__ import annotations
 
 import dataclasses
+import json
 import queue
 import signal
 import socket
@@ -35,9 +36,10 @@ import torch.distributed as dist
 from oobleck.elastic.agent_port import AgentPort
 from oobleck.elastic.events import EventKind
 from oobleck.elastic.protocol import Channel
-from oobleck.elastic.watchdog import Beat, Verdict, WorkerBeats, parse_beat, unanswered
+from oobleck.elastic.watchdog import Beat, Verdict, WorkerBeats, parse_beat, stranded, unanswered
 from oobleck.errors import RunError
 from oobleck.runtime import keys
+from oobleck.runtime.sealed_store import SealedStore
 
 # A boot wait polls the store this often (``check``, not a blocking ``wait``: no thread may still
 # be inside the store's C++ wait when the store goes away, an exception there at exit aborts the
@@ -45,6 +47,9 @@ from oobleck.runtime import keys
 BOOT_POLL_S = 0.1
 # A worker heartbeat older than this many intervals no longer tells what the worker is doing.
 FRESH_BEATS = 3
+# A worker that raised writes its traceback to the store just before it exits; its agent may report
+# the exit first. How long the exit waits for that report (longer on a loaded machine).
+ERROR_REPORT_WAIT_S = 5.0
 
 
 @dataclass
@@ -65,6 +70,14 @@ class NodeState:
 
 
 @dataclass(frozen=True)
+class WorkerFindings:
+    """What the workers' heartbeats say about the current generation (``Membership.check_workers``)."""
+
+    verdict: Verdict | None = None  # a collective that outlasted cluster.collective_timeout_s
+    stranded: tuple[int, ...] = ()  # ranks that left the generation and wait for the next one
+
+
+@dataclass(frozen=True)
 class Changes:
     """Membership changes since the last ``take_changes``."""
 
@@ -81,7 +94,7 @@ class Membership:
     def __init__(
         self,
         cfg: Any,
-        store: Any,
+        store: SealedStore,
         store_address: str,
         *,
         secret: str,
@@ -246,14 +259,15 @@ class Membership:
             if self.closing or self.run_finished():
                 return
             # A worker that raised wrote its traceback and exited 1; one killed by a signal did not.
-            error = (
-                self._worker_error(node, int(payload["local_rank"]), state.incarnation)
-                if int(payload["code"]) > 0
-                else None
-            )
-            if error is not None:
-                raise RunError(
-                    f"worker (node {node}, local rank {payload['local_rank']}) raised an exception:\n{error}"
+            # A worker that raised wrote its traceback and exited 1: that stops the run, with the
+            # error's last line (its cause) on the first line. One killed by a signal (a negative
+            # code) went with its node.
+            if int(payload["code"]) > 0:
+                raise worker_error(
+                    node,
+                    int(payload["local_rank"]),
+                    int(payload["code"]),
+                    self._worker_error(node, int(payload["local_rank"]), state.incarnation),
                 )
             self.node_failed(node, f"worker {payload['local_rank']} exited with code {payload['code']}", when)
             return
@@ -277,13 +291,16 @@ class Membership:
         host, _, port = self.store_address.rpartition(":")
         timeout = float(self.cfg.cluster.startup_timeout_s)
         registered = [keys.worker_registered(node, r, incarnation) for r in range(self.gpus)]
-        messages, end = self.messages, self._boot_waits_end
+        messages, end, space = self.messages, self._boot_waits_end, self.store.space
 
         def wait() -> None:
             deadline = time.monotonic() + timeout
             try:
-                store = dist.TCPStore(
-                    host, int(port), is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout)
+                store = SealedStore(
+                    dist.TCPStore(
+                        host, int(port), is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout)
+                    ),
+                    space,
                 )
                 while not end.is_set():
                     if store.check(registered):
@@ -304,10 +321,11 @@ class Membership:
 
     def _worker_error(self, node: int, local_rank: int, incarnation: int) -> str | None:
         key = keys.worker_error(node, local_rank, incarnation)
-        deadline = time.monotonic() + 0.2  # the worker writes its error just before exiting
+        deadline = time.monotonic() + ERROR_REPORT_WAIT_S
         while time.monotonic() < deadline:
             if self.store.check([key]):
-                return self.store.get(key).decode()
+                text = self.store.read(key, bytes.decode)
+                return text if isinstance(text, str) else None
             time.sleep(0.01)
         return None
 
@@ -321,16 +339,17 @@ class Membership:
             # Frozen or cut off: make sure it is gone, then treat it as failed.
             self.node_failed(state.node, f"no heartbeat for {now - state.last_seen:.1f} s", now, cause=state.last_seen)
 
-    def check_workers(self, generation: int, ranks: dict[tuple[int, int], int]) -> Verdict | None:
+    def check_workers(self, generation: int, ranks: dict[tuple[int, int], int]) -> WorkerFindings:
         """Read every worker's heartbeat (each ``cluster.heartbeat_interval_s``): fail the nodes of
-        workers whose beat stopped for ``cluster.heartbeat_timeout_s``, and return the verdict on a
-        collective of ``generation`` that outlasted ``cluster.collective_timeout_s`` (``ranks``:
-        worker -> its rank in that generation's plan). A worker program that does not beat (its
-        key never appears) is watched through its agent only."""
+        workers whose beat stopped for ``cluster.heartbeat_timeout_s``, and say what the ranks of
+        ``generation`` wait on (``ranks``: worker -> its rank in that generation's plan): a
+        collective that outlasted ``cluster.collective_timeout_s``, and ranks that left the
+        generation and wait for the next one as long. A worker program that does not beat (its key
+        never appears) is watched through its agent only; a beat the run did not write is none."""
         cluster = self.cfg.cluster
         now = time.time()
         if now < self._next_beat_check or self.closing or self.run_finished():
-            return None
+            return WorkerFindings()
         self._next_beat_check = now + float(cluster.heartbeat_interval_s)
         watched = {
             keys.heartbeat(state.node, local_rank, state.incarnation): (state.node, local_rank)
@@ -338,13 +357,13 @@ class Membership:
             if state.up and not state.failed
             for local_rank in range(self.gpus)
         }
+        beats = self.store.read_present(list(watched), parse_beat)
         fresh: dict[tuple[int, int], Beat | None] = {}
-        for key, value in self._read_beats(list(watched)).items():
-            node, local_rank = watched[key]
-            beat = parse_beat(self.secret, value) if value is not None else None
-            if value is None and self.beats.since(key) is None:
+        for key, (node, local_rank) in watched.items():
+            if key not in beats and self.beats.since(key) is None:
                 continue  # this worker program does not beat
-            self.beats.update(key, beat, now)
+            beat = beats.get(key)
+            self.beats.update(key, beat if isinstance(beat, Beat) else None, now)
             since = self.beats.since(key)
             assert since is not None
             silent = now - since
@@ -353,17 +372,40 @@ class Membership:
                     node, f"worker {local_rank} sent no heartbeat for {silent:.1f} s (frozen or hung)", now, cause=since
                 )
                 continue
-            fresh[(node, local_rank)] = beat if silent <= FRESH_BEATS * float(cluster.heartbeat_interval_s) else None
+            recent = silent <= FRESH_BEATS * float(cluster.heartbeat_interval_s)
+            fresh[(node, local_rank)] = beat if recent and isinstance(beat, Beat) else None
         by_rank = {rank: fresh.get(worker) for worker, rank in ranks.items() if not self.nodes[worker[0]].failed}
-        return unanswered(by_rank, generation, float(cluster.collective_timeout_s))
+        timeout = float(cluster.collective_timeout_s)
+        return WorkerFindings(unanswered(by_rank, generation, timeout), stranded(by_rank, generation, timeout))
 
-    def _read_beats(self, names: list[str]) -> dict[str, bytes | None]:
-        """The heartbeat values that exist (one round trip when they all do)."""
-        if not names:
-            return {}
-        if self.store.check(names):
-            return dict(zip(names, self.store.multi_get(names)))
-        return {name: self.store.get(name) if self.store.check([name]) else None for name in names}
+    def unreachable(self, workers: list[tuple[int, int]]) -> list[int]:
+        """The nodes of ``workers`` whose data plane does not answer: no worker of the node accepts a
+        TCP connection at the data-plane address it registered (``oobleck.runtime.liveness.
+        DataPlaneProbe``, bound where its process groups bind) within
+        ``cluster.data_plane_probe_timeout_s``. All are tried at once. A node cut off from the others'
+        data plane, though its agent and the store still reach the controller, is one; so is a node
+        whose workers registered no address (they are not probed, and not blamed: empty)."""
+        timeout_s = float(self.cfg.cluster.data_plane_probe_timeout_s)
+        addresses: dict[int, list[tuple[str, int]]] = {}
+        for node, local_rank in workers:
+            state = self.nodes.get(node)
+            if state is None or state.failed:
+                continue
+            record = self.store.read(keys.worker_registered(node, local_rank, state.incarnation), _registration)
+            if isinstance(record, dict) and record.get("data_address"):
+                host, _, port = str(record["data_address"]).rpartition(":")
+                addresses.setdefault(node, []).append((host, int(port)))
+        answered: dict[int, bool] = {}
+
+        def probe(node: int) -> None:
+            answered[node] = any(_answers(address, timeout_s) for address in addresses[node])
+
+        threads = [threading.Thread(target=probe, args=(node,), daemon=True) for node in addresses]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout_s + 1.0)
+        return sorted(node for node in addresses if not answered.get(node, False))
 
     def node_failed(self, node: int, reason: str, detected: float, cause: float | None = None) -> None:
         state = self.nodes[node]
@@ -376,8 +418,9 @@ class Membership:
             state.channel.close()  # no CLOSE-WAIT socket of a dead agent stays behind
         if state.kill_time is not None:
             cause = state.kill_time
-        elif self.store.check([keys.strike_time(node)]):
-            cause = _wall_time(self.store.get(keys.strike_time(node)), cause)
+        else:
+            struck = self.store.read(keys.strike_time(node), _wall_time)
+            cause = struck if isinstance(struck, float) else cause
         cause = cause if cause is not None else detected
         self.event(EventKind.FAILURE, node=node, reason=reason, detect_s=round(detected - cause, 4))
         self._joined.pop(node, None)
@@ -414,10 +457,35 @@ class Membership:
         return {n: dataclasses.asdict(s) | {"channel": s.channel is not None} for n, s in self.nodes.items()}
 
 
-def _wall_time(value: bytes, default: float | None) -> float | None:
-    """A time a worker wrote (seconds since the epoch), or ``default`` if it is not one."""
+def _registration(value: bytes) -> dict[str, Any]:
+    record = json.loads(value)
+    if not isinstance(record, dict):
+        raise ValueError(f"not a registration record: {value[:80]!r}")
+    return record
+
+
+def _answers(address: tuple[str, int], timeout_s: float) -> bool:
     try:
-        seconds = float(value.decode())
-    except (UnicodeDecodeError, ValueError):
-        return default
-    return seconds if seconds == seconds and seconds > 0 else default
+        with socket.create_connection(address, timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def worker_error(node: int, local_rank: int, code: int, report: str | None) -> RunError:
+    """The error that stops a run when a worker raised: its cause (the traceback's last line) on the
+    first line, which summary.json keeps, and the traceback below."""
+    who = f"worker (node {node}, local rank {local_rank})"
+    if report is None:
+        return RunError(f"{who} exited with code {code} and reported no error (its report did not reach the store)")
+    lines = [line for line in report.strip().splitlines() if line.strip()]
+    cause = lines[-1].strip() if lines else "no traceback"
+    return RunError(f"{who} raised an exception: {cause}\n{report.rstrip()}")
+
+
+def _wall_time(value: bytes) -> float:
+    """A time a worker wrote (seconds since the epoch; ``ValueError`` for anything else)."""
+    seconds = float(value.decode())
+    if not (seconds == seconds and 0 < seconds < float("inf")):
+        raise ValueError(f"not a time: {seconds}")
+    return seconds

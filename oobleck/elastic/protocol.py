@@ -91,10 +91,13 @@ def parse(line: str) -> dict[str, Any]:
 class Channel:
     """A line-delimited JSON connection; ``send`` is thread-safe, ``recv`` is for one reader."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, preread: bytes = b"") -> None:
+        """``preread``: bytes already read from ``sock`` after the last line taken (the agent port
+        reads the hello itself); they come before what ``sock`` still holds."""
         self.sock = sock
         self._reader = sock.makefile("rb")
         self._lock = threading.Lock()
+        self._preread = preread
 
     def send(self, message: dict[str, Any]) -> bool:
         data = (json.dumps(message) + "\n").encode()
@@ -108,8 +111,17 @@ class Channel:
     def recv(self) -> dict[str, Any] | None:
         """The next valid message; None when the peer closed the connection; ``ProtocolError``
         for a line that is not one."""
+        head = b""
+        if self._preread:
+            head, newline, rest = self._preread.partition(b"\n")
+            if newline:
+                self._preread = rest
+                head += newline
+            else:
+                self._preread = b""
         try:
-            line = self._reader.readline(MAX_LINE_BYTES + 1)
+            complete = head.endswith(b"\n") or len(head) > MAX_LINE_BYTES
+            line = head if complete else head + self._reader.readline(MAX_LINE_BYTES + 1 - len(head))
         except (OSError, ValueError):
             return None
         if not line:

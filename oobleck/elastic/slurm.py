@@ -54,18 +54,24 @@ class SlurmLauncher(Launcher):
     ) -> None:
         """``job_environ``: where the Slurm job's variables are read (default: this process's)."""
         env = dict(os.environ if job_environ is None else job_environ)
-        if "SLURM_JOB_ID" not in env:
-            raise RunError(
-                "cluster.kind=slurm must run inside a Slurm allocation (SLURM_JOB_ID is not set); "
-                "submit it with sbatch slurm/run.sbatch, or use cluster.kind=local"
-            )
-        if shutil.which("srun") is None or shutil.which("scancel") is None:
-            raise RunError("cluster.kind=slurm needs srun and scancel on PATH")
+        self.check_environment(cluster, env)
         super().__init__(cluster, controller, run_id, environment=environment, fork_server=fork_server)
         self.job_id = env["SLURM_JOB_ID"]
         self.slots = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
         self.slot_of: dict[int, int] = {}
         self.steps: dict[int, str] = {}
+
+    @classmethod
+    def check_environment(cls, cluster: Any, environ: Mapping[str, str] | None = None) -> None:
+        """A Slurm run starts inside an allocation (``SLURM_JOB_ID``), with ``srun`` and ``scancel``."""
+        env = os.environ if environ is None else environ
+        if "SLURM_JOB_ID" not in env:
+            raise RunError(
+                "cluster=slurm must run inside a Slurm allocation (SLURM_JOB_ID is not set): submit it with "
+                "sbatch slurm/run.sbatch <overrides>, or run it here with cluster=local"
+            )
+        if shutil.which("srun") is None or shutil.which("scancel") is None:
+            raise RunError("cluster=slurm needs srun and scancel on PATH (install Slurm's client commands)")
 
     def _free_slot(self, node: int) -> int:
         used = {self.slot_of[n] for n, p in self.processes.items() if p.poll() is None}

@@ -3,8 +3,9 @@
 - ``StopRequests``: a signal handler asks for a stop now (SIGINT, SIGTERM: the loop raises
   ``Stopped`` at its next tick), or after a checkpoint of the next step boundary (Slurm's warning
   signal before a time limit or a preemption: the run is then requeued and resumed);
-- ``send_stop``: the signed ``stop`` key, and the step in flight and the generation's barrier
-  decided against, so every worker waiting on the store wakes and exits;
+- ``send_stop``: the ``stop`` key (in the run's key space: only the controller can set it), and
+  the step in flight and the generation's barrier decided against, so every worker waiting on the
+  store wakes and exits;
 - ``wind_down``: after the loop, finished workers get a moment to exit by themselves and
   checkpoints in progress to complete (bounded), their per-phase seconds are collected, then every
   node is shut down.
@@ -54,10 +55,10 @@ class StopRequests:
             )
 
 
-def send_stop(store: Any, secret: str, message: str, ledger: StepLedger | None) -> None:
+def send_stop(store: Any, message: str, ledger: StepLedger | None) -> None:
     """Tell every worker the run is over (``message`` says why); best effort, the store may be gone."""
     try:
-        store.set(keys.STOP, keys.sign(secret, message))
+        store.set(keys.STOP, message)
         if ledger is not None and ledger.generation >= 0:
             store.compare_set(keys.decision(ledger.generation, ledger.next_step), "", keys.ABORT)
             store.compare_set(keys.established(ledger.generation), "", keys.NO)
@@ -95,7 +96,15 @@ def wind_down(
             )
         for node, state in membership.nodes.items():
             for local_rank in range(int(cfg.cluster.gpus_per_node)):
-                key = keys.phase_times(node, local_rank)
-                if not state.failed and store.check([key]):
-                    outcome.phase_seconds[f"{node}:{local_rank}"] = json.loads(store.get(key))
+                phases = None if state.failed else store.read(keys.phase_times(node, local_rank), parse_phases)
+                if isinstance(phases, dict):
+                    outcome.phase_seconds[f"{node}:{local_rank}"] = phases
     membership.shutdown(max(1.0, deadline - time.monotonic()))
+
+
+def parse_phases(value: bytes) -> dict[str, float]:
+    """A worker's seconds per step phase (``keys.phase_times``)."""
+    data = json.loads(value)
+    if not (isinstance(data, dict) and all(isinstance(v, (int, float)) for v in data.values())):
+        raise ValueError(f"not seconds per phase: {value[:80]!r}")
+    return {str(k): float(v) for k, v in data.items()}

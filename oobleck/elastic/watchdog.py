@@ -10,8 +10,14 @@ controller reads them every ``cluster.heartbeat_interval_s`` (``Membership.check
   rank waits on) ends at ranks that are not waiting: computing, stuck in a call, without a fresh
   heartbeat, or still in an older generation. Those did not answer, and their nodes fail
   (``unanswered``). When every rank reached is itself waiting (the waits form a cycle: ranks
-  waiting on each other's different operations, a bug rather than a fault) nobody can be blamed
-  and the run stops, saying which wait timed out.
+  waiting on each other's different operations, or a node cut off from the others' data plane:
+  every rank then waits on another) no rank can be blamed from the waits alone; the controller
+  then asks the data plane itself (``Membership.unreachable``) and stops the run, saying which wait
+  timed out, only when that blames nobody either;
+- a worker of the current generation that has left it and waits for the next one
+  (``Beat.awaiting``) for longer than ``cluster.collective_timeout_s``, although the controller
+  never ended the generation, is *stranded* (``stranded``): the controller ends the generation and
+  publishes the next one on the same plan.
 
 Pure functions over parsed beats, so the rules are tested without processes
 (``tests/elastic/test_watchdog.py``).
@@ -25,8 +31,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from oobleck.runtime import keys
-
 
 @dataclass(frozen=True)
 class Beat:
@@ -38,27 +42,24 @@ class Beat:
     wait: str | None  # what its main thread waits on; None while it computes
     peers: tuple[int, ...] | None  # the ranks it waits on; None: every rank of the generation
     waited_s: float  # how long it has waited so far
+    awaiting: int | None = None  # the generation it waits for, having left its own (None: it has not)
 
 
-def parse_beat(secret: str, value: bytes) -> Beat | None:
-    """The beat a heartbeat value holds; None unless the worker signed it and it is well formed."""
-    text = keys.verified(secret, value)
-    if text is None:
-        return None
-    try:
-        data: Any = json.loads(text)
-        peers = data["peers"]
-        beat = Beat(
-            count=int(data["count"]),
-            generation=int(data["generation"]),
-            rank=int(data["rank"]),
-            wait=None if data["wait"] is None else str(data["wait"]),
-            peers=None if peers is None else tuple(int(p) for p in peers),
-            waited_s=float(data["waited_s"]),
-        )
-    except (ValueError, TypeError, KeyError):
-        return None
-    return beat
+def parse_beat(value: bytes | str) -> Beat:
+    """The beat a heartbeat value holds (``ValueError``, ``TypeError`` or ``KeyError`` when it is
+    not one: the value is then dropped where it is read)."""
+    data: Any = json.loads(value)
+    peers = data["peers"]
+    awaiting = data.get("awaiting")
+    return Beat(
+        count=int(data["count"]),
+        generation=int(data["generation"]),
+        rank=int(data["rank"]),
+        wait=None if data["wait"] is None else str(data["wait"]),
+        peers=None if peers is None else tuple(int(p) for p in peers),
+        waited_s=float(data["waited_s"]),
+        awaiting=None if awaiting is None else int(awaiting),
+    )
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,11 @@ def unanswered(beats: Mapping[int, Beat | None], generation: int, timeout_s: flo
     waiting = {
         rank: beat
         for rank, beat in beats.items()
-        if beat is not None and beat.generation == generation and beat.rank == rank and beat.wait is not None
+        if beat is not None
+        and beat.generation == generation
+        and beat.rank == rank
+        and beat.wait is not None
+        and beat.awaiting is None
     }
     stuck = [rank for rank, beat in waiting.items() if beat.waited_s > timeout_s]
     if not stuck:
@@ -100,6 +105,22 @@ def unanswered(beats: Mapping[int, Beat | None], generation: int, timeout_s: flo
                 culprits.add(peer)
     beat = waiting[first]
     return Verdict(first, beat.wait or "", beat.waited_s, tuple(sorted(culprits)))
+
+
+def stranded(beats: Mapping[int, Beat | None], generation: int, timeout_s: float) -> tuple[int, ...]:
+    """The ranks of ``generation`` that left it and have waited longer than ``timeout_s`` for the
+    next one (``beats`` as for ``unanswered``); the caller knows it never ended ``generation``."""
+    return tuple(
+        sorted(
+            rank
+            for rank, beat in beats.items()
+            if beat is not None
+            and beat.generation == generation
+            and beat.rank == rank
+            and beat.awaiting is not None
+            and beat.waited_s > timeout_s
+        )
+    )
 
 
 class WorkerBeats:

@@ -9,7 +9,8 @@ failures land where the schedule asks. Time events are due when the run has been
 ``time_s`` seconds, or ``notice_s`` earlier when they come with a preemption notice: a noticed
 removal is due when its notice is (the controller gives the notice then and kills its nodes
 ``notice_s`` later). Count-based victims are drawn from the live nodes with a generator seeded by
-``failures.seed``.
+``failures.seed``. A resumed run passes over the events that were due before its
+checkpoint (``skip_before``): one run, one schedule, across attempts.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Injector:
     events: Sequence[FaultEvent]
     seed: int = 0
     _fired: set[int] = field(default_factory=set)
+    _skipped: set[int] = field(default_factory=set)
     _rng: np.random.Generator = field(init=False)
 
     def __post_init__(self) -> None:
@@ -60,6 +62,11 @@ class Injector:
     def remaining(self) -> int:
         return len(self.events) - len(self._fired)
 
+    @property
+    def skipped(self) -> int:
+        """Events passed over because the run resumed after them (``skip_before``)."""
+        return len(self._skipped)
+
     def _victims(self, event: FaultEvent, live: Sequence[int]) -> tuple[int, ...]:
         if event.nodes is not None:
             return tuple(n for n in event.nodes if n in live)
@@ -67,6 +74,18 @@ class Injector:
         count = min(int(event.count or 0), len(pool))
         picked = self._rng.choice(len(pool), size=count, replace=False) if count else []
         return tuple(sorted(pool[int(i)] for i in picked))
+
+    def skip_before(self, step: int, time_s: float) -> int:
+        """A resumed run: the events of steps before ``step``, or of times before ``time_s`` seconds of
+        training, happened before its checkpoint; they never fire again. Returns how many."""
+        passed = {
+            index
+            for index, event in enumerate(self.events)
+            if (event.step is not None and event.step < step) or (event.time_s is not None and event.time_s < time_s)
+        }
+        self._skipped |= passed - self._fired
+        self._fired |= passed
+        return len(passed)
 
     def due(self, next_step: int, elapsed_s: float, live: Sequence[int]) -> list[Action]:
         """Actions to take now, given the step in flight and the training time so far."""

@@ -110,6 +110,12 @@ def check_failures(failures: Any) -> None:
     _check_notice("failures.notice_s", failures.notice_s)
     if failures.kind == "trace" and not failures.trace:
         raise ConfigError("failures.kind=trace needs failures.trace=<file or shipped name, e.g. synthetic/10m>")
+    # A trace given without failures=trace would be silently ignored (and the default schedule run).
+    if failures.kind != "trace" and failures.trace:
+        raise ConfigError(
+            f"failures.trace={failures.trace} is read only by failures=trace, but failures.kind={failures.kind}; "
+            "choose failures=trace, or drop failures.trace"
+        )
     for index, event in enumerate(failures.events):
         key = f"failures.events[{index}]"
         kind = _event_kind(key, event)

@@ -5,6 +5,11 @@ worker's node (DESIGN section 7). Rows are appended to the CSV files as they arr
 still leaves what it had), wandb gets the same rows (offline by default; the layout, names and
 artifacts are ``oobleck.metrics.wandb_run``'s), and a tqdm bar shows step, loss and samples/s
 while the run goes on.
+
+A resumed run (``resume=True``, the same run dir) is the same run: its rows are appended to the
+earlier attempts' (``earlier_metrics``, ``earlier_events``), its time axis (``time_s``, in the
+CSVs and on wandb) continues from the last time they recorded instead of starting at zero, and
+its wandb run is the same one.
 """
 
 from __future__ import annotations
@@ -22,8 +27,19 @@ from tqdm import tqdm
 
 from oobleck.metrics.wandb_run import WandbRun, config_yaml, failures_label, run_dir_files, run_identity, sweep_job
 
-STEP_COLUMNS = ("step", "time_s", "samples", "samples_per_s", "loss", "generation", "pipelines", "attempts", "strategy")
-EVENT_COLUMNS = ("time_s", "kind", "generation", "step")
+STEP_COLUMNS = (
+    "step",
+    "time_s",
+    "samples",
+    "samples_per_s",
+    "loss",
+    "generation",
+    "pipelines",
+    "attempts",
+    "strategy",
+    "attempt",
+)
+EVENT_COLUMNS = ("time_s", "kind", "generation", "step", "attempt")
 # History prefixes and their x-axes: per-step values against the step, events against wall time.
 WANDB_AXES = {"train/": "step", "event/": "time_s"}
 # Run-dir files saved as the run's artifact (with .hydra/ and the resolved config.yaml).
@@ -123,6 +139,10 @@ class RunRecorder:
         self.started = time.monotonic()
         self.metrics = CsvTable(self.run_dir / metrics_name, STEP_COLUMNS, keep=resume)
         self.events = CsvTable(self.run_dir / events_name, EVENT_COLUMNS, keep=resume)
+        self.earlier_metrics = list(self.metrics.rows)  # the earlier attempts' rows (a resume)
+        self.earlier_events = list(self.events.rows)
+        # The time axis continues from the earlier attempts' last time (0 for a fresh run).
+        self.time_offset = max((_number(r.get("time_s")) for r in [*self.metrics.rows, *self.events.rows]), default=0.0)
         self._samples_total = sum(_number(row.get("samples")) for row in self.metrics.rows)
         enabled = wandb is not None and str(wandb.mode) != "disabled"
         self._wandb = self._start_wandb(wandb) if enabled else None
@@ -151,7 +171,8 @@ class RunRecorder:
         return WandbRun(settings, identity, {**config, **labels}, self.run_dir, axes=WANDB_AXES, time_key="time_s")
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.started
+        """Seconds on the run's time axis: since this attempt started, after the earlier attempts'."""
+        return self.time_offset + time.monotonic() - self.started
 
     def write_json(self, name: str, data: Mapping[str, Any]) -> Path:
         path = self.run_dir / name
@@ -191,6 +212,10 @@ class RunRecorder:
         self._bar.close()
         summary.setdefault("strategy", self.strategy)
         summary.setdefault("wall_time_s", round(self.elapsed(), 3))
+        if summary.get("attempts"):  # this attempt's time boundaries (the earlier ones' are in their rows)
+            summary["attempts"][-1].update(
+                started_time_s=round(self.time_offset, 4), ended_time_s=round(self.elapsed(), 4)
+            )
         summary.setdefault("run_dir", str(self.run_dir))
         self.write_json("summary.json", summary)
         print(format_table(printed_summary(summary)), flush=True)

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,7 @@ from oobleck.errors import RunError
 from oobleck.runtime import keys
 from oobleck.runtime.backend import Backend
 from oobleck.runtime.liveness import Liveness
+from oobleck.runtime.sealed_store import SealedStore
 
 # Polling a device-side op (see ``Waiter.poll``): the first re-check comes quickly (a collective
 # of a small tensor finishes in tens of microseconds on a GPU), then the pause doubles up to a
@@ -62,8 +63,13 @@ class GroupSpec:
 
 
 def make_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
-    """A client connection to the controller's TCPStore."""
+    """A plain client connection to a TCPStore."""
     return dist.TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+
+
+def connect(host: str, port: int, timeout_s: float, space: keys.KeySpace) -> SealedStore:
+    """A client connection to the controller's TCPStore, in the run's key space."""
+    return SealedStore(make_store(host, port, timeout_s), space)
 
 
 # The abort watch's store wait is cut into slices only because a TCPStore wait needs a timeout;
@@ -80,8 +86,8 @@ class AbortWatch:
     can commit any more) ends the watch the same way.
     """
 
-    def __init__(self, host: str, port: int, timeout_s: float) -> None:
-        self._store = make_store(host, port, timeout_s)
+    def __init__(self, host: str, port: int, timeout_s: float, space: keys.KeySpace) -> None:
+        self._store = connect(host, port, timeout_s, space)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._pending: set[threading.Event] = set()
@@ -102,6 +108,7 @@ class AbortWatch:
         self._thread.start()
 
     def _run(self, generation: int, flag: threading.Event) -> None:
+        # Only the controller can name this key (keys.KeySpace), so its existence is the abort.
         key = keys.abort(generation)
         while True:
             try:
@@ -278,7 +285,7 @@ class Waiter:
             except Exception as error:
                 self.await_abort(what, error)
 
-    def await_abort(self, what: str, error: BaseException) -> None:
+    def await_abort(self, what: str, error: BaseException) -> NoReturn:
         """A peer vanished or did not answer: the controller turns that into a failure (from the
         agent's report, a stopped heartbeat, or this wait's age in our heartbeat), so the abort
         must follow shortly; raises ``Aborted`` when it does, ``RunError`` if it does not."""
@@ -318,6 +325,7 @@ class Communicator:
         port: int,
         timeout_s: float,
         waiter: Waiter,
+        space: keys.KeySpace,
     ) -> None:
         self.generation = generation
         self.rank = rank
@@ -327,6 +335,9 @@ class Communicator:
         self._specs = [s for s in sorted(specs, key=lambda s: s.name) if rank in s.ranks]
         self._host, self._port = host, port
         self._timeout_s = timeout_s
+        # Torch's rendezvous keys of this generation's groups live under a prefix only the run can
+        # name, so no other client can pre-empt them.
+        self._prefix = space.name(keys.prefix(generation))
         self._store: Any = None
         self.inflight: list[tuple[str, Any]] = []  # (group name, issued work), pruned as they complete
 
@@ -342,7 +353,7 @@ class Communicator:
         # it until the timeout, and must not hold the connection the main thread uses.
         store = make_store(self._host, self._port, self._timeout_s)
         self._store = store
-        base = dist.PrefixStore(keys.prefix(self.generation), store)
+        base = dist.PrefixStore(self._prefix, store)
         built: dict[str, tuple[Any, tuple[int, ...]]] = {}
         for spec in self._specs:
             if self.waiter.watch.aborted.is_set():

@@ -8,9 +8,9 @@ from a process that already imported torch (``cluster.fork_workers``, local clus
 registers it in the store (``keys.worker_registered``: the controller counts the node up), runs
 it, and on an exception writes the traceback to ``keys.worker_error`` (the controller stops the
 run and prints it) and returns 1. ``exit_now`` ends the process without interpreter teardown.
-``parse_strike`` reads a fault armed for the worker's node (``keys.strike``, signed by the
-controller) and ``carry_out_strike`` fires it at the point of the step it names; ``stop_requested``
-is the controller's signed ``keys.STOP``.
+``parse_strike`` reads a fault armed for the worker's node (``keys.strike``, which only the
+controller can write: ``keys.KeySpace``) and ``carry_out_strike`` fires it at the point of the step
+it names; ``stop_requested`` is the controller's ``keys.STOP``.
 """
 
 from __future__ import annotations
@@ -36,27 +36,31 @@ class InjectedFault(Exception):
 STRIKE_KINDS = tuple(kind.value for kind in FaultKind if kind is not FaultKind.JOIN)  # what a node strikes itself with
 
 
-def parse_strike(secret: str, value: bytes) -> dict[str, Any] | None:
-    """The armed fault a ``strike/<node>`` value holds, if the controller signed it (anything
-    else, e.g. a foreign write, is ignored: it must not take the node down)."""
-    text = keys.verified(secret, value)
-    try:
-        strike = json.loads(text) if text is not None else None
-    except ValueError:
-        strike = None
+def parse_strike(value: bytes) -> dict[str, Any]:
+    """The armed fault a ``strike/<node>`` value holds ({step, phase, kind}, and the generation of a
+    ``reconfigure`` strike); ``ValueError`` for anything else (dropped where it is read)."""
+    strike = json.loads(value)
     if (
         not isinstance(strike, dict)
         or strike.get("kind") not in STRIKE_KINDS
         or not isinstance(strike.get("phase"), str)
+        or not isinstance(strike.get("step"), int)
+        or not isinstance(strike.get("generation", 0), int)
     ):
-        return None
+        raise ValueError(f"not a strike: {value[:80]!r}")
     return strike
 
 
-def stop_requested(store: Any, secret: str) -> bool:
-    """Whether the controller stopped the run: only its own (signed) ``stop`` counts, a foreign
-    write of the key ends nothing."""
-    return store.check([keys.STOP]) and keys.verified(secret, store.get(keys.STOP)) is not None
+def read_strike(store: Any, node: int) -> dict[str, Any] | None:
+    """The fault armed for ``node`` (None: none, or a value the run did not write, dropped)."""
+    strike = store.read(keys.strike(node), parse_strike)
+    return strike if isinstance(strike, dict) else None
+
+
+def stop_requested(store: Any) -> bool:
+    """Whether the controller stopped the run: only its own ``stop`` counts (``keys.KeySpace``); a
+    foreign write of the key ends nothing."""
+    return store.read(keys.STOP) is not None
 
 
 def carry_out_strike(strike: dict[str, Any], store: Any, node: int, where: str) -> None:
@@ -102,16 +106,16 @@ def run_worker(
     *,
     quiet: tuple[type[BaseException], ...] = (),
 ) -> int:
-    """Build (``build(args)``: an object with ``store`` and ``run()``, optionally ``close()``),
-    register and run a worker; 0 when it returns or raises one of ``quiet``, 1 on an error."""
+    """Build (``build(args)``: an object with ``store`` (a ``SealedStore``) and ``run()``, optionally
+    ``close()`` and ``registration``, a dict added to its registration record), register and run a
+    worker; 0 when it returns or raises one of ``quiet``, 1 on an error."""
     args = parse_worker_args(prog, description, argv)
     store = worker = None
     try:
         worker = build(args)
         store = worker.store
-        store.set(
-            keys.worker_registered(args.node, args.local_rank, args.incarnation), json.dumps({"pid": os.getpid()})
-        )
+        record = {"pid": os.getpid(), **getattr(worker, "registration", {})}
+        store.set(keys.worker_registered(args.node, args.local_rank, args.incarnation), json.dumps(record))
         worker.run()
         return 0
     except quiet:
@@ -120,9 +124,9 @@ def run_worker(
         text = traceback.format_exc()
         try:
             if store is None:
-                from oobleck.runtime.comm import make_store
+                from oobleck.runtime.comm import connect
 
-                store = make_store(args.host, args.port, 10.0)
+                store = connect(args.host, args.port, 10.0, keys.KeySpace.from_environment())
             store.set(keys.worker_error(args.node, args.local_rank, args.incarnation), text)
         except Exception:
             pass

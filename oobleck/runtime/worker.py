@@ -40,16 +40,18 @@ from oobleck.config import from_container
 from oobleck.data import GlobalBatchSampler, build_dataset
 from oobleck.errors import RunError
 from oobleck.faults.kinds import Phase
+from oobleck.launcher import launcher_class
 from oobleck.layer_state import LayerState, layer_checksum, layer_state, learning_rate
 from oobleck.models.spec import model_spec
 from oobleck.runtime import keys
 from oobleck.runtime.backend import open_backend
 from oobleck.runtime.checkpointing import CheckpointWriter, restore_layers
-from oobleck.runtime.comm import Aborted, AbortWatch, Communicator, Reaper, Waiter, make_store
-from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, parse_strike, run_worker, stop_requested
+from oobleck.runtime.comm import Aborted, AbortWatch, Communicator, Reaper, Waiter, connect
+from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, read_strike, run_worker, stop_requested
 from oobleck.runtime.executor import StepContext, clip_and_step, global_grad_norm, run_schedule, sync_gradients
-from oobleck.runtime.liveness import Liveness
+from oobleck.runtime.liveness import DataPlaneProbe, Liveness
 from oobleck.runtime.plan_document import PlanDocument
+from oobleck.runtime.sealed_store import ForeignValue
 from oobleck.runtime.topology import Topology, build_topology, group_specs
 from oobleck.runtime.transfer import PreparedLayers, incoming_layers, probe_links, transfer_state
 
@@ -102,23 +104,24 @@ class Worker:
         self.node, self.local_rank = node, local_rank
         self.incarnation = incarnation
         self.worker = (node, local_rank)
-        self.store = make_store(host, port, 60.0)
+        self.space = keys.KeySpace.from_environment()  # the run's secret, handed down by the agent
+        self.store = connect(host, port, 60.0, self.space)
         self.cfg = from_container(json.loads(self.store.get(keys.CONFIG)))
         cluster, job = self.cfg.cluster, self.cfg.job
-        self.secret = os.environ.get(keys.SECRET_ENV, "")  # handed down by the agent
         self.liveness = Liveness(
-            make_store(host, port, 60.0),
+            connect(host, port, 60.0, self.space),
             keys.heartbeat(node, local_rank, incarnation),
-            self.secret,
             float(cluster.heartbeat_interval_s),
         )
         if cluster.torch_threads > 0:
             torch.set_num_threads(int(cluster.torch_threads))
         self.backend = open_backend(cluster, node, local_rank)
+        self.data_plane = DataPlaneProbe(launcher_class(cluster).worker_address(cluster, node))
+        self.registration = {"data_address": self.data_plane.address}  # see oobleck.runtime.entry.run_worker
         self.device = self.backend.device
         self.timeout_s = float(cluster.collective_timeout_s)
         self.wait_s = float(cluster.startup_timeout_s)
-        self.watch = AbortWatch(host, port, self.timeout_s)
+        self.watch = AbortWatch(host, port, self.timeout_s, self.space)
         self.reaper = Reaper(self.timeout_s + float(self.cfg.runtime.reap_margin_s))
         self.waiter = Waiter(
             self.watch, self.timeout_s, float(cluster.heartbeat_timeout_s) + 5.0, self.backend, self.liveness
@@ -132,7 +135,7 @@ class Worker:
         self.strike: dict[str, Any] | None = None
         self.phase_seconds: dict[str, float] = {}  # where this worker's step time went
         self.bucket_bytes = int(float(self.cfg.runtime.bucket_mb) * (1 << 20))
-        self.checkpointer = CheckpointWriter(host, port, self.worker, self.cfg.checkpoint)
+        self.checkpointer = CheckpointWriter(host, port, self.worker, self.cfg.checkpoint, self.space)
 
     # ------------------------------------------------------------------ generations
     def _wait_key(self, key: str, timeout_s: float, what: str) -> None:
@@ -161,7 +164,7 @@ class Worker:
             self.store.set_timeout(default)
 
     def _stopped(self) -> bool:
-        return stop_requested(self.store, self.secret)
+        return stop_requested(self.store)
 
     def next_generation(self, after: int | None) -> int | None:
         """The newest generation after ``after`` (None: at start-up); None when the run stops."""
@@ -173,20 +176,24 @@ class Worker:
             if not self.store.check([keys.abort(after)]):
                 return None if self._stopped() else after
         # A worker may sit out generations (a plan that does not use it): wait as long as the
-        # run lives, in bounded slices so a vanished controller still ends the wait.
-        while True:
-            try:
-                self.store.wait([keys.abort(after)], timedelta(seconds=self.wait_s))
-                break
-            except Exception:
-                if self._stopped():
-                    return None
+        # run lives, in bounded slices so a vanished controller still ends the wait. A worker of
+        # the generation that left it (an abort it read) says so in its heartbeat: if the
+        # controller never ended that generation, it publishes the next one (Membership.stranded).
+        with self.liveness.awaiting(after + 1):
+            while True:
+                try:
+                    self.store.wait([keys.abort(after)], timedelta(seconds=self.wait_s))
+                    break
+                except Exception:
+                    if self._stopped():
+                        return None
+            if self._stopped():
+                return None
+            self._wait_key(keys.plan(after + 1), self.wait_s, f"the plan of generation {after + 1}")
         if self._stopped():
             return None
-        self._wait_key(keys.plan(after + 1), self.wait_s, f"the plan of generation {after + 1}")
-        if self._stopped():
-            return None
-        return int(self.store.get(keys.GEN))
+        newest = self.store.read(keys.GEN, keys.parse_step)
+        return newest if isinstance(newest, int) and newest > after else after + 1
 
     def run(self) -> None:
         generation = self.next_generation(None)
@@ -208,6 +215,7 @@ class Worker:
                 port=self.port,
                 timeout_s=self.timeout_s,
                 waiter=self.waiter,
+                space=self.space,
             )
             try:
                 self.establish(generation, document, topology, comm)
@@ -269,8 +277,14 @@ class Worker:
         count = self.store.add(keys.ready_count(generation), 1)
         if count == len(topology.world):
             self.store.compare_set(keys.established(generation), "", keys.YES)
-        self._wait_world(keys.established(generation), f"generation {generation} to be established")
-        if self.store.get(keys.established(generation)).decode() != keys.YES:
+        what = f"generation {generation} to be established"
+        self._wait_world(keys.established(generation), what)
+        try:
+            established = self.store.get(keys.established(generation)).decode()
+        except ForeignValue as error:  # never acted on: the controller ends the generation
+            with self.liveness.waiting(what):
+                self.waiter.await_abort(what, error)
+        if established != keys.YES:
             raise Aborted()
         # Every held layer, and every layer this rank copied out (so a copy is compared with its
         # source even when the source drops it now): the controller requires them all to agree.
@@ -321,9 +335,7 @@ class Worker:
     def _read_strike(self) -> None:
         if self.local_rank != 0:
             return
-        key = keys.strike(self.node)
-        if self.store.check([key]):
-            self.strike = parse_strike(self.secret, self.store.get(key))
+        self.strike = read_strike(self.store, self.node)
 
     def _fire_strike(self, phase: Phase | str, step: int | None, generation: int) -> None:
         strike = self.strike
@@ -382,12 +394,7 @@ class Worker:
                 self.store.set(keys.work(generation, step, topology.rank), json.dumps(ctx.work))
             # The last rank to vote decides; compare_set hands it the decision that stands (the
             # controller's abort may have come first), and the others read it: two round trips.
-            decision_key = keys.decision(generation, step)
-            if self.store.add(keys.commit_count(generation, step), 1) == world:
-                proposal = keys.commit_decision(self._checkpoint_after(step + 1, every_steps), time.perf_counter() - t0)
-                decision = self.store.compare_set(decision_key, "", proposal).decode()
-            else:
-                decision = self._get_world(decision_key, f"the commit decision of step {step}").decode()
+            decision = self._decide(generation, step, world, every_steps, time.perf_counter() - t0)
             if not keys.is_commit(decision):
                 raise Aborted()
             t3 = time.perf_counter()
@@ -411,14 +418,33 @@ class Worker:
         self.store.set(keys.phase_times(self.node, self.local_rank), json.dumps(times))
         return True
 
+    def _decide(self, generation: int, step: int, world: int, every_steps: int, step_s: float) -> str:
+        """The commit decision of ``step``: the last rank to vote proposes it (``compare_set`` hands
+        it the decision that stands: the controller's abort may have come first), the others read
+        it. A decision the run did not write, or cannot parse, is never acted on: this rank waits
+        for the controller, which aborts the generation and has the step redone."""
+        what = f"the commit decision of step {step}"
+        key = keys.decision(generation, step)
+        try:
+            if self.store.add(keys.commit_count(generation, step), 1) == world:
+                proposal = keys.commit_decision(self._checkpoint_after(step + 1, every_steps), step_s)
+                decision = self.store.compare_set(key, "", proposal).decode()
+            else:
+                decision = self._get_world(key, what).decode()
+            keys.parse_decision(decision)
+        except (ForeignValue, ValueError) as error:
+            with self.liveness.waiting(what):
+                self.waiter.await_abort(what, error)
+        return decision
+
     def _checkpoint_after(self, boundary: int, every_steps: int) -> bool:
         """Whether the commit this rank decides for the step ending at ``boundary`` committed steps
-        has a checkpoint after it: every ``every_steps``, or when the controller asked for one."""
+        has a checkpoint after it: every ``every_steps``, or when the controller asked for one (a
+        request the run did not write, or not a step, is dropped)."""
         if every_steps > 0 and boundary % every_steps == 0:
             return True
-        if self.store.check([keys.CHECKPOINT_REQUEST]) and boundary >= int(
-            self.store.get(keys.CHECKPOINT_REQUEST).decode()
-        ):
+        requested = self.store.read(keys.CHECKPOINT_REQUEST, keys.parse_step)
+        if isinstance(requested, int) and boundary >= requested:
             self.store.delete_key(keys.CHECKPOINT_REQUEST)
             return True
         return False

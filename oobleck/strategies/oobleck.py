@@ -106,29 +106,39 @@ class Oobleck(Strategy):
                 reason=f"in-place recovery is impossible after step {state.step - 1} ({why}) and there is no "
                 "checkpoint to fall back on; set checkpoint.every_steps=<k> to make runs restartable",
             )
-        return self.restart(
-            state, f"in-place recovery impossible ({why}): restart from the checkpoint of step {state.checkpoint_step}"
-        )
+        why = f"in-place recovery impossible ({why}): restart from the checkpoint of step {state.checkpoint_step}"
+        plan = self._plan_on_survivors(state.alive, why, "restart from its checkpoint")
+        if isinstance(plan, Decision):
+            return plan
+        standby = [n for n in state.alive if n not in plan.nodes]
+        return Decision(Kind.RESTART, plan_layout(plan, standby), rollback_to_step=state.checkpoint_step, reason=why)
 
     def _start_over(self, alive: Sequence[int], why: str) -> Decision:
         """Nothing has committed: every layer is still its seeded initial state, which each worker
-        builds itself, so a fresh plan on the survivors loses nothing. Like a reconfiguration it
-        keeps as many of the f+1 pipelines as the survivors can host."""
+        builds itself, so a fresh plan on the survivors loses nothing."""
+        plan = self._plan_on_survivors(alive, why, "start over before the first commit")
+        if isinstance(plan, Decision):
+            return plan
+        standby = [n for n in alive if n not in plan.nodes]
+        return Decision(
+            Kind.RECONFIGURE, plan_layout(plan, standby), reason=f"starting over before the first commit: {why}"
+        )
+
+    def _plan_on_survivors(self, alive: Sequence[int], why: str, what: str) -> ExecutionPlan | Decision:
+        """A fresh plan on the survivors that, like an in-place reconfiguration, keeps as many of the
+        f+1 pipelines as they can host (f is lowered, never insisted on); ``STOP`` when they cannot
+        hold one pipeline."""
         n0 = self.context.templates().min_nodes
         most = len(alive) // n0 - 1  # the largest f the survivors allow
         if most < 0:
             return Decision(
                 Kind.STOP,
-                reason=f"{why}; nor can the run start over before the first commit: the {len(alive)} surviving node(s) "
+                reason=f"{why}; nor can the run {what}: the {len(alive)} surviving node(s) "
                 f"{list(alive)} cannot hold one pipeline (n0={n0} nodes)",
             )
         try:
-            plan = self._instantiate(alive, min(self.context.fault_tolerance, most))
+            return self._instantiate(alive, min(self.context.fault_tolerance, most))
         except PlanningError as error:
             return Decision(
-                Kind.STOP, reason=f"{why}; nor can the run start over on the surviving nodes {list(alive)}: {error}"
+                Kind.STOP, reason=f"{why}; nor can the run {what} on the surviving nodes {list(alive)}: {error}"
             )
-        standby = [n for n in alive if n not in plan.nodes]
-        return Decision(
-            Kind.RECONFIGURE, plan_layout(plan, standby), reason=f"starting over before the first commit: {why}"
-        )

@@ -131,10 +131,13 @@ def test_the_union_of_both_runs_is_exact(resumed):
         for name, value in state.items()
     )
     assert worst <= 1e-5
+    # summary.json covers the whole run: both attempts, the killed one's end said as such.
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["first_step"] == int(
-        pd.read_csv(run_dir / "events.csv").query("kind == 'resume'")["resume_step"].iloc[-1]
-    )
+    resume_step = int(pd.read_csv(run_dir / "events.csv").query("kind == 'resume'")["resume_step"].iloc[-1])
+    assert summary["first_step"] == 0 and summary["steps"] == STEPS
+    first, second = summary["attempts"]
+    assert first["first_step"] == 0 and first["ended"] == "ended without a stop event (killed?)"
+    assert second["resume_step"] == second["first_step"] == resume_step and second["ended"] == "finished"
 
 
 def test_resuming_a_different_setup_is_one_clear_message(resumed):

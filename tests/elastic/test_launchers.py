@@ -86,5 +86,9 @@ def test_cuda_is_refused_where_the_launcher_runs_the_controller(make_config):
 
 def test_a_slurm_launcher_outside_an_allocation_is_one_clear_error(make_config):
     cluster = make_config("cluster=slurm").cluster
-    with pytest.raises(RunError, match="cluster.kind=slurm must run inside a Slurm allocation"):
+    with pytest.raises(RunError, match="cluster=slurm must run inside a Slurm allocation") as error:
         SlurmLauncher(cluster, "127.0.0.1:1", "run", job_environ={})
+    assert "sbatch slurm/run.sbatch" in str(error.value) and "cluster=local" in str(error.value)
+    assert "cluster.kind" not in str(error.value)  # cluster=<name> is the override that chooses it
+    with pytest.raises(RunError, match="inside a Slurm allocation"):
+        SlurmLauncher.check_environment(cluster, {})

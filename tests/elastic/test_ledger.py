@@ -13,7 +13,10 @@ from oobleck.elastic import controller as controller_module
 from oobleck.elastic.job import launch
 from oobleck.elastic.ledger import DecisionWatch
 from oobleck.runtime import keys
+from oobleck.runtime.sealed_store import SealedStore
 from testing import tiny_config
+
+SPACE = keys.KeySpace("run-secret")
 
 
 def test_a_commit_decision_carries_its_kind_and_step_time():
@@ -24,16 +27,23 @@ def test_a_commit_decision_carries_its_kind_and_step_time():
     assert keys.decision_kind(keys.ABORT) == keys.ABORT and keys.decision_step_time(keys.ABORT) is None
 
 
+@pytest.mark.parametrize("value", ["commit+checkpoint xyz", "commit", "commit -1.0", "commit nan", "abort 1", "", "x"])
+def test_a_malformed_decision_value_is_refused_not_acted_on(value):
+    with pytest.raises(ValueError, match="decision value|could not convert"):
+        keys.parse_decision(value)
+
+
 @pytest.fixture
 def store():
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
-    yield server
+    yield SealedStore(server, SPACE)
 
 
-def client(server) -> dist.TCPStore:
-    return dist.TCPStore(
+def client(server) -> SealedStore:
+    raw = dist.TCPStore(
         "127.0.0.1", server.port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=30)
     )
+    return SealedStore(raw, SPACE)
 
 
 def test_the_decision_watch_wakes_once_per_followed_key_and_closes(store):

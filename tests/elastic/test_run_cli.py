@@ -99,7 +99,12 @@ def test_worker_exception_stops_with_its_traceback(tmp_path):
     assert fired, result.stderr[-3000:]
     assert strays == []
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert 2 <= summary["steps"] == int(fired.group(1)) < 6 and "stopped" in summary
+    assert 2 <= summary["steps"] == int(fired.group(1)) < 6
+    # The cause stays on the line summary.json keeps; the node is alive, so no node failed.
+    assert summary["stopped"].startswith(
+        "worker (node 1, local rank 0) raised an exception: oobleck.runtime.entry.InjectedFault: injected"
+    )
+    assert ",failure," not in (tmp_path / "events.csv").read_text()
 
 
 def test_a_strategy_that_cannot_run_stops_before_any_process_starts(tmp_path):

@@ -6,7 +6,7 @@ settled (no failure or join in flight, ``GAP`` steps committed in the current ge
 ``MIN_ALIVE`` nodes left after the fault) and hits one node of the plan, never two at once, with
 the next fault of a seeded shuffle that holds every kind: SIGKILL of one worker, of the agent alone,
 of the whole node; SIGSTOP of one worker or of the agent alone (only heartbeats reveal those); or
-a strike armed through the store (signed with the run's secret, as the injector does) that kills
+a strike armed through the store (in the run's key space, as the injector arms it) that kills
 or freezes the node at a phase of the next step: forward, backward, gradient all-reduce,
 or optimizer. (A second failure while a recovery forms is tested on chosen nodes in
 ``tests/faults/test_recovery.py``: at random, with f=1, it may take a layer's last replica.) Node 0 is
@@ -132,7 +132,7 @@ class Chaos:
             self.error = error
 
     def _run(self) -> None:
-        from oobleck.runtime.comm import make_store
+        from oobleck.runtime.comm import connect
 
         # Every kind within the first FAULTS (a seeded shuffle); more only while the generations
         # are short (a join and a failure absorbed together make one generation change).
@@ -143,7 +143,7 @@ class Chaos:
             pass
         self.ports = [c.store.port, self.agent_port()]
         host, _, port = c.store_address.rpartition(":")
-        store = make_store(host, int(port), 30.0)
+        store = connect(host, int(port), 30.0, c.space)  # strikes in the run's key space, as the injector's
         for kind in kinds:
             if len(self.hits) >= FAULTS and c.ledger.generation >= GENERATIONS:
                 break
@@ -151,7 +151,7 @@ class Chaos:
             if victim is None:
                 break
             self.hits.append((kind, victim))
-            self._strike(kind, victim, store, c.secret)
+            self._strike(kind, victim, store)
             self._wait_recovered(victim)
         # End the run as a time limit would: checkpoint the next boundary and stop (its state is
         # then checked against the reference). Also when the loop could not go on: the test then
@@ -193,7 +193,7 @@ class Chaos:
             return self.rng.choice(candidates)
         return None
 
-    def _strike(self, kind: str, victim: int, store, secret: str) -> None:
+    def _strike(self, kind: str, victim: int, store) -> None:
         processes = node_processes(self.controller.run_id).get(victim)
         assert processes and processes["agent"] and processes["workers"], (victim, processes)
         agent, worker = processes["agent"][0], processes["workers"][0]
@@ -204,7 +204,7 @@ class Chaos:
                 "phase": phase,
                 "kind": self.rng.choice(["remove", "freeze"]),
             }
-            store.set(keys.strike(victim), keys.sign(secret, json.dumps(strike)))
+            store.set(keys.strike(victim), json.dumps(strike))
         elif kind == "kill_worker":
             os.kill(worker, signal.SIGKILL)
         elif kind == "kill_agent":

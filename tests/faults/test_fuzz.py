@@ -1,17 +1,25 @@
-"""The control plane under attack (issue 18): hostile agent-port clients and foreign store writes.
+"""The control plane under attack (issues 18, 28): hostile agent-port clients and foreign store writes.
 
-A real 3-node run (f=1) trains while a seeded attacker, which knows the ports but not the run's
-secret, keeps at it: connections to the agent port sending random bytes, over-long and
-deeply nested lines, JSON of every message type with missing or mistyped fields, ``hello`` for
-live nodes with a wrong secret (then closing, which once got the real node killed), a
-``hello`` whose ``pid`` is a string (which once crashed the controller); and writes to the
-store's key space: unsigned or forged ``strike/<node>`` (which once made a node kill itself),
-``stop``, garbage worker heartbeats and strike times, and keys of its own. Both ports listen on
-``cluster.master_addr`` only, so another address of the host (127.0.0.2) gets no answer.
+A real 3-node run (f=1, a checkpoint every 5 steps) trains while a seeded attacker, which knows the
+ports and the protocol but not the run's secret, keeps at it: connections to the agent port
+sending random bytes, over-long and deeply nested lines, JSON of every message type with missing
+or mistyped fields, ``hello`` for live nodes with a wrong secret (then closing, which once got
+the real node killed), a ``hello`` whose ``pid`` is a string (which once crashed the
+controller); and writes to the store. At the protocol's key names (``oobleck.runtime.keys``):
+``compare_set`` of ``abort`` as the commit decision of the next steps before any worker votes
+(which once stopped training with no time limit), ``abort/<g>`` (once a 180 s stall and a stop),
+malformed decisions (``"commit+checkpoint xyz"``, once a controller traceback), malformed shard
+records, ``checkpoint/request = "garbage"`` (once a worker's exception), ``established``, plans,
+``gen``, ``stop``, strikes; none of those names is one the run uses (``keys.KeySpace``). And at the
+run's own key names, listed with ``list_keys`` as any client can: heartbeats, registrations, the
+config, the services, checkpoint shard records and timings, overwritten with values the run did
+not seal. Both ports listen on ``cluster.master_addr`` only, so another address of the host
+(127.0.0.2) gets no answer.
 
-Nothing of that may crash the controller, kill a node, or change what is trained: no failure, no
-recovery, every step committed, equal to single-process training. Each bad client is dropped
-with one log line.
+Nothing of that may crash the controller, kill a node, stall or stop the run, or change what is
+trained: no failure, no recovery, every step committed, equal to single-process training. A
+checkpoint whose shard record was overwritten before the controller read it fails, saying so;
+every overwritten value that is read is dropped with one log line.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import time
 
 import pytest
 
+from oobleck.elastic.agent_port import MAX_DROP_LINES
 from oobleck.elastic.job import launch
 from oobleck.elastic.local import run_processes
 from oobleck.runtime import keys
@@ -77,6 +86,7 @@ class Attacker:
         self.refused_elsewhere: list[int] = []
         self.error: BaseException | None = None
         self.ports: list[int] = []
+        self.overwritten = 0  # the run's own values overwritten
 
     def __call__(self, controller) -> None:
         self.controller = controller
@@ -118,21 +128,50 @@ class Attacker:
                 pass  # dropped mid-way: as it should be
 
     def _writes(self, store, node: int, step: int) -> None:
-        strike = json.dumps({"step": step + 1, "phase": "forward", "action": "remove"})
-        forged = keys.sign("not the run's secret", strike)
+        """Foreign writes: at the protocol's logical key names, and over the run's own keys."""
+        strike = json.dumps({"step": step + 1, "phase": "forward", "kind": "remove"})
+        generation = self.controller.ledger.generation
+        for ahead in range(1, 4):  # decisions of the next steps, before any worker votes
+            store.compare_set(
+                keys.decision(generation, step + ahead), "", self.rng.choice([keys.ABORT, "commit+checkpoint xyz"])
+            )
         for key, value in [
-            (keys.strike(node), self.rng.choice([strike, forged, "{", "\xff"])),
-            (keys.STOP, self.rng.choice(["pwned", keys.sign("guess", "pwned")])),
-            (keys.heartbeat(node, 0, 0), self.rng.choice(["garbage", forged])),
+            (keys.abort(generation), "1"),
+            (keys.abort(generation + 1), "1"),
+            (keys.CHECKPOINT_REQUEST, "garbage"),
+            (keys.checkpoint_shard(step + 1, 0), self.rng.choice(["{", '{"layer": "x"}', "[]"])),
+            (keys.established(generation + 1), keys.YES),
+            (keys.plan(generation + 1), "{}"),
+            (keys.GEN, str(generation + 7)),
+            (keys.strike(node), strike),
+            (keys.STOP, "pwned"),
+            (keys.heartbeat(node, 0, 0), "garbage"),
             (keys.strike_time(node), self.rng.choice(["nan", "-1", "x"])),
             (f"fuzz/{self.rng.randrange(1000)}", "hello"),
         ]:
             store.set(key, value)
+        # The run's own keys, as list_keys shows them: values it did not seal.
+        own = [
+            name
+            for name in store.list_keys()
+            if name.startswith(("hb/", "worker/", "config@", "services@", "checkpoint/"))
+        ]
+        self.overwritten += min(3, len(own))
+        for name in self.rng.sample(own, min(3, len(own))):
+            store.set(name, self.rng.choice(["garbage", "{}", '{"layer": 0, "file": "x", "bytes": 1, "crc32": 2}']))
 
 
 def test_hostile_clients_and_foreign_writes_change_nothing(tmp_path, capfd):
     run_dir = tmp_path / "run"
-    cfg = tiny_config(**{"cluster.nodes": NODES, "job.fault_tolerance": 1, "job.steps": STEPS, "failures.kind": "none"})
+    cfg = tiny_config(
+        **{
+            "cluster.nodes": NODES,
+            "job.fault_tolerance": 1,
+            "job.steps": STEPS,
+            "failures.kind": "none",
+            "checkpoint.every_steps": 5,
+        }
+    )
     attacker = Attacker()
     outcome, _ = launch(cfg, run_dir, on_start=attacker)
     attacker.thread.join(timeout=30)
@@ -142,15 +181,22 @@ def test_hostile_clients_and_foreign_writes_change_nothing(tmp_path, capfd):
     assert outcome.recoveries == [] and outcome.stopped is None
     assert ",failure," not in (run_dir / "events.csv").read_text()
     assert_matches_reference(cfg, outcome, run_dir)
+    # A checkpoint fails only because a shard's record was overwritten before it was read, and says so.
+    assert all("not valid" in f["cause"] for f in outcome.checkpoint_failures), outcome.checkpoint_failures
+    assert outcome.checkpoints, "checkpoints complete while the attack goes on"
     err = capfd.readouterr().err
     assert "Traceback" not in err, err[-3000:]
+    assert attacker.overwritten >= 10, attacker.overwritten
+    dropped = attacker.controller.membership.port.dropped
     # Once the run's objects are gone, neither port listens (the store's server lives with its object).
     run_id, attacker.controller = attacker.controller.run_id, None
     gc.collect()
     assert run_processes(run_id) == [] and len(attacker.ports) == 2
     assert [port for port in attacker.ports if "LISTEN" in tcp_states(port)] == []
-    # one line per client dropped before it said a valid hello (every attacking client)
-    assert err.count("oobleck: dropped an agent connection from 127.0.0.1:") >= attacker.rounds - 1, err[-3000:]
+    # every attacking client dropped before it said a valid hello; the first drops logged, one line each
+    assert dropped >= attacker.rounds - 1, (dropped, attacker.rounds)
+    logged = err.count("oobleck: dropped an agent connection from 127.0.0.1:")
+    assert logged == min(dropped, MAX_DROP_LINES), err[-3000:]
 
 
 def test_a_line_nested_too_deep_for_json_is_a_protocol_error():

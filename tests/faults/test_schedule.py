@@ -150,3 +150,13 @@ def test_injector_orders_events_and_arms_phases():
     assert [(a.kind, a.count) for a in join] == [(FaultKind.JOIN, 2)]
     raised = injector.due(4, 0.0, [0, 2, 4, 5])  # a raise is always struck by the worker: armed early
     assert [(a.kind, a.armed, a.nodes) for a in raised] == [(FaultKind.RAISE, True, (0,))] and injector.remaining == 0
+
+
+def test_a_trace_without_failures_trace_is_refused():
+    from oobleck.config import compose_config, validate
+
+    with pytest.raises(
+        ConfigError, match=r"failures.trace=synthetic/10m is read only by failures=trace, but failures.kind=explicit"
+    ):
+        validate(compose_config("failures.trace=synthetic/10m"))
+    validate(compose_config("failures=trace", "failures.trace=synthetic/10m"))  # chosen: fine

@@ -19,9 +19,11 @@ from oobleck.planning.outputs import ExecutionPlan, ReconfigurationPlan
 from oobleck.runtime import keys
 from oobleck.runtime.backend import GlooBackend
 from oobleck.runtime.comm import AbortWatch, Communicator, Waiter
+from oobleck.runtime.sealed_store import SealedStore
 from oobleck.runtime.topology import Topology, build_topology, group_specs
 
 TIMEOUT_S = 20.0  # bound on every collective here (seconds; loopback ops take milliseconds)
+SPACE = keys.KeySpace("in-process ranks")  # their run's key space (the controller's abort is set in it)
 
 
 def run_ranks(
@@ -42,7 +44,7 @@ def run_ranks(
         try:
             topology = build_topology(plan, workers[index], tied_layers)
             assert topology is not None
-            watch = AbortWatch("127.0.0.1", store.port, TIMEOUT_S)
+            watch = AbortWatch("127.0.0.1", store.port, TIMEOUT_S, SPACE)
             watch.watch(generation)
             comm = Communicator(
                 generation,
@@ -52,6 +54,7 @@ def run_ranks(
                 port=store.port,
                 timeout_s=TIMEOUT_S,
                 waiter=Waiter(watch, TIMEOUT_S, 5.0, backend),
+                space=SPACE,
             )
             comm.build()
             results[index] = body(topology, comm)
@@ -64,6 +67,6 @@ def run_ranks(
         thread.start()
     for thread in threads:
         thread.join(3 * TIMEOUT_S)
-    store.set(keys.abort(generation), "1")  # ends the watcher threads
+    SealedStore(store, SPACE).set(keys.abort(generation), "1")  # ends the watcher threads
     assert not errors, "\n".join(errors)
     return results

@@ -102,6 +102,7 @@ def test_a_copy_one_bit_off_its_source_stops_the_run():
     from oobleck.elastic.ledger import StepLedger
     from oobleck.errors import RunError
     from oobleck.runtime import keys
+    from oobleck.runtime.sealed_store import SealedStore
     from oobleck.strategy import Layout
 
     cfg = tiny_config()
@@ -114,7 +115,7 @@ def test_a_copy_one_bit_off_its_source_stops_the_run():
     assert layer_checksum(copy) == layer_checksum(source)
     copy.flat.view(-1).view(torch.int32)[12345] ^= 1  # one bit of one element
     for number, received in enumerate((source, copy)):
-        store = dist.HashStore()
+        store = SealedStore(dist.HashStore(), keys.KeySpace("transfer tests"))
         ledger = StepLedger(store, 4, 16, on_step=lambda row: None)
         ledger.publish(number, Layout(plan, 1.0, "2 x 1"), 0)
         store.set(keys.established(number), keys.YES)

@@ -22,6 +22,7 @@ from oobleck.errors import RunError
 from oobleck.runtime import keys
 from oobleck.runtime.backend import GlooBackend, NcclBackend
 from oobleck.runtime.comm import Aborted, AbortWatch, Waiter
+from oobleck.runtime.sealed_store import SealedStore
 
 
 class EnqueuedWork:
@@ -49,9 +50,13 @@ class EnqueuedWork:
         return True
 
 
+SPACE = keys.KeySpace("waiter tests")
+
+
 @pytest.fixture
 def store():
-    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    return SealedStore(server, SPACE)
 
 
 @pytest.fixture
@@ -60,7 +65,7 @@ def make_waiter(store):
     watches: list[AbortWatch] = []
 
     def make(generation: int, timeout_s: float = 10.0, grace_s: float = 5.0, backend=None) -> Waiter:
-        watch = AbortWatch("127.0.0.1", store.port, timeout_s)
+        watch = AbortWatch("127.0.0.1", store.port, timeout_s, SPACE)
         watch.watch(generation)
         watches.append(watch)
         return Waiter(watch, timeout_s, peer_grace_s=grace_s, backend=backend or NcclBackend())
@@ -122,7 +127,7 @@ def test_a_timed_out_op_is_recovered_when_the_controller_aborts(store, make_wait
 def test_a_gloo_work_still_completes_through_its_future(store, make_waiter):
     backend = GlooBackend(dist.ProcessGroupGloo.create_default_device())
     waiter = make_waiter(4, backend=backend)
-    group = backend.new_group(dist.PrefixStore("solo", store), 0, 1, timeout_s=10.0)
+    group = backend.new_group(dist.PrefixStore("solo", store.raw), 0, 1, timeout_s=10.0)
     tensor = torch.full((4,), 3.0)
     waiter.work(group.allreduce([tensor]), "all-reducing")
     assert torch.equal(tensor, torch.full((4,), 3.0))
@@ -133,7 +138,7 @@ def test_an_abort_watch_whose_store_is_gone_ends_as_an_abort():
     server = dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10), use_libuv=True
     )
-    watch = AbortWatch("127.0.0.1", server.port, 10.0)
+    watch = AbortWatch("127.0.0.1", server.port, 10.0, SPACE)
     watch.watch(3)
     assert not watch.aborted.wait(0.3)
     del server
