@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     from oobleck.errors import report_errors
 
     parser = argparse.ArgumentParser(
-        prog="python -m analysis.comparison", description=strategy_table.__doc__.split("\n\n")[0]
+        prog="python -m analysis.comparison", description=(strategy_table.__doc__ or "").split("\n\n")[0]
     )
     parser.add_argument("dirs", nargs="+", help="run dirs of python -m oobleck.run, or multirun/<date> sweep dirs")
     parser.add_argument("--csv", default=None, help="also write the table here")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import seaborn as sns
@@ -30,7 +31,7 @@ from analysis.figures import PALETTE, plt, save
 from analysis.load import RunSet
 
 # Marker styles per event kind: (colour, line style) for instants, colour for spans.
-INSTANTS = {
+INSTANTS: dict[str, tuple[str, Any, str]] = {  # line style: any of matplotlib's
     "fault_injected": ("#c0392b", "-", "failure injected"),
     "join_started": ("#2471a3", "--", "join started"),
     "stop": ("black", ":", "stopped"),
@@ -118,7 +119,7 @@ def throughput_timeline_figure(runs: RunSet, *, align: bool = True) -> plt.Figur
                 elif kind == "checkpoint":
                     seen[CHECKPOINT[1]] = ax.axvline(at, color=CHECKPOINT[0], linestyle=(0, (1, 2)), linewidth=0.9)
         axes[-1, 0].set_xlabel("time since the first step started (s)" if align else "time since launch (s)")
-        handles = []
+        handles: list[Any] = []  # legend entries: lines and patches
         for text in dict.fromkeys([*(v[2] for v in INSTANTS.values()), *(v[1] for v in SPANS.values()), CHECKPOINT[1]]):
             if text not in seen:
                 continue

@@ -392,7 +392,7 @@ def check_known_keys(cfg: DictConfig) -> None:
 
     def walk(node: Any, schema: Any, prefix: str) -> None:
         fields = _field_types(schema)
-        for key in node.keys() if isinstance(node, DictConfig) else ():
+        for key in map(str, node.keys()) if isinstance(node, DictConfig) else ():
             dotted = f"{prefix}{key}"
             if key not in fields:
                 raise ConfigError(unknown_key_message(dotted, fields))
@@ -597,7 +597,7 @@ def _validate_strategy(cfg: Config | DictConfig) -> None:
     config = strategy_config(cfg.strategy)
     if config.checkpoint_every_steps < 0:
         raise ConfigError(f"strategy.checkpoint_every_steps={config.checkpoint_every_steps} must be >= 0")
-    for name, overrides in (cfg.sim.params or {}).items() if "sim" in cfg else ():
+    for name, overrides in (cfg.sim.params or {}).items() if getattr(cfg, "sim", None) is not None else ():
         key = f"sim.params.{name}"
         if name not in strategy_names():
             raise ConfigError(
@@ -614,7 +614,7 @@ def _validate_strategy(cfg: Config | DictConfig) -> None:
     if strategy_class(cfg.strategy).requires_checkpoints and checkpoint_every_steps(cfg, config) <= 0:
         raise ConfigError(
             f"strategy={config.name} restarts from checkpoints, but checkpoints are disabled "
-            f"(checkpoint.every_steps={cfg.checkpoint.every_steps if 'checkpoint' in cfg else None}); "
+            f"(checkpoint.every_steps={getattr(getattr(cfg, 'checkpoint', None), 'every_steps', None)}); "
             "set checkpoint.every_steps=<k> > 0"
         )
 

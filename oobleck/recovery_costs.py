@@ -476,5 +476,6 @@ def fit_step_model(samples: Sequence[tuple[StepShape, float]], cores: int) -> di
             result = least_squares(residuals, x0=[share, share, share, compute_scale], bounds=(0.0, np.inf))
             if best is None or result.cost < best.cost:
                 best = result
+    assert best is not None  # the loop ran at least once
     terms = best.x * np.array([scale, scale, scale, 1.0])
     return dict(zip(STEP_TERMS, (float(t) for t in terms)))

@@ -344,7 +344,7 @@ def setting_keys(cls: type[Strategy], section: str) -> list[str]:
     """The keys strategy class ``cls``'s typed config has at a dotted ``section`` ("" for the top)."""
     schema = OmegaConf.structured(cls.Config)
     node = OmegaConf.select(schema, section) if section else schema
-    return list(node.keys()) if isinstance(node, DictConfig) else []
+    return [str(key) for key in node.keys()] if isinstance(node, DictConfig) else []
 
 
 def strategy_config(

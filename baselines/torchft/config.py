@@ -114,7 +114,7 @@ def detection(config: TorchftConfig, cluster_heartbeat_timeout_s: float) -> Dete
 
 def run_detection(config: TorchftConfig, run_config: Mapping[str, Any]) -> tuple[Detection, float]:
     """``detection`` of a run's resolved config, with the cluster timeout it derives from."""
-    cluster_timeout_s = float((run_config.get("cluster") or {}).get("heartbeat_timeout_s"))
+    cluster_timeout_s = float((run_config.get("cluster") or {})["heartbeat_timeout_s"])
     return detection(config, cluster_timeout_s), cluster_timeout_s
 
 

@@ -73,8 +73,10 @@ def group_store(
     if rank == 0:
         hosted, listener = host_group_store(advertised)
         if size > 1:
+            assert group is not None  # a group of several nodes is named
             store.set(group_store_key(group), f"{advertised}:{hosted.port}")
         return hosted, listener, advertised, hosted.port
+    assert group is not None  # a second node is only in a named group
     host, port = read_group_store(store, group, timeout_s)
     return make_store(host, port, timeout_s), None, host, port
 

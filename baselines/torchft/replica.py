@@ -189,14 +189,14 @@ class PipelineStage:
         self.rank, self.size = group_rank, group_size
         self.reports_steps = group_rank == group_size - 1
         self.timeout = timedelta(seconds=pg_timeout_s)
-        self.pg = dist.ProcessGroupGloo(
+        self.pg: Any = dist.ProcessGroupGloo(
             dist.PrefixStore("torchft/pipeline", group_store), group_rank, group_size, self.timeout
         )
         # The tied weight's two copies (embedding on the first stage, head on the last) are summed
         # over a group of those two stages.
         tied = {i: name for i, name in self.spec.tied_names.items()}
         self.tied_param: nn.Parameter | None = None
-        self.tied_pg = None
+        self.tied_pg: Any = None
         self.skip_in_norm: nn.Parameter | None = None  # the second copy: counted once in the norm
         if tied and group_size > 1:
             first, last = min(tied), max(tied)
@@ -246,17 +246,17 @@ class PipelineStage:
                 (loss * scale).backward()
                 loss_sum += float(loss.detach())
                 if not first:
-                    sends.append(self.pg.send([x.grad.contiguous()], self.rank - 1, tag))
+                    sends.append(self.pg.send([_input_grad(x)], self.rank - 1, tag))
             else:
                 sends.append(self.pg.send([out.detach().contiguous()], self.rank + 1, tag))
                 kept.append((None if first else x, out))
         if not last:
             phase("backward")
-            for tag, (x, out) in enumerate(kept):
+            for tag, (kept_x, out) in enumerate(kept):
                 grad = self._recv(out.shape[0], self.rank + 1, tag, "receiving a gradient")
                 out.backward(grad)
-                if x is not None:
-                    sends.append(self.pg.send([x.grad.contiguous()], self.rank - 1, tag))
+                if kept_x is not None:
+                    sends.append(self.pg.send([_input_grad(kept_x)], self.rank - 1, tag))
         for work in sends:
             self._wait(work, "sending to the next stage")
         return loss_sum
@@ -314,3 +314,9 @@ class PipelineStage:
 
     def close(self) -> None:
         pass
+
+
+def _input_grad(x: torch.Tensor) -> torch.Tensor:
+    """The gradient backward left on a received activation, to send back to the previous stage."""
+    assert x.grad is not None, "backward did not reach the stage's input"
+    return x.grad.contiguous()

@@ -156,6 +156,7 @@ class TorchftWorker:
         if k == 1:
             self.replica = WholeModel(self.cfg, self.manager, lambda: self._phase("allreduce"), self._wait_quorum)
             return True
+        assert group is not None  # a pipelined replica group has its pipeline
         stage = plan.pipelines[group].template.stages[rank]
         peers = {n: int(document["incarnations"].get(str(n), 0)) for n in members if n != self.node}
         self.watch = PeerWatch(

@@ -19,7 +19,7 @@ from oobleck.planning.outputs import Worker
 
 
 def assign_checkpoint_writers(
-    holders: Mapping[int, Iterable[Worker]], layer_bytes: Mapping[int, int]
+    holders: Mapping[int, Iterable[Worker]], layer_bytes: Mapping[int, float]
 ) -> dict[int, Worker]:
     """``{layer: the (node, local rank) that writes it}`` for every layer of ``holders``.
 
@@ -35,8 +35,8 @@ def assign_checkpoint_writers(
         raise PlanningError(
             f"layers {orphans} have no live holder, so no one can checkpoint them; resume from an earlier checkpoint"
         )
-    node_bytes: dict[int, int] = defaultdict(int)
-    worker_bytes: dict[Worker, int] = defaultdict(int)
+    node_bytes: dict[int, float] = defaultdict(float)
+    worker_bytes: dict[Worker, float] = defaultdict(float)
     writers: dict[int, Worker] = {}
     for layer in sorted(candidates, key=lambda layer: (-layer_bytes[layer], layer)):
         writer = min(candidates[layer], key=lambda w: (node_bytes[w[0]], worker_bytes[w], w))

@@ -118,7 +118,7 @@ def verify(step_dir: Path | str, *, checksums: bool = True, threads: int = 1) ->
 
 def find_latest(checkpoint_dir: Path | str, *, checksums: bool = True, threads: int = 1) -> Search:
     """The newest valid checkpoint under ``checkpoint_dir``, trying older ones when newer are invalid."""
-    skipped = []
+    skipped: list[Skipped] = []
     for entry in reversed(list_checkpoints(checkpoint_dir)):
         problems = verify(entry.path, checksums=checksums, threads=threads)
         if not problems:

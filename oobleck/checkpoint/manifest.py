@@ -118,7 +118,7 @@ class Manifest:
             raise CheckpointError(f"the manifest is a {type(data).__name__}, not a JSON object")
         if data.get("format") != FORMAT_VERSION:
             raise CheckpointError(f"manifest format {data.get('format')!r} is not the supported {FORMAT_VERSION}")
-        expected = {
+        expected: dict[str, type | tuple[type, ...]] = {
             "step": int,
             "num_layers": int,
             "created": (int, float),

@@ -375,13 +375,13 @@ class Controller:
     def _check_commits(self) -> None:
         """Record the steps decided since the last look: when the decision watch saw one, or
         every ``COMMIT_POLL_S`` (not every tick: each look is a store round trip)."""
-        ledger, decisions = self.ledger, self.decisions
-        assert ledger is not None and decisions is not None
+        ledger, decisions, membership = self.ledger, self.decisions, self.membership
+        assert ledger is not None and decisions is not None and membership is not None
         now = time.monotonic()
         if decisions.take() or now >= self._next_commit_poll:
             ledger.check_commits()
             self._next_commit_poll = now + COMMIT_POLL_S
-        if ledger.undecidable is not None and not self.membership.pending():
+        if ledger.undecidable is not None and not membership.pending():
             executor = self.executor
             assert executor is not None
             executor.redo(self.steps, f"the commit decision of step {ledger.undecidable} cannot be read")

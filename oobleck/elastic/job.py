@@ -249,7 +249,8 @@ def replan_horizon(cfg: Any, schedule: tuple[FaultEvent, ...], iteration_s: floa
     if not schedule:
         return fixed, "no failure schedule to derive it from: planner.replan_horizon_steps"
     if cfg.failures.kind == "poisson":
-        gap, source = float(cfg.failures.mtbf_s), f"failures.mtbf_s={cfg.failures.mtbf_s}"
+        gap: float | None = float(cfg.failures.mtbf_s)
+        source = f"failures.mtbf_s={cfg.failures.mtbf_s}"
     else:
         times = [e.time_s if e.time_s is not None else (e.step or 0) * iteration_s for e in schedule]
         span = int(cfg.job.steps) * iteration_s if cfg.failures.kind == "explicit" else None
@@ -290,7 +291,8 @@ def save_work_ledger(controller: Controller, path: Path) -> None:
     start, end, lo, hi], ...]}}}}``."""
     from oobleck.runtime import keys
 
-    assert controller.ledger is not None
+    store = controller.store
+    assert controller.ledger is not None and store is not None
     ledger: dict[str, Any] = {}
     for row in controller.outcome.steps:
         step, generation = int(row["step"]), int(row["generation"])
@@ -298,9 +300,9 @@ def save_work_ledger(controller: Controller, path: Path) -> None:
         ranks = {}
         for a in plan.assignments():
             key = keys.work(generation, step, a.rank)
-            if not controller.store.check([key]):
+            if not store.check([key]):
                 raise RunError(f"rank {a.rank} of generation {generation} did not record its work of step {step}")
-            ranks[str(a.rank)] = {"worker": list(a.worker), "ops": json.loads(controller.store.get(key))}
+            ranks[str(a.rank)] = {"worker": list(a.worker), "ops": json.loads(store.get(key))}
         ledger[str(step)] = {"generation": generation, "ranks": ranks}
     path.write_text(json.dumps(ledger))
 
@@ -311,13 +313,14 @@ def save_final_params(controller: Controller, path: Path) -> None:
 
     from oobleck.runtime import keys
 
-    assert controller.ledger is not None
+    store = controller.store
+    assert controller.ledger is not None and store is not None
     plan = controller.ledger.layout.plan
     state: dict[str, Any] = {}
     for layer in range(plan.num_layers):
         key = keys.final_params(layer)
-        if not controller.store.check([key]):
+        if not store.check([key]):
             raise RunError(f"layer {layer}'s final parameters were not published")
-        state[str(layer)] = torch.load(io.BytesIO(controller.store.get(key)), weights_only=True)
+        state[str(layer)] = torch.load(io.BytesIO(store.get(key)), weights_only=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(state, path)

@@ -72,7 +72,7 @@ class Injector:
             return tuple(n for n in event.nodes if n in live)
         pool = sorted(live)
         count = min(int(event.count or 0), len(pool))
-        picked = self._rng.choice(len(pool), size=count, replace=False) if count else []
+        picked: list[int] = list(self._rng.choice(len(pool), size=count, replace=False)) if count else []
         return tuple(sorted(pool[int(i)] for i in picked))
 
     def skip_before(self, step: int, time_s: float) -> int:

@@ -260,7 +260,7 @@ def _trace(failures: Any, nodes: int) -> list[FaultEvent]:
             f"{trace.path}: starts with {len(initial)} nodes but cluster.nodes={nodes}; lower cluster.nodes"
         )
     mapping = {name: i for i, name in enumerate(initial[:nodes])}
-    line_of = {}
+    line_of: dict[tuple[int, str], int] = {}
     for event in trace.events:
         line_of.setdefault((event.time_ms, event.node), event.line)
     next_id = nodes

@@ -22,7 +22,7 @@ import json
 import math
 import secrets
 import string
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,7 +185,7 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value)) or value == ""
 
 
-def typed_frame(rows: list[Mapping[str, Any]], columns: Iterable[str]) -> Any:
+def typed_frame(rows: Sequence[Mapping[str, Any]], columns: Iterable[str]) -> Any:
     """Rows as a DataFrame whose columns wandb types as it should: numbers as floats (NaN when
     absent), true/false as booleans, lists as JSON text, everything else as text."""
     import pandas as pd
@@ -197,7 +197,9 @@ def typed_frame(rows: list[Mapping[str, Any]], columns: Iterable[str]) -> Any:
         if present and all(isinstance(v, bool) or type(v).__name__ == "bool_" for v in present):
             out[column] = pd.Series([None if _missing(v) else bool(v) for v in values], dtype=object)
         elif present and all(is_number(v) or (isinstance(v, float) and not math.isfinite(v)) for v in present):
-            out[column] = pd.Series([math.nan if _missing(v) else float(v) for v in values], dtype="float64")
+            out[column] = pd.Series(
+                [math.nan if _missing(v) or v is None else float(v) for v in values], dtype="float64"
+            )
         else:
             out[column] = pd.Series(
                 [
@@ -273,7 +275,7 @@ class WandbRun:
         self.log(row)
         self.events.append({self.time_key: time, "kind": kind, **fields})
 
-    def table(self, key: str, rows: list[Mapping[str, Any]], columns: Iterable[str] | None = None) -> None:
+    def table(self, key: str, rows: Sequence[Mapping[str, Any]], columns: Iterable[str] | None = None) -> None:
         import wandb
 
         if columns is None:

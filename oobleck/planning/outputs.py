@@ -183,7 +183,7 @@ class ExecutionPlan:
         for shadow in self.shadows:
             key = (shadow.pipeline, shadow.stage)
             shadowed[key] = shadowed.get(key, ()) + tuple(shadow.layers)
-        result = []
+        result: list[WorkerAssignment] = []
         for pipeline in self.pipelines:
             for stage_index, stage in enumerate(pipeline.template.stages):
                 workers = pipeline.stage_workers(stage_index)

@@ -176,6 +176,7 @@ class GradientReducer:
             bucket.flat = total
         else:
             bucket.reclaim()
+        assert bucket.flat is not None
         if self.group_sizes[bucket.group] > 1:
             bucket.work = self.comm.allreduce(bucket.group, bucket.flat)
 
@@ -191,7 +192,7 @@ class GradientReducer:
             if bucket.tied:
                 assert bucket.flat is not None
                 for p in bucket.params:
-                    p.grad.copy_(bucket.flat)
+                    _grad(p).copy_(bucket.flat)
                 bucket.flat = None
 
     def close(self) -> None:

@@ -22,7 +22,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from oobleck.errors import RunError
 from oobleck.runtime.keys import KeySpace
@@ -101,6 +101,10 @@ class SealedStore:
         return self._open(key, held)
 
     # ------------------------------------------------------------------ lenient reads
+    @overload
+    def read(self, key: str) -> bytes | None: ...
+    @overload
+    def read(self, key: str, parse: Callable[[bytes], T]) -> T | None: ...
     def read(self, key: str, parse: Callable[[bytes], T] | None = None) -> T | bytes | None:
         """The value at ``key`` (``parse``d), or None when it is missing, foreign or malformed."""
         if not self.raw.check([self.space.name(key)]):

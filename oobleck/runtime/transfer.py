@@ -156,12 +156,13 @@ def transfer_state(
         elif transfer.layer in layers:
             layer = layers[transfer.layer]
         elif transfer.hop > 0:
-            layer = arriving.get(transfer.layer)  # relayed: it arrives here first
-            if layer is None:
+            relayed = arriving.get(transfer.layer)  # relayed: it arrives here first
+            if relayed is None:
                 raise RunError(
                     f"generation {generation}: rank {me} must relay layer {transfer.layer} chunk {transfer.chunk} "
                     "but receives no part of it"
                 )
+            layer = relayed
         else:
             raise RunError(f"generation {generation}: rank {me} must send layer {transfer.layer} but does not hold it")
         name = channel_name(src, dst, "xfer")

@@ -127,6 +127,7 @@ def restart_comparison(cfg: Any) -> list[RestartRow]:
             point = with_values(cfg, sample.values)
             strategy = simulated_strategy(point, "varuna", _context(point, model))
             layout = strategy.start(list(range(ARTIFACT_NODES))).layout
+            assert layout is not None  # a start always has a layout
             lost = layout.nodes[0]
             alive = tuple(n for n in range(ARTIFACT_NODES) if n != lost)
             decision = strategy.on_change(RunState(layout, alive, (lost,), (), step=100, checkpoint_step=90))
