@@ -97,6 +97,7 @@ class ClusterConfig:
     master_port: int = MISSING  # 0: pick a free port
     heartbeat_interval_s: float = MISSING
     heartbeat_timeout_s: float = MISSING
+    failure_settle_s: float = MISSING  # failures detected this soon after the first are decided on together
     collective_timeout_s: float = MISSING
     data_plane_probe_timeout_s: float = MISSING  # a node whose data-plane address does not answer is cut off
     startup_timeout_s: float = MISSING
@@ -450,6 +451,7 @@ def validate(cfg: Config | DictConfig) -> None:
         "startup_timeout_s",
     ):
         _positive(f"cluster.{key}", getattr(cluster, key))
+    _positive("cluster.failure_settle_s", cluster.failure_settle_s, allow_zero=True)
     if cluster.heartbeat_timeout_s <= cluster.heartbeat_interval_s:
         raise ConfigError(
             f"cluster.heartbeat_timeout_s={cluster.heartbeat_timeout_s} must exceed "

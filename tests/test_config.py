@@ -50,6 +50,7 @@ def test_unknown_key_and_wrong_type_are_rejected(make_config):
         (["cluster.backend=nccl"], "cluster.backend=nccl needs cluster.device=cuda (got cpu)"),
         (["model=llama_tiny", "model.n_kv_head=3"], "model.n_head=4 is not a multiple of model.n_kv_head=3"),
         (["cluster.nodes=0"], "cluster.nodes=0 must be > 0"),
+        (["cluster.failure_settle_s=-1"], "cluster.failure_settle_s=-1.0 must be >= 0"),
         (["model.n_head=5"], "not divisible by model.n_head=5"),
         (["job.fault_tolerance=-1"], "job.fault_tolerance=-1 must be >= 0"),
         (["profile.source=file"], "needs profile.path"),

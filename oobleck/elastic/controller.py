@@ -100,6 +100,7 @@ class Controller:
         """``resume``: the checkpoint to resume from (``oobleck.checkpoint.Checkpoint``); ``earlier``:
         what the run's earlier attempts did (``oobleck.elastic.accounting.earlier_attempts``)."""
         self.cfg = cfg
+        self.failure_settle_s = float(cfg.cluster.failure_settle_s)
         self.config_dict = config_dict
         self.strategy = strategy
         self.initial = initial
@@ -359,7 +360,8 @@ class Controller:
             self.stops.check(ledger, checkpoints, self._event)
             self._fire_faults()
             if membership.pending() and (membership.lost_pending() or not membership.booting()):
-                executor.on_change(self.steps)
+                if membership.failures_settled(self.failure_settle_s):
+                    executor.on_change(self.steps)
             else:
                 executor.restart_if_checkpointed()
         self.finished = True

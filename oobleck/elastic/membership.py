@@ -121,6 +121,7 @@ class Membership:
         self._boot_waits_end = threading.Event()
         self.exited: set[tuple[int, int]] = set()
         self._removed: dict[int, tuple[float, float]] = {}
+        self._first_removal_at: float | None = None  # monotonic time of the first failure waiting
         self._joined: dict[int, float] = {}
         self.accepting_joins = False  # nodes up before the first plan are not joins
         self.beats = WorkerBeats()
@@ -179,6 +180,7 @@ class Membership:
         changes = Changes(dict(self._removed), dict(self._joined))
         self._removed.clear()
         self._joined.clear()
+        self._first_removal_at = None
         return changes
 
     def pending(self) -> bool:
@@ -187,6 +189,11 @@ class Membership:
     def lost_pending(self) -> bool:
         """A failure waits to be handled (joins wait until every booting node is up)."""
         return bool(self._removed)
+
+    def failures_settled(self, window_s: float) -> bool:
+        """No failure waits, or the first waiting one is ``window_s`` old: those detected with it
+        (``cluster.failure_settle_s``) are in, and one decision covers them all."""
+        return self._first_removal_at is None or time.monotonic() - self._first_removal_at >= window_s
 
     # ------------------------------------------------------------------ messages
     def drain(self, timeout: float) -> None:
@@ -424,6 +431,8 @@ class Membership:
         cause = cause if cause is not None else detected
         self.event(EventKind.FAILURE, node=node, reason=reason, detect_s=round(detected - cause, 4))
         self._joined.pop(node, None)
+        if not self._removed:
+            self._first_removal_at = time.monotonic()
         self._removed[node] = (cause, detected - cause)
 
     def kill(self, node: int, sig: int) -> None:
