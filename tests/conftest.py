@@ -18,3 +18,12 @@ os.environ.setdefault("OOBLECK_CACHE_DIR", str(REPO / ".oobleck_cache"))
 @pytest.fixture
 def make_config():
     return compose_config
+
+
+def pytest_collection_modifyitems(config, items):
+    # Multi-process tests (marked slow) wait on their processes' timing: with ``-n 2 --dist
+    # loadgroup`` they run one at a time on one xdist worker, while the other worker runs the
+    # single-process tests, which fill the time the multi-process ones spend waiting.
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group("processes"))

@@ -30,6 +30,8 @@ from oobleck.runtime.reference import train_reference
 from oobleck.strategy import Kind, RunState
 from testing import assert_matches_reference, tiny_config
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+
 STEPS = 300
 BATCH = 16  # 8 microbatches of 2
 HEARTBEAT_S = 5.0  # tiny_config's cluster.heartbeat_timeout_s

@@ -22,9 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 MBIT = 40.0  # 5 MB/s
 BYTES = 2 << 20
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("tc") is None, reason="shaping loopback needs root and tc"
-)
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("tc") is None, reason="shaping loopback needs root and tc"),
+    pytest.mark.slow,  # starts processes (tests/conftest.py groups these on one xdist worker)
+]
 
 
 def bench_runtime():

@@ -19,6 +19,8 @@ from ckpthelpers import WAIT_S, save
 from oobleck.checkpoint import latest_valid, list_checkpoints, prepare_step_dir, prune, verify
 from oobleck.checkpoint.durable import durable_write, is_temporary
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+
 CHILD = textwrap.dedent(
     """
     import sys, time

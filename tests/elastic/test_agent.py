@@ -7,7 +7,11 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from oobleck.elastic.protocol import SECRET_ENV, Channel
+
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
 
 
 def test_agent_does_not_import_torch():

@@ -16,6 +16,8 @@ from oobleck.errors import ConfigError
 from oobleck.runtime.reference import train_reference
 from testing import assert_matches_reference, tiny_config
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+
 
 def _config(mode: str):
     return tiny_config(

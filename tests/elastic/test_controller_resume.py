@@ -27,6 +27,8 @@ from oobleck.config import compose_config
 from oobleck.elastic.local import run_processes
 from oobleck.runtime.reference import train_reference
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 40
 OVERRIDES = (

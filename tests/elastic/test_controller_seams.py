@@ -8,11 +8,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from oobleck.elastic.events import Continuation, Execution, RunObserver
 from oobleck.elastic.job import launch
 from oobleck.strategy import Kind
 from testing import assert_matches_reference, tiny_config
 from testing.launchers import RecordingLauncher
+
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
 
 REPO = Path(__file__).resolve().parents[2]
 

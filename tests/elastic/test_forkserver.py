@@ -18,6 +18,8 @@ import pytest
 from oobleck.elastic.forkserver import ForkedWorker, ForkServer
 from oobleck.elastic.local import node_processes, run_processes
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+
 PROGRAMS = Path(__file__).resolve().parent / "forkprogs"
 TIMEOUT_S = 60.0
 RUN_ID = f"forktest-{uuid.uuid4().hex[:8]}"  # this session's: a leftover of another cannot count

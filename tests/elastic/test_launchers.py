@@ -13,6 +13,8 @@ from oobleck.elastic.slurm import SlurmLauncher
 from oobleck.errors import ConfigError, RunError
 from oobleck.launcher import Launcher, launcher_class
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+
 
 @pytest.mark.parametrize(("group", "cls"), [("cluster=local", LocalLauncher), ("cluster=slurm", SlurmLauncher)])
 def test_each_cluster_file_names_its_launcher(make_config, group, cls):

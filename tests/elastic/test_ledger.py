@@ -16,6 +16,8 @@ from oobleck.runtime import keys
 from oobleck.runtime.sealed_store import SealedStore
 from testing import tiny_config
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+
 SPACE = keys.KeySpace("run-secret")
 
 

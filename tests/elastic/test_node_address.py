@@ -13,9 +13,13 @@ import os
 import socket
 from pathlib import Path
 
+import pytest
+
 from oobleck.elastic.job import launch
 from oobleck.elastic.local import node_processes
 from testing import assert_matches_reference, hand_plan, template, tiny_config
+
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
 
 BASE = "127.0.1.0"
 

@@ -7,9 +7,13 @@ pipeline that loses a node must borrow or merge, which is what these runs exerci
 
 from __future__ import annotations
 
+import pytest
+
 from oobleck.elastic.job import launch, make_strategy
 from oobleck.strategy import Kind, RunState
 from testing import assert_matches_reference, tiny_config
+
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
 
 TWO_NODES_PER_PIPELINE = {"cluster.device_memory_gb": 0.006}
 

@@ -23,6 +23,8 @@ from oobleck.runtime.plan_document import PlanDocument
 from oobleck.runtime.reference import train_reference
 from testing import assert_matches_reference, tiny_config
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+
 
 def _config(events, steps: int = 6, **extra):
     return tiny_config(

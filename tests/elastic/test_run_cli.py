@@ -21,6 +21,8 @@ import pytest
 
 from oobleck.elastic.local import run_processes
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

@@ -50,6 +50,8 @@ from oobleck.runtime.state import new_layer_state
 from oobleck.runtime.worker import resource_probe
 from testing import tcp_states, tiny_config
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+
 SEED = 18
 NODES = 12
 # One node per join: a generation per boot. Boots are what costs (a worker imports torch), and

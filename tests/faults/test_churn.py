@@ -8,8 +8,12 @@ flat resources of a survivor and of the controller, exactness) is ``tests/faults
 
 from __future__ import annotations
 
+import pytest
+
 from oobleck.elastic.job import launch
 from testing import assert_matches_reference, tiny_config
+
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
 
 
 def test_removal_then_joins_end_bigger_and_exact(tmp_path):

@@ -26,6 +26,8 @@ from testing import (
     two_pipelines_of_two_nodes,
 )
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+
 PHASE_EVENTS = [
     {"action": "remove", "step": 2, "nodes": [1], "phase": "forward"},
     {"action": "remove", "step": 2, "nodes": [4], "phase": "reconfigure"},  # dies while gen 1 forms

@@ -13,9 +13,12 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from oobleck.elastic.job import launch
 from testing import assert_matches_reference, tiny_config
+
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
 
 EVENTS = [
     {"action": "remove", "step": 10, "nodes": [2]},

@@ -10,6 +10,8 @@ from oobleck.config import load_model_config
 from oobleck.elastic.job import launch
 from testing import assert_matches_reference, tiny_config, two_pipelines_of_two_nodes
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+
 
 @pytest.mark.slow
 def test_llama_recovers_in_place_from_a_killed_node_exactly(tmp_path):

@@ -14,6 +14,8 @@ from oobleck.planning.inputs import ModelProfile
 from oobleck.planning.instantiate import MAX_MICROBATCHES, instantiate
 from oobleck.planning.synthetic import synthetic_profile
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+
 
 @pytest.mark.parametrize(
     "overrides,message",

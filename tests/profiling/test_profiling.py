@@ -26,6 +26,8 @@ from oobleck.profiling import (
     resolve_source,
 )
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+
 torch.set_num_threads(1)
 FAST = ["profile.warmup=1", "profile.repeats=2", "profile.allreduce_group_sizes=[]"]
 

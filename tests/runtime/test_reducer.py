@@ -10,6 +10,7 @@ identical either way and on both ranks.
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from inprocess import run_ranks
@@ -19,6 +20,8 @@ from oobleck.layer_state import layer_state
 from oobleck.models.spec import model_spec
 from oobleck.runtime.executor import StepContext, run_schedule, sync_gradients
 from testing import hand_plan, template, tiny_config
+
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
 
 BUCKET_BYTES = 64 << 10  # gpt3_tiny's blocks are ~200 KB: several buckets per group
 

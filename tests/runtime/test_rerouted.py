@@ -23,6 +23,8 @@ from oobleck.planning.outputs import Reroute
 from oobleck.runtime.reference import train_reference
 from testing import assert_matches_reference, hand_plan, template, tiny_config
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+
 
 @pytest.fixture(scope="module")
 def reference():

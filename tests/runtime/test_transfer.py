@@ -23,6 +23,8 @@ from oobleck.planning.outputs import LayerTransfer, ReconfigurationPlan
 from oobleck.runtime.transfer import PreparedLayers, incoming_layers, transfer_state
 from testing import hand_plan, template, tiny_config
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+
 COMMITTED = 3
 
 

@@ -22,6 +22,8 @@ from oobleck.elastic.local import run_processes
 from oobleck.errors import RunError
 from oobleck.sim.validate import calibrate_runs
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+
 REPO = Path(__file__).resolve().parents[2]
 
 # What is asserted here survives other jobs' load on the shared cores: the prediction's accuracy
