@@ -239,6 +239,9 @@ def chaos_run(tmp_path_factory):
             "cluster.heartbeat_interval_s": 0.25,
             "cluster.heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S,
             "runtime.reap_margin_s": 1.0,
+            # each fault its own generation change: a join booting while a failure settles would
+            # be absorbed with it, and the loop has only so many nodes to strike
+            "cluster.failure_settle_s": 0.0,
             "failures.kind": "explicit",
             # joins are due at once and applied one batch at a time, each once the last is up
             "failures.events": [{"action": "join", "count": JOIN_SIZE, "step": 1} for _ in range(JOINS)],
