@@ -96,7 +96,10 @@ def test_beyond_the_papers_answer_it_stops_or_restarts_from_a_checkpoint_like_oo
     start = four.start(range(4))
     stopped = four.on_change(RunState(start.layout, alive=(0, 2, 3), removed=(1,), joined=(), step=5))
     assert stopped.kind is Kind.STOP and "which have no template" in stopped.reason
-    six = make_strategy(tiny_config("strategy=oobleck_sosp23", **{**TWO_NODES_PER_PIPELINE, "cluster.nodes": 6}))
+    # The analytic profile: whether 6 nodes start as [3, 3] or [2, 2, 2] must not depend on timings
+    # measured on the test machine.
+    six_nodes = {**TWO_NODES_PER_PIPELINE, "cluster.nodes": 6, "profile.source": "analytic"}
+    six = make_strategy(tiny_config("strategy=oobleck_sosp23", **six_nodes))
     start = six.start(range(6))
     assert [p.nodes for p in start.layout.plan.pipelines] == [(0, 1, 2), (3, 4, 5)]
     lost = RunState(start.layout, alive=(1, 2, 4, 5), removed=(0, 3), joined=(), step=5, checkpoint_step=4)
