@@ -109,9 +109,11 @@ def throughput_vs_frequency_figure(
     order = [f for f in FREQUENCY_ORDER if f in set(data["interval"])] + sorted(
         set(data["interval"]) - set(FREQUENCY_ORDER)
     )
-    ranges = {}
+    ranges: dict[tuple[str, str, str], dict[str, float]] = {}
+    band_samples = 0
     if band is not None and not band.empty:
         ranges = band.groupby(["model", "trace", "strategy"])["throughput"].agg(["min", "max"]).to_dict("index")
+        band_samples = int(band["sample"].nunique())
     marks = {}
     if ratios is not None and not ratios.empty:
         marks = {(r["model"], r["trace"], r["baseline"]): cliff_mark(r) for _, r in ratios.iterrows()}
@@ -186,9 +188,8 @@ def throughput_vs_frequency_figure(
             "black whiskers: the lowest to the highest start."
         )
         if ranges:
-            samples = int(band["sample"].nunique())
             text += (
-                f" Pale bands: the lowest to the highest throughput over {samples} samples of the uncertain constants "
+                f" Pale bands: the lowest to the highest throughput over {band_samples} samples of the uncertain constants "
                 "(sim.uncertain) and the starts."
             )
         if marks:

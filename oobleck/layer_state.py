@@ -145,7 +145,7 @@ def tensor_hash(tensor: torch.Tensor) -> int:
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    return xxhash.xxh3_64_intdigest(t.contiguous().view(-1).view(torch.uint8).numpy())
+    return xxhash.xxh3_64_intdigest(t.contiguous().view(-1).view(torch.uint8).numpy().data)
 
 
 def layer_checksum(layer: LayerState) -> int:

@@ -145,7 +145,7 @@ def _header(meta: ShardMeta) -> bytes:
 
 def _byte_view(tensor: torch.Tensor) -> memoryview:
     """The tensor's bytes without a copy (any dtype, numpy included or not)."""
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+    return tensor.reshape(-1).view(torch.uint8).numpy().data
 
 
 def _chunks(view: memoryview) -> Iterator[memoryview]:

@@ -167,7 +167,8 @@ def _read(path: Path) -> tuple[OfflineRun, bool]:
     finished = False
     run = OfflineRun(path=path)
     for payload in _records(path):
-        record = pb.Record()
+        # protobuf builds the message classes when the module loads; wandb ships no stub for them.
+        record = pb.Record()  # type: ignore[attr-defined]
         record.ParseFromString(payload)
         kind = record.WhichOneof("record_type")
         if kind == "run":

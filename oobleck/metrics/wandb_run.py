@@ -25,7 +25,7 @@ import string
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from oobleck.errors import RunError
 
@@ -211,6 +211,18 @@ def typed_frame(rows: Sequence[Mapping[str, Any]], columns: Iterable[str]) -> An
     return pd.DataFrame(out)
 
 
+WandbMode = Literal["online", "offline", "disabled"]
+# ``logger.wandb.mode`` is checked against these by the config's validation.
+_WANDB_MODES: dict[str, WandbMode] = {"online": "online", "offline": "offline", "disabled": "disabled"}
+
+
+def _wandb_mode(value: object) -> WandbMode:
+    mode = _WANDB_MODES.get(str(value))
+    if mode is None:
+        raise RunError(f"logger.wandb.mode={value!r}: expected one of {sorted(_WANDB_MODES)}")
+    return mode
+
+
 class WandbRun:
     """One wandb run with the layout above. ``axes`` maps a history prefix to its x-axis key,
     e.g. ``{"train/": "step", "event/": "time_s"}``; the x-axis keys themselves are logged as is."""
@@ -229,7 +241,7 @@ class WandbRun:
         import wandb  # imported lazily: slow, and only a run that logs to wandb needs it
 
         self.run_dir = Path(run_dir)
-        self.mode = str(settings.mode)
+        self.mode = _wandb_mode(settings.mode)
         self.time_key = time_key
         self.identity = identity
         self.run = wandb.init(

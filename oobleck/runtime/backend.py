@@ -68,7 +68,9 @@ class GlooBackend(Backend):
     name = "gloo"
 
     def new_group(self, store: Any, rank: int, size: int, timeout_s: float) -> Any:
-        options = dist.ProcessGroupGloo._Options()
+        # torch's stub names gloo's options class ``Options`` (at run time that is the base
+        # Backend.Options, without a timeout or devices) and omits the real one, ``_Options``.
+        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         options._timeout = timedelta(seconds=timeout_s)
         options._devices = [
             self.transport if self.transport is not None else dist.ProcessGroupGloo.create_default_device()

@@ -211,7 +211,7 @@ class _Step:
             self.ctx.reducer.arm()
         out.backward(self._output_grad(op))
         if x_in is not None:
-            self.input_grads[op.microbatch] = x_in.grad
+            self.input_grads[op.microbatch] = _input_grad(x_in.grad, op)
 
     def _backward_input(self, op: Op) -> None:
         mb = op.microbatch
@@ -224,7 +224,7 @@ class _Step:
         dinputs, groups = stage_backward_input(
             [out], None if grad is None else [grad], [x_in], iter(self.ctx.stage_params())
         )
-        self.input_grads[mb] = dinputs[0]
+        self.input_grads[mb] = _input_grad(dinputs[0], op)
         self.weight_pass[mb] = ("groups", groups, None)
 
     def _backward_weight(self, op: Op) -> None:
@@ -248,6 +248,17 @@ class _Step:
             with torch.no_grad():
                 self._layers(op, x)
         self.ctx.redundant_s += time.perf_counter() - started
+
+
+def _input_grad(grad: torch.Tensor | None, op: Op) -> torch.Tensor:
+    """A received activation's gradient, which the previous stage waits for: autograd leaves it
+    None only when the stage's output does not depend on its input, a model that cannot train."""
+    if grad is None:
+        raise RuntimeError(
+            f"layers {op.start}..{op.end - 1} gave no gradient for their input of microbatch {op.microbatch}: "
+            "the output does not depend on the input"
+        )
+    return grad
 
 
 def run_schedule(ctx: StepContext, step: int) -> float:

@@ -128,12 +128,13 @@ def rerouted_orders(routes: Routes, split: bool = True) -> dict[Slot, list[Task]
         for state in states.values():
             if state.free_at > now or not state.remaining:
                 continue
-            task = _pick(state, now, needs, channels, relaxed)
-            if task is None:
+            picked = _pick(state, now, needs, channels, relaxed)
+            if picked is None:
                 continue
-            end = _start(state, task, now, needs[(state.slot, task)], channels)
+            end = _start(state, picked, now, needs[(state.slot, picked)], channels)
             heapq.heappush(events, end)
-            produced = (I if task.kind is B else task.kind, task.microbatch, state.slot)  # a B gives the input gradient
+            # a B gives the input gradient
+            produced = (I if picked.kind is B else picked.kind, picked.microbatch, state.slot)
             for slot, unblocked in waiting.pop(produced, []):
                 kind = I if unblocked.kind is B else unblocked.kind
                 states[slot].eligible[kind].append((end, unblocked.microbatch, unblocked))
