@@ -1,5 +1,6 @@
 """Torch parts every family shares: seeded per-parameter initial values, building a layer without
-paying torch's default initialisation, and the language-model loss.
+paying torch's default initialisation, the language-model loss, and the ``ModelSpec`` of a
+decoder laid out as ``oobleck.models.decoder`` says.
 
 Initial weights depend only on ``(seed, layer index, parameter name)`` and the family's rule:
 every parameter is drawn from its own ``torch.Generator`` seeded from those, on the CPU in fp32,
@@ -15,6 +16,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from oobleck.errors import ConfigError
+from oobleck.models.architecture import Architecture
+from oobleck.models.spec import ModelSpec
 
 
 def seeded_generator(seed: int, index: int, param: str) -> torch.Generator:
@@ -51,3 +56,35 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     vocab = logits.shape[-1]
     total = F.cross_entropy(logits.reshape(-1, vocab).float(), targets.reshape(-1), reduction="sum")
     return total / targets.shape[-1]
+
+
+def decoder_spec(
+    architecture: Architecture,
+    make: Callable[[str], nn.Module],
+    initialise: Callable[[nn.Module, int], None],
+) -> ModelSpec:
+    """The runtime's view of a decoder (``oobleck.models.decoder``'s layout): layer ``i`` is
+    ``make(kind)`` for its kind (embedding, block or head), built without values
+    (``materialise``) and then given them by ``initialise(module, i)``; every layer but the head
+    hands the next the residual stream ``[rows, seq_len, width]`` in fp32; the loss is ``lm_loss``."""
+
+    def build(index: int, device: str | None = None, initialise_values: bool = True) -> nn.Module:
+        kinds = architecture.layer_kinds
+        if not 0 <= index < len(kinds):
+            raise ConfigError(f"layer index {index} is outside 0..{len(kinds) - 1} for model {architecture.name!r}")
+        module = materialise(lambda: make(kinds[index]), device)
+        if initialise_values:
+            initialise(module, index)
+        return module
+
+    def boundary(index: int, rows: int) -> tuple[int, ...]:
+        return (rows, architecture.seq_len, architecture.width)
+
+    return ModelSpec(
+        architecture=architecture,
+        build_layer=build,
+        initialise=initialise,
+        loss=lm_loss,
+        boundary_shape=boundary,
+        boundary_dtype=torch.float32,
+    )

@@ -30,10 +30,10 @@ from functools import partial
 from omegaconf import MISSING
 
 from oobleck.errors import ConfigError
-from oobleck.models.architecture import BLOCK, EMBEDDING, HEAD, Architecture, LayerCost, ModelFamily, TiedParameter
+from oobleck.models import decoder
+from oobleck.models.architecture import BLOCK, EMBEDDING, HEAD, Architecture, LayerCost, ModelFamily
+from oobleck.models.decoder import FP32_BYTES, INDEX_BYTES, layer_name, product_layer_cost
 
-FP32_BYTES = 4
-INDEX_BYTES = 8  # int64 token ids
 # The tied pair's parameter names inside the embedding and the head (``gpt.model``).
 TIED_EMBEDDING_PARAM = "wte.weight"
 TIED_HEAD_PARAM = "lm_head.weight"
@@ -58,34 +58,11 @@ class GPTConfig:
 
 
 def check(config: GPTConfig) -> None:
-    for key in ("n_layer", "n_embd", "n_head", "vocab_size", "seq_len", "ffn_mult"):
-        if getattr(config, key) <= 0:
-            raise ConfigError(f"model.{key}={getattr(config, key)} must be a positive integer")
-    if config.n_embd % config.n_head:
-        raise ConfigError(
-            f"model.n_embd={config.n_embd} is not divisible by model.n_head={config.n_head}; "
-            "choose a head count that divides the width"
-        )
+    decoder.check_shape(config, ("n_layer", "n_embd", "n_head", "vocab_size", "seq_len", "ffn_mult"))
     if not 0.0 <= config.dropout < 1.0:
         raise ConfigError(f"model.dropout={config.dropout} must be in [0, 1)")
     if not config.init_std > 0.0:
         raise ConfigError(f"model.init_std={config.init_std} must be > 0")
-
-
-def num_layers(config: GPTConfig) -> int:
-    return config.n_layer + 2
-
-
-def layer_name(config: GPTConfig, index: int) -> str:
-    """``embedding``, ``block<i>`` (0-based block number) or ``head``."""
-    last = num_layers(config) - 1
-    if not 0 <= index <= last:
-        raise ConfigError(f"layer index {index} is outside 0..{last} for model {config.name!r}")
-    if index == 0:
-        return EMBEDDING
-    if index == last:
-        return HEAD
-    return f"block{index - 1}"
 
 
 def parameter_count(config: GPTConfig, index: int) -> int:
@@ -132,45 +109,16 @@ def layer_cost(config: GPTConfig, index: int, microbatch_size: int, bytes_per_va
         product = 2.0 * b * t * c * v
         # LayerNorm and LM-head inputs at bytes_per_value plus fp32 logits for the cross entropy.
         activation = 2 * boundary + b * t * v * FP32_BYTES
-        traffic = params * p + activation
-        return LayerCost(name, HEAD, params, product, product, product, traffic, 2 * traffic, activation, 0)
+        return product_layer_cost(name, HEAD, params, product, 0.0, activation, p, 0)
     weights = float((8 + 4 * f) * b * t * c * c)
     attention = float(4 * b * t * t * c)
     activation = block_activation_bytes(config, b, p)
-    traffic = params * p + activation
-    return LayerCost(
-        name=name,
-        kind=BLOCK,
-        params=params,
-        forward_flops=weights + attention,
-        backward_input_flops=weights + 2 * attention,
-        backward_weight_flops=weights,
-        forward_bytes=traffic,
-        backward_bytes=2 * traffic,
-        activation_bytes=activation,
-        output_bytes=boundary,
-    )
+    return product_layer_cost(name, BLOCK, params, weights, attention, activation, p, boundary)
 
 
 def describe(config: GPTConfig) -> Architecture:
-    names = tuple(layer_name(config, i) for i in range(num_layers(config)))
-    return Architecture(
-        family="gpt",
-        name=config.name,
-        config=config,
-        layer_names=names,
-        layer_kinds=tuple(BLOCK if n.startswith(BLOCK) else n for n in names),
-        seq_len=config.seq_len,
-        vocab_size=config.vocab_size,
-        width=config.n_embd,
-        tied=(
-            (TiedParameter(layers=(0, num_layers(config) - 1), names=(TIED_EMBEDDING_PARAM, TIED_HEAD_PARAM)),)
-            if config.tie_embeddings
-            else ()
-        ),
-        layer_cost=partial(layer_cost, config),
-        params=partial(parameter_count, config),
-    )
+    tied = (TIED_EMBEDDING_PARAM, TIED_HEAD_PARAM)
+    return decoder.describe("gpt", config, tied, partial(layer_cost, config), partial(parameter_count, config))
 
 
 FAMILY = ModelFamily(

@@ -17,8 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from oobleck.models.architecture import EMBEDDING, HEAD
-from oobleck.models.common import lm_loss, materialise, seeded_generator
-from oobleck.models.gpt import TIED_EMBEDDING_PARAM, TIED_HEAD_PARAM, GPTConfig, describe, layer_name, num_layers
+from oobleck.models.common import decoder_spec, seeded_generator
+from oobleck.models.decoder import num_layers
+from oobleck.models.gpt import TIED_EMBEDDING_PARAM, TIED_HEAD_PARAM, GPTConfig, describe
 from oobleck.models.spec import ModelSpec
 
 
@@ -93,8 +94,18 @@ class Head(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
+def make_layer(config: GPTConfig, kind: str) -> nn.Module:
+    """A layer of ``kind`` (embedding, block or head), its parameters not yet set."""
+    dropout = float(config.dropout)
+    if kind == EMBEDDING:
+        return Embedding(config.vocab_size, config.seq_len, config.n_embd, dropout)
+    if kind == HEAD:
+        return Head(config.n_embd, config.vocab_size)
+    return Block(config.n_embd, config.n_head, config.ffn_mult, dropout)
+
+
 def initialise_layer(module: nn.Module, config: GPTConfig, index: int, seed: int) -> None:
-    """Set every parameter of layer ``index`` (a module ``build_layer`` made) in place, on
+    """Set every parameter of layer ``index`` (a module ``make_layer`` made) in place, on
     whichever device it is (see the module docstring for the rule)."""
     last = num_layers(config) - 1
     residual_std = config.init_std / math.sqrt(2 * config.n_layer)
@@ -115,39 +126,10 @@ def initialise_layer(module: nn.Module, config: GPTConfig, index: int, seed: int
                 param.copy_(values)
 
 
-def build_layer(
-    config: GPTConfig, index: int, seed: int, *, device: torch.device | str | None = None, initialise: bool = True
-) -> nn.Module:
-    """Layer ``index``, initialised from ``(seed, index, config)`` only; with ``initialise`` false
-    its parameters are left unset (``oobleck.models.common.materialise``)."""
-    name = layer_name(config, index)
-    dropout = float(config.dropout)
-    if name == EMBEDDING:
-        module = materialise(lambda: Embedding(config.vocab_size, config.seq_len, config.n_embd, dropout), device)
-    elif name == HEAD:
-        module = materialise(lambda: Head(config.n_embd, config.vocab_size), device)
-    else:
-        module = materialise(lambda: Block(config.n_embd, config.n_head, config.ffn_mult, dropout), device)
-    if initialise:
-        initialise_layer(module, config, index, seed)
-    return module
-
-
 def spec(config: GPTConfig, seed: int) -> ModelSpec:
     """The runtime's view of the layered GPT ``config`` with weights keyed by ``seed``."""
-
-    def build(index: int, device: str | None = None, initialise: bool = True) -> nn.Module:
-        return build_layer(config, index, seed, device=device, initialise=initialise)
-
-    def boundary(index: int, rows: int) -> tuple[int, ...]:
-        # Every layer but the head outputs the residual stream [rows, T, C].
-        return (rows, config.seq_len, config.n_embd)
-
-    return ModelSpec(
-        architecture=describe(config),
-        build_layer=build,
+    return decoder_spec(
+        describe(config),
+        make=lambda kind: make_layer(config, kind),
         initialise=lambda module, index: initialise_layer(module, config, index, seed),
-        loss=lm_loss,
-        boundary_shape=boundary,
-        boundary_dtype=torch.float32,
     )

@@ -33,10 +33,10 @@ from functools import partial
 from omegaconf import MISSING
 
 from oobleck.errors import ConfigError
-from oobleck.models.architecture import BLOCK, EMBEDDING, HEAD, Architecture, LayerCost, ModelFamily, TiedParameter
+from oobleck.models import decoder
+from oobleck.models.architecture import BLOCK, EMBEDDING, HEAD, Architecture, LayerCost, ModelFamily
+from oobleck.models.decoder import FP32_BYTES, INDEX_BYTES, layer_name, product_layer_cost
 
-FP32_BYTES = 4
-INDEX_BYTES = 8  # int64 token ids
 # The tied pair's parameter names inside the embedding and the head (``llama.model``).
 TIED_EMBEDDING_PARAM = "tok_embeddings.weight"
 TIED_HEAD_PARAM = "output.weight"
@@ -62,14 +62,7 @@ class LlamaConfig:
 
 
 def check(config: LlamaConfig) -> None:
-    for key in ("n_layer", "n_embd", "n_head", "n_kv_head", "ffn_hidden", "vocab_size", "seq_len"):
-        if getattr(config, key) <= 0:
-            raise ConfigError(f"model.{key}={getattr(config, key)} must be a positive integer")
-    if config.n_embd % config.n_head:
-        raise ConfigError(
-            f"model.n_embd={config.n_embd} is not divisible by model.n_head={config.n_head}; "
-            "choose a head count that divides the width"
-        )
+    decoder.check_shape(config, ("n_layer", "n_embd", "n_head", "n_kv_head", "ffn_hidden", "vocab_size", "seq_len"))
     if (config.n_embd // config.n_head) % 2:
         raise ConfigError(
             f"model.n_embd / model.n_head = {config.n_embd // config.n_head} is odd; rotary embeddings rotate pairs "
@@ -83,22 +76,6 @@ def check(config: LlamaConfig) -> None:
     for key in ("rope_theta", "norm_eps", "init_std"):
         if not getattr(config, key) > 0.0:
             raise ConfigError(f"model.{key}={getattr(config, key)} must be > 0")
-
-
-def num_layers(config: LlamaConfig) -> int:
-    return config.n_layer + 2
-
-
-def layer_name(config: LlamaConfig, index: int) -> str:
-    """``embedding``, ``block<i>`` (0-based block number) or ``head``."""
-    last = num_layers(config) - 1
-    if not 0 <= index <= last:
-        raise ConfigError(f"layer index {index} is outside 0..{last} for model {config.name!r}")
-    if index == 0:
-        return EMBEDDING
-    if index == last:
-        return HEAD
-    return f"block{index - 1}"
 
 
 def kv_width(config: LlamaConfig) -> int:
@@ -146,46 +123,17 @@ def layer_cost(config: LlamaConfig, index: int, microbatch_size: int, bytes_per_
     if name == HEAD:
         product = 2.0 * b * t * c * v
         activation = 2 * boundary + b * t * (FP32_BYTES + v * FP32_BYTES)  # norm in/out, its scale, fp32 logits
-        traffic = params * p + activation
-        return LayerCost(name, HEAD, params, product, product, product, traffic, 2 * traffic, activation, 0)
+        return product_layer_cost(name, HEAD, params, product, 0.0, activation, p, 0)
     kv, f = kv_width(config), config.ffn_hidden
     weights = float(2 * b * t * (2 * c * c + 2 * c * kv) + 6 * b * t * c * f)
     attention = float(4 * b * t * t * c)
     activation = block_activation_bytes(config, b, p)
-    traffic = params * p + activation
-    return LayerCost(
-        name=name,
-        kind=BLOCK,
-        params=params,
-        forward_flops=weights + attention,
-        backward_input_flops=weights + 2 * attention,
-        backward_weight_flops=weights,
-        forward_bytes=traffic,
-        backward_bytes=2 * traffic,
-        activation_bytes=activation,
-        output_bytes=boundary,
-    )
+    return product_layer_cost(name, BLOCK, params, weights, attention, activation, p, boundary)
 
 
 def describe(config: LlamaConfig) -> Architecture:
-    names = tuple(layer_name(config, i) for i in range(num_layers(config)))
-    return Architecture(
-        family="llama",
-        name=config.name,
-        config=config,
-        layer_names=names,
-        layer_kinds=tuple(BLOCK if n.startswith(BLOCK) else n for n in names),
-        seq_len=config.seq_len,
-        vocab_size=config.vocab_size,
-        width=config.n_embd,
-        tied=(
-            (TiedParameter(layers=(0, num_layers(config) - 1), names=(TIED_EMBEDDING_PARAM, TIED_HEAD_PARAM)),)
-            if config.tie_embeddings
-            else ()
-        ),
-        layer_cost=partial(layer_cost, config),
-        params=partial(parameter_count, config),
-    )
+    tied = (TIED_EMBEDDING_PARAM, TIED_HEAD_PARAM)
+    return decoder.describe("llama", config, tied, partial(layer_cost, config), partial(parameter_count, config))
 
 
 FAMILY = ModelFamily(

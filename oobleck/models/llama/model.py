@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from oobleck.models.architecture import EMBEDDING, HEAD
-from oobleck.models.common import lm_loss, materialise, seeded_generator
-from oobleck.models.llama import TIED_EMBEDDING_PARAM, TIED_HEAD_PARAM, LlamaConfig, describe, layer_name
+from oobleck.models.architecture import BLOCK, EMBEDDING, HEAD
+from oobleck.models.common import decoder_spec, seeded_generator
+from oobleck.models.llama import TIED_EMBEDDING_PARAM, TIED_HEAD_PARAM, LlamaConfig, describe
 from oobleck.models.spec import ModelSpec
 
 EMBEDDING_STD = 1.0  # torchtitan's Llama 3 token-embedding init
@@ -167,32 +167,13 @@ def initialise_layer(module: nn.Module, config: LlamaConfig, index: int, seed: i
             param.copy_(initial_values(config, index, name, param.shape, seed))
 
 
-def build_layer(
-    config: LlamaConfig, index: int, seed: int, *, device: torch.device | str | None = None, initialise: bool = True
-) -> nn.Module:
-    """Layer ``index``, initialised from ``(seed, index, config)`` only (unset without ``initialise``)."""
-    name = layer_name(config, index)
-    make = {EMBEDDING: Embedding, HEAD: Head}.get(name, Block)
-    module = materialise(lambda: make(config), device)
-    if initialise:
-        initialise_layer(module, config, index, seed)
-    return module
+LAYERS: dict[str, type[nn.Module]] = {EMBEDDING: Embedding, BLOCK: Block, HEAD: Head}
 
 
 def spec(config: LlamaConfig, seed: int) -> ModelSpec:
     """The runtime's view of the Llama-style ``config`` with weights keyed by ``seed``."""
-
-    def build(index: int, device: str | None = None, initialise: bool = True) -> nn.Module:
-        return build_layer(config, index, seed, device=device, initialise=initialise)
-
-    def boundary(index: int, rows: int) -> tuple[int, ...]:
-        return (rows, config.seq_len, config.n_embd)  # the residual stream, after every layer but the head
-
-    return ModelSpec(
-        architecture=describe(config),
-        build_layer=build,
+    return decoder_spec(
+        describe(config),
+        make=lambda kind: LAYERS[kind](config),
         initialise=lambda module, index: initialise_layer(module, config, index, seed),
-        loss=lm_loss,
-        boundary_shape=boundary,
-        boundary_dtype=torch.float32,
     )
