@@ -56,6 +56,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from baselines.bamboo.memory import StageMemory, stage_memory
+from baselines.fixed_depth import FixedDepthPipelines, PipelinesState
 from oobleck.errors import PlanningError
 from oobleck.planning.layouts import even_split, explicit_plan
 from oobleck.planning.outputs import (
@@ -64,12 +65,10 @@ from oobleck.planning.outputs import (
     PipelineInstance,
     PipelineTemplate,
     ShadowCopy,
-    StageSpec,
 )
 from oobleck.planning.pipeline_cost import ProfileArrays
 from oobleck.planning.reconfigure import plan_transfers
-from oobleck.planning.templates import make_template
-from oobleck.strategy import Decision, Kind, Layout, RunState, Strategy, StrategyConfig
+from oobleck.strategy import Decision, Kind, Layout, RunState, StrategyConfig, StrategyContext
 
 FAILED = -1  # a stage slot whose node failed; a neighbour runs it
 
@@ -122,11 +121,8 @@ class BambooConfig(StrategyConfig):
 
 
 @dataclass(frozen=True)
-class BambooState:
-    depth: int
-    partition: tuple[tuple[int, int], ...]  # layer range [start, end) of each stage slot
-    pipelines: tuple[tuple[int, ...], ...]  # node per stage slot, FAILED when failed over
-    spares: tuple[int, ...]
+class BambooState(PipelinesState):
+    """A slot's node is FAILED when its predecessor runs it (failed over)."""
 
 
 def balanced_partition(param_bytes: Sequence[int], parts: int) -> tuple[tuple[int, int], ...]:
@@ -163,31 +159,19 @@ def _balanced_partition(param_bytes: tuple[int, ...], parts: int) -> tuple[tuple
     return tuple(reversed(ranges))
 
 
-class Bamboo(Strategy):
+class Bamboo(FixedDepthPipelines[BambooState]):
     Config = BambooConfig
     config: BambooConfig
 
-    def __init__(self, config: BambooConfig, context) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(config, context)
-        self.depth: int | None = None  # fixed at the first start
+    def __init__(self, config: BambooConfig, context: StrategyContext) -> None:
+        super().__init__(config, context, BambooState)
         self._arrays = ProfileArrays(context.profile)
         self._partitions: dict[int, tuple[tuple[int, int], ...]] = {}
         self._memory: dict[tuple[tuple[int, int], ...], list[StageMemory]] = {}
         self._eager_extra: dict[tuple[tuple[tuple[int, int], ...], int], float] = {}
-        self._templates: dict[tuple[tuple[int, int], ...], PipelineTemplate] = {}
         self._plans: dict[tuple, ExecutionPlan] = {}
 
     # ----- cost model -------------------------------------------------------------------------
-    def _template(self, ranges: Sequence[tuple[int, int]]) -> PipelineTemplate:
-        key = tuple(ranges)
-        if key not in self._templates:
-            gpus = self.context.cluster.gpus_per_node
-            stages = [StageSpec(a, b, node=i, gpu_offset=0, gpus=gpus) for i, (a, b) in enumerate(ranges)]
-            self._templates[key] = make_template(
-                self.context.profile, self.context.cluster, stages, self.context.reference_microbatches_per_stage
-            )
-        return self._templates[key]
-
     def stage_memory(self, partition: Sequence[tuple[int, int]]) -> list[float]:
         """Peak device bytes of each stage slot's devices: its stage and its successor's copy, as
         the redundancy mode keeps them (``baselines.bamboo.memory``)."""
@@ -263,7 +247,7 @@ class Bamboo(Strategy):
         self, state: BambooState, slots: Sequence[int], microbatches: int, redundancy: bool
     ) -> PipelineTemplate:
         stages = self._effective(state, slots)
-        template = self._template([(a, b) for _, a, b in stages])
+        template = self.template([(a, b) for _, a, b in stages])
         size = len(stages)
         if not redundancy or size == 1 or microbatches == 0 or self.config.redundancy != "inline":
             return template  # lazy adds nothing; eager is costed on its operations (_with_eager_cost)
@@ -361,7 +345,7 @@ class Bamboo(Strategy):
             times[mode] = schedule_cost(variant, build_schedule(variant), ctx.profile, ctx.cluster).makespan_s
         return max(0.0, times["eager"] - times["lazy"])
 
-    def _layout(self, state: BambooState) -> Layout:
+    def layout(self, state: BambooState) -> Layout:
         plan = self._plan(state)
         plain = self._plan(state, redundancy=False).predicted_iteration_s
         seconds = plan.predicted_iteration_s
@@ -396,14 +380,6 @@ class Bamboo(Strategy):
         return self._plan(state, redundancy).predicted_iteration_s
 
     # ----- layouts -------------------------------------------------------------------------------
-    def _fresh_state(self, depth: int, nodes: Sequence[int]) -> BambooState | None:
-        ordered = sorted(nodes)
-        count = min(len(ordered) // depth, self.context.num_microbatches)
-        if count < 1:
-            return None
-        pipelines = tuple(tuple(ordered[i * depth : (i + 1) * depth]) for i in range(count))
-        return BambooState(depth, self.partition(depth), pipelines, tuple(ordered[count * depth :]))
-
     def _memory_message(self, depth: int) -> str:
         need = max(self.stage_memory(self.partition(depth)))
         return (
@@ -429,7 +405,7 @@ class Bamboo(Strategy):
         for depth in range(low, min(layers, len(nodes)) + 1):
             if not self.fits(self.partition(depth)):
                 continue
-            state = self._fresh_state(depth, nodes)
+            state = self.fresh_state(depth, nodes)
             if state is None:
                 continue
             key = (self.iteration_s(state), depth)
@@ -445,19 +421,6 @@ class Bamboo(Strategy):
                 why = f"{len(nodes)} nodes cannot form a pipeline of depth >= {low}"
             return None, f"no pipeline depth from {low} to {deepest} fits: {why}"
         return best[1], ""
-
-    def start(self, nodes: Sequence[int]) -> Decision:
-        if self.depth is None:
-            depth, why = self.choose_depth(nodes)
-            if depth is None:
-                return Decision(Kind.STOP, reason=why, out_of_memory="out of memory" in why)
-            self.depth = depth
-        state = self._fresh_state(self.depth, nodes)
-        if state is None:
-            return Decision(
-                Kind.STOP, reason=f"{len(nodes)} nodes cannot form one pipeline of the fixed depth {self.depth}"
-            )
-        return Decision(Kind.START, self._layout(state))
 
     def on_change(self, run: RunState) -> Decision:
         state: BambooState = run.layout.state
@@ -510,7 +473,7 @@ class Bamboo(Strategy):
                 lost = [(p - (p > worst), s) for p, s in lost if p != worst]
         taken_over = sum(pipelines[p][s] == FAILED for p, s in lost)
         new_state = replace(state, pipelines=tuple(map(tuple, pipelines)), spares=tuple(spares))
-        layout = self._layout(new_state)
+        layout = self.layout(new_state)
         if not moved and not lost:
             return Decision(Kind.CONTINUE, layout)
         transfers = plan_transfers(

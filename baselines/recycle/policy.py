@@ -42,16 +42,17 @@ What this implements of ReCycle, and where it differs:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from baselines.bamboo.policy import balanced_partition
+from baselines.fixed_depth import FixedDepthPipelines, PipelinesState
 from oobleck.errors import ConfigError
 from oobleck.planning.layouts import even_split, explicit_plan
-from oobleck.planning.outputs import ExecutionPlan, PipelineTemplate, Reroute, StageSpec
+from oobleck.planning.outputs import ExecutionPlan, PipelineTemplate, Reroute
 from oobleck.planning.reconfigure import plan_transfers
-from oobleck.planning.templates import make_template
-from oobleck.strategy import Decision, Kind, Layout, RunState, Strategy, StrategyConfig
+from oobleck.strategy import Decision, Kind, Layout, RunState, StrategyConfig, StrategyContext
 
 FAILED = -1  # a stage slot whose node failed: its microbatches are re-routed through peers
 NANOSECONDS = 1e9  # compute seconds as integer weights for the balanced partition
@@ -81,43 +82,27 @@ class ReCycleConfig(StrategyConfig):
 
 
 @dataclass(frozen=True)
-class ReCycleState:
-    depth: int
-    partition: tuple[tuple[int, int], ...]  # layer range [start, end) of each stage slot
-    pipelines: tuple[tuple[int, ...], ...]  # node per stage slot, FAILED when re-routed
-    spares: tuple[int, ...]
+class ReCycleState(PipelinesState):
+    """A slot's node is FAILED when its microbatches are re-routed through peer pipelines."""
 
     @property
     def gaps(self) -> int:
         return sum(node == FAILED for slots in self.pipelines for node in slots)
 
 
-class ReCycle(Strategy):
+class ReCycle(FixedDepthPipelines[ReCycleState]):
     Config = ReCycleConfig
     requires_checkpoints = True  # the fall-back restarts from one
     config: ReCycleConfig
 
-    def __init__(self, config: ReCycleConfig, context) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(config, context)
-        self.depth: int | None = None  # fixed at the first start
-        self._templates: dict[tuple[tuple[int, int], ...], PipelineTemplate] = {}
+    def __init__(self, config: ReCycleConfig, context: StrategyContext) -> None:
+        super().__init__(config, context, ReCycleState)
         self._layouts: dict[ReCycleState, Layout] = {}
 
     # ----- layouts -------------------------------------------------------------------------------
     def partition(self, depth: int) -> tuple[tuple[int, int], ...]:
         seconds = [round((layer.forward_s + layer.backward_s) * NANOSECONDS) for layer in self.context.profile.layers]
         return balanced_partition(seconds, depth)
-
-    def _template(self, ranges: Sequence[tuple[int, int]]) -> PipelineTemplate:
-        """The intact template of ``ranges``: one stage per node on all its devices."""
-        key = tuple(ranges)
-        if key not in self._templates:
-            gpus = self.context.cluster.gpus_per_node
-            stages = [StageSpec(a, b, node=i, gpu_offset=0, gpus=gpus) for i, (a, b) in enumerate(ranges)]
-            self._templates[key] = make_template(
-                self.context.profile, self.context.cluster, stages, self.context.reference_microbatches_per_stage
-            )
-        return self._templates[key]
 
     def _gapped(self, template: PipelineTemplate, live: Sequence[int]) -> PipelineTemplate:
         """``template`` without the stage slots not in ``live``, the rest renumbered onto its nodes."""
@@ -131,14 +116,14 @@ class ReCycle(Strategy):
         )
 
     def fits(self, depth: int) -> bool:
-        memory = self._template(self.partition(depth)).stage_memory_bytes
+        memory = self.template(self.partition(depth)).stage_memory_bytes
         return max(memory) <= self.context.cluster.device_memory_bytes
 
     def plan(self, state: ReCycleState) -> ExecutionPlan:
         """The plan of ``state``: gaps become re-routes through the peers that hold the stage, each
         peer taking the next microbatch in turn (fewest detours first, then the lowest index)."""
         ctx = self.context
-        intact = self._template(state.partition)
+        intact = self.template(state.partition)
         split = even_split(ctx.num_microbatches, len(state.pipelines))
         templates, groups, reroutes = [], [], []
         detours = [0] * len(state.pipelines)
@@ -197,14 +182,6 @@ class ReCycle(Strategy):
             self._layouts[state] = Layout(plan, seconds, described, standby=state.spares, state=state)
         return self._layouts[state]
 
-    def _fresh_state(self, depth: int, nodes: Sequence[int]) -> ReCycleState | None:
-        ordered = sorted(nodes)
-        count = min(len(ordered) // depth, self.context.num_microbatches)
-        if count < 1:
-            return None
-        pipelines = tuple(tuple(ordered[i * depth : (i + 1) * depth]) for i in range(count))
-        return ReCycleState(depth, self.partition(depth), pipelines, tuple(ordered[count * depth :]))
-
     def choose_depth(self, nodes: Sequence[int]) -> tuple[int | None, str]:
         """The pipeline depth of the first start, or None and why none can run."""
         layers, count = len(self.context.profile.layers), len(nodes)
@@ -226,23 +203,14 @@ class ReCycle(Strategy):
                 f"no pipeline depth leaves strategy.min_pipelines={least} pipelines on {count} nodes with every "
                 "stage in device memory (out of memory or too few nodes)"
             )
-        best = min(candidates, key=lambda d: (self.layout(self._fresh_state(d, nodes)).iteration_s, d))  # type: ignore[arg-type]
+        best = min(candidates, key=lambda d: (self._fresh_iteration_s(d, nodes), d))
         return best, ""
 
-    # ----- decisions -----------------------------------------------------------------------------
-    def start(self, nodes: Sequence[int]) -> Decision:
-        if self.depth is None:
-            depth, why = self.choose_depth(nodes)
-            if depth is None:
-                return Decision(Kind.STOP, reason=why, out_of_memory="out of memory" in why)
-            self.depth = depth
-        state = self._fresh_state(self.depth, nodes)
-        if state is None:
-            return Decision(
-                Kind.STOP, reason=f"{len(nodes)} nodes cannot form one pipeline of the fixed depth {self.depth}"
-            )
-        return Decision(Kind.START, self.layout(state))
+    def _fresh_iteration_s(self, depth: int, nodes: Sequence[int]) -> float:
+        state = self.fresh_state(depth, nodes)
+        return math.inf if state is None else self.layout(state).iteration_s
 
+    # ----- decisions -----------------------------------------------------------------------------
     def on_change(self, run: RunState) -> Decision:
         state: ReCycleState = run.layout.state
         alive = set(run.alive)
