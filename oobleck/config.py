@@ -7,7 +7,8 @@ command-line override sets is type-checked. The schema holds types only (``MISSI
 ``conf/``. ``validate(cfg)`` then checks that every key is one the schema knows (Hydra's ``+`` adds
 any key; ``check_known_keys`` names the closest known one), and values and cross-field constraints
 before any process starts, raising ``ConfigError`` with one message that names the key, the value
-and the fix. ``CONF_DIR`` is where the config tree is (installed or in the checkout);
+and the fix; a section whose checks live beside its component is checked there
+(``checkpoint``: ``oobleck.checkpoint.settings``). ``CONF_DIR`` is where the config tree is (installed or in the checkout);
 ``load_group`` composes one group's section without Hydra.
 
 Sections mirror the config groups: ``paths``, ``model/`` (typed by its family: ``oobleck.models``),
@@ -18,7 +19,6 @@ Sections mirror the config groups: ``paths``, ``model/`` (typed by its family: `
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +26,8 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from oobleck.checkpoint.settings import check_checkpoint
+from oobleck.checks import choice, positive
 from oobleck.errors import ConfigError, unknown_key_message
 from oobleck.launcher import launcher_class
 from oobleck.planning.inputs import ClusterSpec
@@ -410,19 +412,6 @@ def check_known_keys(cfg: DictConfig) -> None:
     walk(cfg, Config, "")
 
 
-def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}; set {key}=<one of them>")
-
-
-def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
-    bound = ">= 0" if allow_zero else "> 0"
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):  # NaN passes every comparison below
-        raise ConfigError(f"{key}={value} must be a finite number {bound}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{key}={value} must be {bound}")
-
-
 def validate(cfg: Config | DictConfig) -> None:
     """Check values and cross-field constraints; raise ``ConfigError`` naming the first problem.
 
@@ -434,14 +423,14 @@ def validate(cfg: Config | DictConfig) -> None:
     cluster, job = cfg.cluster, cfg.job
     _validate_model(cfg)
     launcher_class(cluster).check_config(cluster)  # the kind, and what only some launchers support
-    _choice("cluster.device", cluster.device, ("cpu", "cuda"))
-    _choice("cluster.backend", cluster.backend, ("auto", "nccl", "gloo"))
+    choice("cluster.device", cluster.device, ("cpu", "cuda"))
+    choice("cluster.backend", cluster.backend, ("auto", "nccl", "gloo"))
     if cluster.backend == "nccl" and cluster.device != "cuda":
         raise ConfigError(
             f"cluster.backend=nccl needs cluster.device=cuda (got {cluster.device}); use cluster.backend=auto or gloo"
         )
-    _positive("cluster.nodes", cluster.nodes)
-    _positive("cluster.gpus_per_node", cluster.gpus_per_node)
+    positive("cluster.nodes", cluster.nodes)
+    positive("cluster.gpus_per_node", cluster.gpus_per_node)
     ClusterSpec.from_config(cluster)  # the planner's limits on memory and bandwidth (NaN, 1e-300 GB/s)
     for key in (
         "heartbeat_interval_s",
@@ -450,8 +439,8 @@ def validate(cfg: Config | DictConfig) -> None:
         "data_plane_probe_timeout_s",
         "startup_timeout_s",
     ):
-        _positive(f"cluster.{key}", getattr(cluster, key))
-    _positive("cluster.failure_settle_s", cluster.failure_settle_s, allow_zero=True)
+        positive(f"cluster.{key}", getattr(cluster, key))
+    positive("cluster.failure_settle_s", cluster.failure_settle_s, allow_zero=True)
     if cluster.heartbeat_timeout_s <= cluster.heartbeat_interval_s:
         raise ConfigError(
             f"cluster.heartbeat_timeout_s={cluster.heartbeat_timeout_s} must exceed "
@@ -459,28 +448,28 @@ def validate(cfg: Config | DictConfig) -> None:
         )
     if not 0 <= cluster.master_port <= 65535:
         raise ConfigError(f"cluster.master_port={cluster.master_port} must be in 0..65535 (0 picks a free port)")
-    _choice("profile.source", cfg.profile.source, ("auto", "measured", "analytic", "file"))
+    choice("profile.source", cfg.profile.source, ("auto", "measured", "analytic", "file"))
     if cfg.profile.source == "file" and not cfg.profile.path:
         raise ConfigError("profile.source=file needs profile.path=<profile JSON written by python -m oobleck.profile>")
-    _positive("profile.repeats", cfg.profile.repeats)
-    _positive("profile.warmup", cfg.profile.warmup, allow_zero=True)
-    _positive("profile.allreduce_timeout_s", cfg.profile.allreduce_timeout_s)
+    positive("profile.repeats", cfg.profile.repeats)
+    positive("profile.warmup", cfg.profile.warmup, allow_zero=True)
+    positive("profile.allreduce_timeout_s", cfg.profile.allreduce_timeout_s)
     for size in cfg.profile.allreduce_group_sizes:
         if size < 2:
             raise ConfigError(f"profile.allreduce_group_sizes contains {size}; all-reduce groups need >= 2 ranks")
     for nbytes in cfg.profile.allreduce_bytes:
-        _positive("profile.allreduce_bytes[]", nbytes)
+        positive("profile.allreduce_bytes[]", nbytes)
     gpu = cluster.gpu
     for key in ("peak_tflops", "memory_gb", "memory_bandwidth_gbps", "activation_bytes_per_value"):
-        _positive(f"cluster.gpu.{key}", getattr(gpu, key))
+        positive(f"cluster.gpu.{key}", getattr(gpu, key))
     for key in ("achieved_flop_fraction", "achieved_bandwidth_fraction"):
         if not 0 < getattr(gpu, key) <= 1:
             raise ConfigError(f"cluster.gpu.{key}={getattr(gpu, key)} must be in (0, 1]")
 
     if job.fault_tolerance < 0:
         raise ConfigError(f"job.fault_tolerance={job.fault_tolerance} must be >= 0")
-    _positive("job.microbatch_size", job.microbatch_size)
-    _positive("job.global_batch_size", job.global_batch_size)
+    positive("job.microbatch_size", job.microbatch_size)
+    positive("job.global_batch_size", job.global_batch_size)
     if job.global_batch_size % job.microbatch_size:
         raise ConfigError(
             f"job.global_batch_size={job.global_batch_size} is not divisible by "
@@ -495,23 +484,23 @@ def validate(cfg: Config | DictConfig) -> None:
             f"{job.microbatch_size}, fewer than the f+1={job.fault_tolerance + 1} pipelines "
             "job.fault_tolerance needs; raise the batch or lower the microbatch size"
         )
-    _positive("job.steps", job.steps)
+    positive("job.steps", job.steps)
     if job.seed < 0:
         raise ConfigError(f"job.seed={job.seed} must be >= 0 (seeds are non-negative)")
-    _positive("job.lr", job.lr)
-    _positive("job.min_lr", job.min_lr, allow_zero=True)
-    _positive("job.warmup_steps", job.warmup_steps, allow_zero=True)
-    _positive("job.grad_clip", job.grad_clip, allow_zero=True)
-    _choice("job.dataset", job.dataset, ("corpus", "synthetic"))
-    _positive("job.synthetic_samples", job.synthetic_samples)
-    _positive("planner.reference_microbatches_per_stage", cfg.planner.reference_microbatches_per_stage)
-    _positive("planner.transfer_sources", cfg.planner.transfer_sources)
-    _positive("planner.copy_piece_mb", cfg.planner.copy_piece_mb)
-    _choice("planner.replan_horizon", cfg.planner.replan_horizon, ("schedule", "fixed"))
-    _positive("planner.replan_horizon_steps", cfg.planner.replan_horizon_steps, allow_zero=True)
-    _positive("planner.progress_every_s", cfg.planner.progress_every_s)
-    _positive("runtime.bucket_mb", cfg.runtime.bucket_mb)
-    _positive("runtime.link_probe_mb", cfg.runtime.link_probe_mb, allow_zero=True)
+    positive("job.lr", job.lr)
+    positive("job.min_lr", job.min_lr, allow_zero=True)
+    positive("job.warmup_steps", job.warmup_steps, allow_zero=True)
+    positive("job.grad_clip", job.grad_clip, allow_zero=True)
+    choice("job.dataset", job.dataset, ("corpus", "synthetic"))
+    positive("job.synthetic_samples", job.synthetic_samples)
+    positive("planner.reference_microbatches_per_stage", cfg.planner.reference_microbatches_per_stage)
+    positive("planner.transfer_sources", cfg.planner.transfer_sources)
+    positive("planner.copy_piece_mb", cfg.planner.copy_piece_mb)
+    choice("planner.replan_horizon", cfg.planner.replan_horizon, ("schedule", "fixed"))
+    positive("planner.replan_horizon_steps", cfg.planner.replan_horizon_steps, allow_zero=True)
+    positive("planner.progress_every_s", cfg.planner.progress_every_s)
+    positive("runtime.bucket_mb", cfg.runtime.bucket_mb)
+    positive("runtime.link_probe_mb", cfg.runtime.link_probe_mb, allow_zero=True)
 
     from oobleck.faults.schedule import check_failures
 
@@ -523,18 +512,18 @@ def validate(cfg: Config | DictConfig) -> None:
     sim = cfg.sim
     known = strategy_names()
     for index, name in enumerate(sim.strategies):
-        _choice(f"sim.strategies[{index}]", name, known)
-    _choice("sim.profile_source", sim.profile_source, ("analytic", "auto", "measured", "file"))
+        choice(f"sim.strategies[{index}]", name, known)
+    choice("sim.profile_source", sim.profile_source, ("analytic", "auto", "measured", "file"))
     if sim.duration_h is not None:
-        _positive("sim.duration_h", sim.duration_h)
+        positive("sim.duration_h", sim.duration_h)
     if sim.nodes is not None:
-        _positive("sim.nodes", sim.nodes)
-    _positive("sim.timeline_bin_s", sim.timeline_bin_s)
-    _positive("sim.node_creation_s", sim.node_creation_s, allow_zero=True)
+        positive("sim.nodes", sim.nodes)
+    positive("sim.timeline_bin_s", sim.timeline_bin_s)
+    positive("sim.node_creation_s", sim.node_creation_s, allow_zero=True)
     if not (isinstance(sim.trace_starts, int) and sim.trace_starts >= 1):
         raise ConfigError(f"sim.trace_starts={sim.trace_starts!r} must be an integer >= 1")
     if sim.trace_start_spacing_s is not None:
-        _positive("sim.trace_start_spacing_s", sim.trace_start_spacing_s)
+        positive("sim.trace_start_spacing_s", sim.trace_start_spacing_s)
     for name, batch in (sim.global_batch_size_by_model or {}).items():
         if not (isinstance(batch, int) and batch >= 1):
             raise ConfigError(f"sim.global_batch_size_by_model.{name}={batch!r} must be an integer >= 1")
@@ -551,31 +540,8 @@ def validate(cfg: Config | DictConfig) -> None:
     from oobleck.uncertainty import declared
 
     declared(cfg)  # each uncertain constant: its key, range, scale and source
-    _choice("logger.wandb.mode", cfg.logger.wandb.mode, ("offline", "online", "disabled"))
-    _validate_checkpoint(cfg)
-
-
-def _validate_checkpoint(cfg: Config | DictConfig) -> None:
-    checkpoint = cfg.checkpoint
-    if checkpoint.every_steps is not None:
-        _positive("checkpoint.every_steps", checkpoint.every_steps, allow_zero=True)
-    if checkpoint.every_s is not None:
-        _positive("checkpoint.every_s", checkpoint.every_s)
-    if checkpoint.keep < 1:
-        raise ConfigError(
-            f"checkpoint.keep={checkpoint.keep} must be >= 1 (the newest complete checkpoint is always kept)"
-        )
-    _positive("checkpoint.io_threads", checkpoint.io_threads)
-    _positive("checkpoint.max_pending", checkpoint.max_pending)
-    _positive("checkpoint.write_timeout_s", checkpoint.write_timeout_s)
-    if checkpoint.dir is not None and not str(checkpoint.dir).strip():
-        raise ConfigError(
-            "checkpoint.dir='' is empty; set checkpoint.dir=<path> or checkpoint.dir=null for <run dir>/checkpoints"
-        )
-    if cfg.job.resume is not None and not str(cfg.job.resume).strip():
-        raise ConfigError(
-            "job.resume='' is empty; set job.resume=null (fresh start), job.resume=auto or job.resume=<checkpoint path>"
-        )
+    choice("logger.wandb.mode", cfg.logger.wandb.mode, ("offline", "online", "disabled"))
+    check_checkpoint(cfg)
 
 
 def _validate_model(cfg: Config | DictConfig) -> None:
