@@ -8,7 +8,7 @@ command-line override sets is type-checked. The schema holds types only (``MISSI
 any key; ``check_known_keys`` names the closest known one), and values and cross-field constraints
 before any process starts, raising ``ConfigError`` with one message that names the key, the value
 and the fix; a section whose checks live beside its component is checked there
-(``checkpoint``: ``oobleck.checkpoint.settings``). ``CONF_DIR`` is where the config tree is (installed or in the checkout);
+(``checkpoint``: ``oobleck.checkpoint.settings``; ``cluster``: ``oobleck.launcher``). ``CONF_DIR`` is where the config tree is (installed or in the checkout);
 ``load_group`` composes one group's section without Hydra.
 
 Sections mirror the config groups: ``paths``, ``model/`` (typed by its family: ``oobleck.models``),
@@ -29,7 +29,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from oobleck.checkpoint.settings import check_checkpoint
 from oobleck.checks import choice, positive
 from oobleck.errors import ConfigError, unknown_key_message
-from oobleck.launcher import launcher_class
+from oobleck.launcher import check_cluster
 from oobleck.planning.inputs import ClusterSpec
 from oobleck.planning.instantiate import MAX_MICROBATCHES, microbatch_limit_message
 
@@ -422,32 +422,8 @@ def validate(cfg: Config | DictConfig) -> None:
         check_known_keys(cfg)
     cluster, job = cfg.cluster, cfg.job
     _validate_model(cfg)
-    launcher_class(cluster).check_config(cluster)  # the kind, and what only some launchers support
-    choice("cluster.device", cluster.device, ("cpu", "cuda"))
-    choice("cluster.backend", cluster.backend, ("auto", "nccl", "gloo"))
-    if cluster.backend == "nccl" and cluster.device != "cuda":
-        raise ConfigError(
-            f"cluster.backend=nccl needs cluster.device=cuda (got {cluster.device}); use cluster.backend=auto or gloo"
-        )
-    positive("cluster.nodes", cluster.nodes)
-    positive("cluster.gpus_per_node", cluster.gpus_per_node)
+    check_cluster(cluster)
     ClusterSpec.from_config(cluster)  # the planner's limits on memory and bandwidth (NaN, 1e-300 GB/s)
-    for key in (
-        "heartbeat_interval_s",
-        "heartbeat_timeout_s",
-        "collective_timeout_s",
-        "data_plane_probe_timeout_s",
-        "startup_timeout_s",
-    ):
-        positive(f"cluster.{key}", getattr(cluster, key))
-    positive("cluster.failure_settle_s", cluster.failure_settle_s, allow_zero=True)
-    if cluster.heartbeat_timeout_s <= cluster.heartbeat_interval_s:
-        raise ConfigError(
-            f"cluster.heartbeat_timeout_s={cluster.heartbeat_timeout_s} must exceed "
-            f"cluster.heartbeat_interval_s={cluster.heartbeat_interval_s}"
-        )
-    if not 0 <= cluster.master_port <= 65535:
-        raise ConfigError(f"cluster.master_port={cluster.master_port} must be in 0..65535 (0 picks a free port)")
     choice("profile.source", cfg.profile.source, ("auto", "measured", "analytic", "file"))
     if cfg.profile.source == "file" and not cfg.profile.path:
         raise ConfigError("profile.source=file needs profile.path=<profile JSON written by python -m oobleck.profile>")

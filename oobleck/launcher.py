@@ -6,7 +6,8 @@ the one its class launches (a cluster file without ``_target_`` gets the launche
 ``kind``). The class answers, in any process and before any process starts, what depends on
 where nodes run, so nothing else branches on the kind:
 
-- ``check_config(cluster)``: the cluster settings suit this launcher (``validate`` calls it);
+- ``check_config(cluster)``: the cluster settings suit this launcher (``check_cluster``, the
+  section's checks that ``oobleck.config.validate`` calls, runs it before what every launcher needs);
 - ``check_environment(cluster)``: the run can start nodes from here (a Slurm launcher: inside an
   allocation, with ``srun`` and ``scancel``); checked before anything of the run is created;
 - ``check_devices(cluster)``: the devices the workers need exist where the controller runs;
@@ -19,7 +20,7 @@ An instance (made by the controller) starts a node's agent, signals a whole node
 node crashes, SIGSTOP: it freezes) and reaps everything at the end: ``oobleck.elastic.local``
 (processes on this machine) and ``oobleck.elastic.slurm`` (one Slurm job step per node) implement
 ``start`` and ``send_signal``; killing and shutting down are the same for both. This module is
-the interface only; it imports nothing of the project but its errors.
+the interface only; it imports nothing of the project but its errors and value checks.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from oobleck.checks import choice, positive
 from oobleck.errors import ConfigError, RunError
 
 REAP_TIMEOUT_S = 10.0
@@ -217,3 +219,33 @@ def _target(cluster: Any) -> str | None:
     if named and str(named) != "???":
         return str(named)
     return KIND_LAUNCHERS.get(str(cluster.kind))
+
+
+def check_cluster(cluster: Any) -> None:
+    """The ``cluster:`` section's checks (one ``ConfigError`` naming the key): its launcher's own
+    (``check_config``), then what every launcher needs."""
+    launcher_class(cluster).check_config(cluster)  # the kind, and what only some launchers support
+    choice("cluster.device", cluster.device, ("cpu", "cuda"))
+    choice("cluster.backend", cluster.backend, ("auto", "nccl", "gloo"))
+    if cluster.backend == "nccl" and cluster.device != "cuda":
+        raise ConfigError(
+            f"cluster.backend=nccl needs cluster.device=cuda (got {cluster.device}); use cluster.backend=auto or gloo"
+        )
+    positive("cluster.nodes", cluster.nodes)
+    positive("cluster.gpus_per_node", cluster.gpus_per_node)
+    for key in (
+        "heartbeat_interval_s",
+        "heartbeat_timeout_s",
+        "collective_timeout_s",
+        "data_plane_probe_timeout_s",
+        "startup_timeout_s",
+    ):
+        positive(f"cluster.{key}", getattr(cluster, key))
+    positive("cluster.failure_settle_s", cluster.failure_settle_s, allow_zero=True)
+    if cluster.heartbeat_timeout_s <= cluster.heartbeat_interval_s:
+        raise ConfigError(
+            f"cluster.heartbeat_timeout_s={cluster.heartbeat_timeout_s} must exceed "
+            f"cluster.heartbeat_interval_s={cluster.heartbeat_interval_s}"
+        )
+    if not 0 <= cluster.master_port <= 65535:
+        raise ConfigError(f"cluster.master_port={cluster.master_port} must be in 0..65535 (0 picks a free port)")
