@@ -7,9 +7,10 @@ command-line override sets is type-checked. The schema holds types only (``MISSI
 ``conf/``. ``validate(cfg)`` then checks that every key is one the schema knows (Hydra's ``+`` adds
 any key; ``check_known_keys`` names the closest known one), and values and cross-field constraints
 before any process starts, raising ``ConfigError`` with one message that names the key, the value
-and the fix; a section whose checks live beside its component is checked there
-(``checkpoint``: ``oobleck.checkpoint.settings``; ``cluster``: ``oobleck.launcher``). ``CONF_DIR`` is where the config tree is (installed or in the checkout);
-``load_group`` composes one group's section without Hydra.
+and the fix; a section whose checks live beside its component is checked there (``checkpoint``:
+``oobleck.checkpoint.settings``; ``cluster``: ``oobleck.launcher``; ``logger``:
+``oobleck.metrics.wandb_run``). ``CONF_DIR`` is where the config tree is (installed or in the
+checkout); ``load_group`` composes one group's section without Hydra.
 
 Sections mirror the config groups: ``paths``, ``model/`` (typed by its family: ``oobleck.models``),
 ``cluster/`` (``gpu/`` fills ``cluster.gpu``), ``profile``, ``job``, ``planner``, ``failures/``,
@@ -30,6 +31,7 @@ from oobleck.checkpoint.settings import check_checkpoint
 from oobleck.checks import choice, positive
 from oobleck.errors import ConfigError, unknown_key_message
 from oobleck.launcher import check_cluster
+from oobleck.metrics.wandb_run import check_logger
 from oobleck.planning.inputs import ClusterSpec
 from oobleck.planning.instantiate import MAX_MICROBATCHES, microbatch_limit_message
 
@@ -516,7 +518,7 @@ def validate(cfg: Config | DictConfig) -> None:
     from oobleck.uncertainty import declared
 
     declared(cfg)  # each uncertain constant: its key, range, scale and source
-    choice("logger.wandb.mode", cfg.logger.wandb.mode, ("offline", "online", "disabled"))
+    check_logger(cfg.logger)
     check_checkpoint(cfg)
 
 

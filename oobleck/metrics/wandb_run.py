@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from oobleck.checks import choice
 from oobleck.errors import RunError
 
 RUN_IDS_FILE = "wandb_run_ids.json"
@@ -212,14 +213,19 @@ def typed_frame(rows: Sequence[Mapping[str, Any]], columns: Iterable[str]) -> An
 
 
 WandbMode = Literal["online", "offline", "disabled"]
-# ``logger.wandb.mode`` is checked against these by the config's validation.
-_WANDB_MODES: dict[str, WandbMode] = {"online": "online", "offline": "offline", "disabled": "disabled"}
+WANDB_MODES: dict[str, WandbMode] = {"offline": "offline", "online": "online", "disabled": "disabled"}
+
+
+def check_logger(logger: Any) -> None:
+    """The ``logger:`` config section's checks (``oobleck.config.validate`` calls it)."""
+    choice("logger.wandb.mode", logger.wandb.mode, tuple(WANDB_MODES))
 
 
 def _wandb_mode(value: object) -> WandbMode:
-    mode = _WANDB_MODES.get(str(value))
+    """The mode as wandb's own type (``check_logger`` refused any other before the run)."""
+    mode = WANDB_MODES.get(str(value))
     if mode is None:
-        raise RunError(f"logger.wandb.mode={value!r}: expected one of {sorted(_WANDB_MODES)}")
+        raise RunError(f"logger.wandb.mode={value!r}: expected one of {', '.join(WANDB_MODES)}")
     return mode
 
 
