@@ -1,12 +1,13 @@
 """Bamboo's redundancy modes in steady state, each against Oobleck, measured in one run.
 
-    python benchmarks/bench_bamboo_modes.py [--steps 40] [--repeats 3] [--nodes 4] [--out DIR]
+    python benchmarks/bench_bamboo_modes.py [--steps 40] [--repeats 3] [--nodes 4] [--seed 0] [--out DIR]
 
 gpt3_tiny on ``--nodes`` local nodes, no failures: Oobleck (its planner's plan) and Bamboo with
 ``strategy.redundancy`` = lazy (Bamboo's default: no redundant forward), eager (the successor's
 forward before each wait for gradients) and inline (right after the stage's own forward, on the
-critical path), Bamboo at depth 2. The four configurations run in turn, ``--repeats`` times
-(interleaved, so drifting load falls on all alike). Printed:
+critical path), Bamboo at depth 2. The four configurations run under the protocol of
+``benchmarks/protocol.py`` (its steady-state rows: ``--repeats`` interleaved rounds, the order
+rotated per round, so drifting load falls on all alike). Printed:
 
 - per configuration, the median samples/s over the steps after the first ``--warmup`` (time
   between consecutive commits) with its min-max over the repeats, and its ratio to Oobleck's and
@@ -23,8 +24,6 @@ critical path), Bamboo at depth 2. The four configurations run in turn, ``--repe
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import statistics
@@ -34,39 +33,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
-CONFIGS = {
-    "oobleck": ("strategy=oobleck", {}),
-    "bamboo-lazy": ("strategy=bamboo", {"strategy.redundancy": "lazy"}),
-    "bamboo-eager": ("strategy=bamboo", {"strategy.redundancy": "eager"}),
-    "bamboo-inline": ("strategy=bamboo", {"strategy.redundancy": "inline"}),
-}
+from protocol import MIN_REPEATS, RunResult, Variant, run_protocol, runs_by_repeat, tiny_launcher  # noqa: E402
 
-
-def run_one(name: str, nodes: int, steps: int, run_dir: Path, profiles: Path) -> dict:
-    from oobleck.elastic.job import launch
-    from testing import tiny_config
-
-    group, overrides = CONFIGS[name]
-    extra = {"strategy.pipeline_depth": 2} if group == "strategy=bamboo" else {}
-    cfg = tiny_config(
-        group,
-        **{
-            "profile.cache_dir": str(profiles),
-            "cluster.nodes": nodes,
-            "job.fault_tolerance": 1,
-            "job.steps": steps,
-            "runtime.save_final_params": False,
-            **extra,
-            **overrides,
-        },
-    )
-    before = os.getloadavg()[0]
-    with contextlib.redirect_stdout(io.StringIO()):  # each run's own summary: in its run dir
-        outcome, _ = launch(cfg, run_dir)
-    after = os.getloadavg()[0]
-    plan = json.loads((run_dir / "plan.json").read_text())
-    return {"outcome": outcome, "load": (before, after), "plan": plan, "cfg": cfg}
+BAMBOO_DEPTH = (("strategy.pipeline_depth", 2),)
+VARIANTS = (
+    Variant("oobleck", "oobleck"),
+    *(
+        Variant(f"bamboo-{mode}", "bamboo", (("strategy.redundancy", mode), *BAMBOO_DEPTH))
+        for mode in ("lazy", "eager", "inline")
+    ),
+)
+NAMES = tuple(v.name for v in VARIANTS)
 
 
 def steady_rate(outcome, warmup: int) -> float:
@@ -80,7 +59,7 @@ def redundant_share(outcome) -> float:
     return sum(p.get("redundant_forward", 0.0) for p in phases) / pipeline if pipeline else 0.0
 
 
-def model_ratio(result: dict) -> float:
+def model_ratio(result: RunResult) -> float:
     """The operation-level cost of the run's schedule relative to the same plan run lazily."""
     from dataclasses import replace
 
@@ -90,8 +69,8 @@ def model_ratio(result: dict) -> float:
     from oobleck.schedules import build_schedule
     from oobleck.schedules.cost import schedule_cost
 
-    cfg = result["cfg"]
-    data = result["plan"]
+    cfg = result.cfg
+    data = json.loads((result.run_dir / "plan.json").read_text())
     plan = ExecutionPlan.from_dict(data.get("plan", data))
     profile, cluster = get_profile(cfg), ClusterSpec.from_config(cfg.cluster)
     lazy = replace(plan, redundancy="lazy")
@@ -100,6 +79,8 @@ def model_ratio(result: dict) -> float:
 
 
 def spread(values: list[float]) -> str:
+    if not values:
+        return "-"  # every run of it failed (protocol.json has the errors)
     return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
 
 
@@ -107,8 +88,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
     parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--heartbeat-timeout-s", type=float, default=5.0)
     parser.add_argument("--out", default=None, help="keep the run dirs here (default: a temporary dir)")
     args = parser.parse_args()
     os.environ.setdefault("WANDB_MODE", "disabled")
@@ -118,30 +101,49 @@ def main() -> None:
     print(
         f"{cores} cores, load average {os.getloadavg()[0]:.2f}; gpt3_tiny on {args.nodes} nodes; run dirs under {out}"
     )
-    rates: dict[str, list[float]] = {name: [] for name in CONFIGS}
-    ratios: dict[str, list[float]] = {name: [] for name in CONFIGS}
-    against_lazy: dict[str, list[float]] = {name: [] for name in CONFIGS}
-    shares: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    results: dict[Path, RunResult] = {}
+    launch_run = tiny_launcher(
+        steps=args.steps,
+        nodes=args.nodes,
+        heartbeat_timeout_s=args.heartbeat_timeout_s,
+        profiles=out / "profiles",
+        fault_tolerance=1,
+        results=results,
+    )
+    manifest = run_protocol(
+        VARIANTS,
+        faults=["none"],
+        steps=args.steps,
+        failures=1,  # drawn by the protocol, unused without faults
+        repeats=args.repeats,
+        seed=args.seed,
+        out=out,
+        launch_run=launch_run,
+        reference="oobleck",
+        nodes=args.nodes,
+        heartbeat_timeout_s=args.heartbeat_timeout_s,
+    )
+    rates: dict[str, list[float]] = {name: [] for name in NAMES}
+    ratios: dict[str, list[float]] = {name: [] for name in NAMES}
+    against_lazy: dict[str, list[float]] = {name: [] for name in NAMES}
+    shares: dict[str, list[float]] = {name: [] for name in NAMES}
     modelled: dict[str, float] = {}
     loaded = False
-    for repeat in range(args.repeats):
-        results = {}
-        for name in CONFIGS:
-            result = run_one(name, args.nodes, args.steps, out / f"{name}-{repeat}", out / "profiles")
-            results[name] = result
-            rate = steady_rate(result["outcome"], args.warmup)
-            rates[name].append(rate)
-            shares[name].append(redundant_share(result["outcome"]))
-            loaded |= max(result["load"]) > cores
+    for repeat, runs in enumerate(runs_by_repeat(manifest, out, "none", results)):
+        rate = {name: steady_rate(result.outcome, args.warmup) for name, result in runs.items()}
+        for name, result in runs.items():
+            rates[name].append(rate[name])
+            shares[name].append(redundant_share(result.outcome))
+            loaded |= max(result.load) > cores
             print(
-                f"repeat {repeat} {name:14s} {rate:8.1f} samples/s  load {result['load'][0]:.2f} -> {result['load'][1]:.2f}"
+                f"repeat {repeat} {name:14s} {rate[name]:8.1f} samples/s  load {result.load[0]:.2f} -> {result.load[1]:.2f}"
             )
             if name.startswith("bamboo") and name not in modelled:
                 modelled[name] = model_ratio(result)
-        base, lazy = rates["oobleck"][-1], rates["bamboo-lazy"][-1]
-        for name in CONFIGS:
-            ratios[name].append(rates[name][-1] / base)
-            against_lazy[name].append(rates[name][-1] / lazy)
+            if "oobleck" in rate:
+                ratios[name].append(rate[name] / rate["oobleck"])
+            if "bamboo-lazy" in rate:
+                against_lazy[name].append(rate[name] / rate["bamboo-lazy"])
     print(
         f"\nsteady state, median [min-max] over {args.repeats} interleaved repeats (load at end {os.getloadavg()[0]:.2f})"
     )
@@ -149,7 +151,7 @@ def main() -> None:
         f"{'config':14s} {'samples/s':>26s} {'/ oobleck':>22s} {'/ bamboo-lazy':>22s} {'redundant share':>22s}"
         f" {'model / lazy':>12s}"
     )
-    for name in CONFIGS:
+    for name in NAMES:
         model = f"{modelled[name]:.3f}" if name in modelled else ""
         lazy = spread(against_lazy[name]) if name.startswith("bamboo") else ""
         print(

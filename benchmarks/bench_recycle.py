@@ -4,12 +4,11 @@ reconfiguration's on the same failure, measured in one run.
     python benchmarks/bench_recycle.py [--steps 40] [--repeats 3] [--nodes 4] [--seed 0] [--out DIR]
 
 gpt3_tiny on ``--nodes`` local nodes (ReCycle at depth 2: D=2 x P=2 on 4 nodes; Oobleck on its
-planner's plan, f=1). Per repeat, four runs in turn (interleaved, so drifting load falls on all
-alike): each strategy without failures, then each with the same failure: one node SIGKILLed in
-the backward pass of a step drawn per repeat from ``[steps/4, steps/2)`` by ``--seed`` (the same
-step and node for both strategies in a repeat). ``bench_strategies.py`` does not have ReCycle yet
-(another branch is rewriting it into the same interleaved, seeded form); this benchmark stands in
-for its ReCycle rows. Printed:
+planner's plan, f=1), under the protocol of ``benchmarks/protocol.py``: ``--repeats`` interleaved
+rounds, each running both strategies without failures and then both with the same failure, one
+node SIGKILLed at a step the protocol draws per round from ``--seed`` (the same step for both
+strategies in a round; the injector picks the node). ``bench_strategies.py`` compares ReCycle's
+goodput with the others'; this benchmark looks inside a re-route. Printed:
 
 - steady state: median samples/s over the steps after ``--warmup`` and ReCycle's over Oobleck's
   in the same repeat (median [min-max]); ReCycle's intact plan is plain 1F1B, so this says what a
@@ -28,10 +27,7 @@ for its ReCycle rows. Printed:
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -39,32 +35,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from protocol import MIN_REPEATS, RunResult, Variant, run_protocol, runs_by_repeat, tiny_launcher  # noqa: E402
 
 STRATEGIES = ("oobleck", "recycle")
-
-
-def run_one(strategy: str, nodes: int, steps: int, failure: dict | None, run_dir: Path, profiles: Path) -> dict:
-    from oobleck.elastic.job import launch
-    from testing import tiny_config
-
-    extra = {"strategy.pipeline_depth": 2} if strategy == "recycle" else {}
-    cfg = tiny_config(
-        f"strategy={strategy}",
-        **{
-            "profile.cache_dir": str(profiles),
-            "cluster.nodes": nodes,
-            "job.fault_tolerance": 1,
-            "job.steps": steps,
-            "runtime.save_final_params": False,
-            "failures.kind": "explicit" if failure else "none",
-            "failures.events": [failure] if failure else [],
-            **extra,
-        },
-    )
-    before = os.getloadavg()[0]
-    with contextlib.redirect_stdout(io.StringIO()):  # each run's own summary: in its run dir
-        outcome, _ = launch(cfg, run_dir)
-    return {"outcome": outcome, "load": (before, os.getloadavg()[0]), "cfg": cfg}
+VARIANTS = (Variant("oobleck", "oobleck"), Variant("recycle", "recycle", (("strategy.pipeline_depth", 2),)))
 
 
 def rate(steps: list[dict]) -> float:
@@ -72,6 +48,8 @@ def rate(steps: list[dict]) -> float:
 
 
 def spread(values: list[float]) -> str:
+    if not values:
+        return "-"  # every run of it failed (protocol.json has the errors)
     return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
 
 
@@ -105,13 +83,20 @@ def model(cfg, failed_node: int) -> tuple[float, float, float]:
     return spans[1] / spans[0], bounds[0] / spans[0], bounds[1] / spans[1]
 
 
+def failure_step(result: RunResult) -> int:
+    """The step of the run's one scheduled failure."""
+    (event,) = result.cfg.failures.events
+    return int(event.step)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--heartbeat-timeout-s", type=float, default=5.0)
     parser.add_argument("--out", default=None, help="keep the run dirs here (default: a temporary dir)")
     args = parser.parse_args()
     os.environ.setdefault("WANDB_MODE", "disabled")
@@ -119,7 +104,28 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
     print(f"{cores} cores, load average {os.getloadavg()[0]:.2f}; gpt3_tiny on {args.nodes} nodes; runs under {out}")
-    draw = random.Random(args.seed)
+    results: dict[Path, RunResult] = {}
+    launch_run = tiny_launcher(
+        steps=args.steps,
+        nodes=args.nodes,
+        heartbeat_timeout_s=args.heartbeat_timeout_s,
+        profiles=out / "profiles",
+        fault_tolerance=1,
+        results=results,
+    )
+    manifest = run_protocol(
+        VARIANTS,
+        faults=["none", "crash"],
+        steps=args.steps,
+        failures=1,
+        repeats=args.repeats,
+        seed=args.seed,
+        out=out,
+        launch_run=launch_run,
+        reference="oobleck",
+        nodes=args.nodes,
+        heartbeat_timeout_s=args.heartbeat_timeout_s,
+    )
     steady: dict[str, list[float]] = {s: [] for s in STRATEGIES}
     ratio: list[float] = []
     recovery: dict[str, list[float]] = {s: [] for s in STRATEGIES}
@@ -128,38 +134,39 @@ def main() -> None:
     shares: list[float] = []
     loaded = False
     modelled = None
-    for repeat in range(args.repeats):
-        step = draw.randrange(args.steps // 4, args.steps // 2)
-        node = draw.randrange(1, args.nodes)  # node 0 hosts the store: keep it
-        failure = {"action": "remove", "step": step, "nodes": [node], "phase": "backward"}
-        for strategy in STRATEGIES:
-            result = run_one(strategy, args.nodes, args.steps, None, out / f"{strategy}-steady-{repeat}", out / "p")
-            steady[strategy].append(rate(result["outcome"].steps[args.warmup :]))
-            loaded |= max(result["load"]) > cores
+    for repeat, runs in enumerate(runs_by_repeat(manifest, out, "none", results)):
+        for strategy, result in runs.items():
+            steady[strategy].append(rate(result.outcome.steps[args.warmup :]))
+            loaded |= max(result.load) > cores
             if strategy == "recycle":
-                shares.append(sync_share(result["outcome"]))
+                shares.append(sync_share(result.outcome))
             print(
                 f"repeat {repeat} {strategy:8s} steady  {steady[strategy][-1]:8.1f} samples/s"
-                f"  load {result['load'][0]:.2f} -> {result['load'][1]:.2f}"
+                f"  load {result.load[0]:.2f} -> {result.load[1]:.2f}"
             )
-        ratio.append(steady["recycle"][-1] / steady["oobleck"][-1])
-        for strategy in STRATEGIES:
-            result = run_one(strategy, args.nodes, args.steps, failure, out / f"{strategy}-fail-{repeat}", out / "p")
-            outcome = result["outcome"]
-            loaded |= max(result["load"]) > cores
+        if len(runs) == len(STRATEGIES):
+            ratio.append(steady["recycle"][-1] / steady["oobleck"][-1])
+    paired: list[float] = []
+    for repeat, runs in enumerate(runs_by_repeat(manifest, out, "crash", results)):
+        for strategy, result in runs.items():
+            outcome, step = result.outcome, failure_step(result)
+            loaded |= max(result.load) > cores
             (row,) = outcome.recoveries
             recovery[strategy].append(row["total_s"])
             copied[strategy].append(row["state_copy_s"])
             before = rate([s for s in outcome.steps[args.warmup :] if s["step"] < step])
             later = rate([s for s in outcome.steps if s["step"] > step + 1])
             after[strategy].append(later / before)
+            (node,) = row["removed"]
             if strategy == "recycle" and modelled is None:
-                modelled = model(result["cfg"], node)
+                modelled = model(result.cfg, node)
             print(
                 f"repeat {repeat} {strategy:8s} node {node} killed at step {step}: {row['kind']} "
                 f"{row['total_s']:.3f} s (copy {row['state_copy_s']:.3f} s), after/before {after[strategy][-1]:.3f}"
-                f"  load {result['load'][0]:.2f} -> {result['load'][1]:.2f}"
+                f"  load {result.load[0]:.2f} -> {result.load[1]:.2f}"
             )
+        if len(runs) == len(STRATEGIES):
+            paired.append(recovery["recycle"][-1] / recovery["oobleck"][-1])
     print(f"\nmedian [min-max] over {args.repeats} interleaved repeats (load at end {os.getloadavg()[0]:.2f})")
     print(f"steady samples/s   oobleck {spread(steady['oobleck'])}   recycle {spread(steady['recycle'])}")
     print(f"steady recycle / oobleck (same repeat): {spread(ratio)}")
@@ -168,8 +175,7 @@ def main() -> None:
             f"{strategy:8s} recovery total_s {spread(recovery[strategy])}  state copy {spread(copied[strategy])}"
             f"  rate after / before {spread(after[strategy])}"
         )
-    ratios = [r / o for r, o in zip(recovery["recycle"], recovery["oobleck"])]
-    print(f"re-route / reconfiguration recovery time (same repeat): {spread(ratios)}")
+    print(f"re-route / reconfiguration recovery time (same repeat): {spread(paired)}")
     if modelled is not None:
         print(
             f"op-level model: re-routed / intact makespan {modelled[0]:.3f}; a staggered optimizer step could hide at "

@@ -345,6 +345,28 @@ TRANSFER_NODES = 6
 LINK_BASE = "127.0.1.0"  # cluster.node_address_base of the link-capped runs: node n sends from 127.0.1.n
 
 
+def transfer_config(steps: int, **overrides):
+    """The config of the state-copy runs (``bench_transfer``, ``bench_relay``): gpt2_small at a
+    short sequence on ``TRANSFER_NODES`` nodes, analytic profile, timeouts long enough for a
+    capped link; ``overrides`` add the run's own keys."""
+    return bench_config(
+        steps,
+        "model=gpt2_small",
+        **{
+            "model.seq_len": 64,
+            "job.global_batch_size": 6,
+            "job.microbatch_size": 1,
+            "job.warmup_steps": 1,
+            "cluster.nodes": TRANSFER_NODES,
+            "job.fault_tolerance": 2,
+            "profile.source": "analytic",
+            "cluster.collective_timeout_s": 120.0,
+            "cluster.heartbeat_timeout_s": 30.0,
+            **overrides,
+        },
+    )
+
+
 @contextlib.contextmanager
 def capped_links(mbit: float, nodes: int = TRANSFER_NODES):
     """Cap what each local node sends at ``mbit`` Mbit/s, as a NIC would: one HTB class per node's
@@ -427,19 +449,9 @@ def bench_transfer(repeats: int, steps: int = 4, link_mbit: float = 0.0) -> dict
     results: dict[str, list[dict]] = {name: [] for name in variants}
     for _ in range(repeats):
         for name, (sources, prefault, probe_mb) in variants.items():
-            cfg = bench_config(
+            cfg = transfer_config(
                 steps,
-                "model=gpt2_small",
                 **{
-                    "model.seq_len": 64,
-                    "job.global_batch_size": 6,
-                    "job.microbatch_size": 1,
-                    "job.warmup_steps": 1,
-                    "cluster.nodes": TRANSFER_NODES,
-                    "job.fault_tolerance": 2,
-                    "profile.source": "analytic",
-                    "cluster.collective_timeout_s": 120.0,
-                    "cluster.heartbeat_timeout_s": 30.0,
                     "planner.transfer_sources": sources,
                     "runtime.prefault_copies": prefault,
                     "runtime.link_probe_mb": probe_mb,
@@ -552,19 +564,9 @@ def bench_relay(repeats: int, steps: int, link_mbit: float) -> dict:
                     return Decision(Kind.RECONFIGURE, plan_layout(new), transfers=transfers, reason=name)
 
                 Oobleck.on_change = every_node_its_own_pipeline
-                cfg = bench_config(
+                cfg = transfer_config(
                     steps,
-                    "model=gpt2_small",
                     **{
-                        "model.seq_len": 64,
-                        "job.global_batch_size": 6,
-                        "job.microbatch_size": 1,
-                        "job.warmup_steps": 1,
-                        "cluster.nodes": TRANSFER_NODES,
-                        "job.fault_tolerance": 2,
-                        "profile.source": "analytic",
-                        "cluster.collective_timeout_s": 120.0,
-                        "cluster.heartbeat_timeout_s": 30.0,
                         "failures.kind": "explicit",
                         "failures.events": [{"action": "remove", "step": 2, "nodes": [2, 4]}],
                         "cluster.node_address_base": LINK_BASE,

@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 from gpu_check_units import exactness, layers, lifecycle, nccl, restart, throughput
-from gpu_check_units.common import FULL, NCCL_ENV, QUICK, REPO, Settings, cuda_reason, scrub, tail
+from gpu_check_units.common import FULL, NCCL_ENV, QUICK, REPO, Settings, cuda_reason, scrub, spawn, tail
 
 
 @dataclass(frozen=True)
@@ -105,15 +105,7 @@ def run_unit(unit: Unit, quick: bool, timeout_s: float, report: dict[str, Any]) 
         command += ["--quick"] if quick else []
         env = {**NCCL_ENV, **os.environ}  # as a worker sets it for NCCL (harmless for gloo)
         started = time.perf_counter()
-        proc = subprocess.Popen(
-            command,
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+        proc = spawn(command, env)
         try:
             output, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:

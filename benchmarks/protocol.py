@@ -23,13 +23,15 @@ both and the measurement is repeated. So a comparison here is:
 
 Each run's place in the protocol goes to ``protocol.json`` beside the run dirs (``Manifest``),
 which ``python -m analysis.comparison DIR`` reads to pair each run with its round's reference.
-Pure except ``run_protocol`` (it launches the runs) and ``checkpoint_interval`` (it composes a
-config).
+Pure except ``run_protocol`` (it launches the runs), ``tiny_launcher`` (what it returns launches
+one) and ``checkpoint_interval`` (it composes a config). A benchmark that reads more of a run than
+protocol.json and the run dir hold (its ``Outcome``) hands ``tiny_launcher`` a ``results`` dict.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -155,35 +157,91 @@ def checkpoint_interval(variant: Variant) -> int:
     return checkpoint_every_steps(tiny_config(f"strategy={variant.strategy}", **variant.settings()))
 
 
+@dataclass(frozen=True)
+class RunResult:
+    """One finished run, for a benchmark that reads more than its run dir: the dir, its config, its
+    ``oobleck.elastic.ledger.Outcome`` and the host's load average at its start and end."""
+
+    run_dir: Path
+    cfg: Any
+    outcome: Any
+    load: tuple[float, float]
+
+
+def tiny_run_config(
+    variant: Variant,
+    events: list[dict[str, Any]],
+    *,
+    steps: int,
+    nodes: int,
+    heartbeat_timeout_s: float,
+    profiles: Path,
+    fault_tolerance: int = 2,
+) -> Any:
+    """The config of one run of ``variant``: gpt3_tiny on ``nodes`` local nodes, the failure
+    schedule ``events``, the profile measured once into ``profiles``."""
+    from testing import tiny_config
+
+    return tiny_config(
+        f"strategy={variant.strategy}",
+        **{
+            "profile.cache_dir": str(profiles),
+            "cluster.nodes": nodes,
+            "cluster.heartbeat_timeout_s": heartbeat_timeout_s,
+            "job.fault_tolerance": fault_tolerance,
+            "job.steps": steps,
+            "job.global_batch_size": GLOBAL_BATCH,
+            "runtime.save_final_params": False,
+            "failures.kind": "explicit" if events else "none",
+            "failures.events": events,
+            **variant.settings(),
+        },
+    )
+
+
 def tiny_launcher(
-    *, steps: int, nodes: int, heartbeat_timeout_s: float, profiles: Path, fault_tolerance: int = 2
+    *,
+    steps: int,
+    nodes: int,
+    heartbeat_timeout_s: float,
+    profiles: Path,
+    fault_tolerance: int = 2,
+    results: dict[Path, RunResult] | None = None,
 ) -> Callable[[Variant, list[dict[str, Any]], Path], None]:
-    """Launches one run of gpt3_tiny on ``nodes`` local nodes: every variant plans with the same
-    measured profile (the first run measures it into ``profiles``) and detects with the same
-    heartbeat timeout."""
+    """Launches one run (``tiny_run_config``): every variant plans with the same measured profile
+    (the first run measures it into ``profiles``) and detects with the same heartbeat timeout.
+    With ``results``, each finished run's ``RunResult`` goes there under its run dir."""
 
     def launch_run(variant: Variant, events: list[dict[str, Any]], run_dir: Path) -> None:
         from oobleck.elastic.job import launch
-        from testing import tiny_config
 
-        cfg = tiny_config(
-            f"strategy={variant.strategy}",
-            **{
-                "profile.cache_dir": str(profiles),
-                "cluster.nodes": nodes,
-                "cluster.heartbeat_timeout_s": heartbeat_timeout_s,
-                "job.fault_tolerance": fault_tolerance,
-                "job.steps": steps,
-                "job.global_batch_size": GLOBAL_BATCH,
-                "runtime.save_final_params": False,
-                "failures.kind": "explicit" if events else "none",
-                "failures.events": events,
-                **variant.settings(),
-            },
+        cfg = tiny_run_config(
+            variant,
+            events,
+            steps=steps,
+            nodes=nodes,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            profiles=profiles,
+            fault_tolerance=fault_tolerance,
         )
-        launch(cfg, run_dir)
+        before = os.getloadavg()[0]
+        outcome, _ = launch(cfg, run_dir)
+        if results is not None:
+            results[run_dir] = RunResult(run_dir, cfg, outcome, (before, os.getloadavg()[0]))
 
     return launch_run
+
+
+def runs_by_repeat(
+    manifest: Manifest, out: Path, fault: str, results: dict[Path, RunResult]
+) -> list[dict[str, RunResult]]:
+    """Per repeat, variant name -> the result of its run under ``fault`` (runs that failed left out)."""
+    rounds: dict[int, dict[str, RunResult]] = {}
+    for run in manifest.runs:
+        result = results.get(out / run["path"])
+        if run["fault"] == fault and result is not None:
+            rounds.setdefault(run["repeat"], {})[run["variant"]] = result
+    return [rounds[repeat] for repeat in sorted(rounds)]
 
 
 def run_protocol(

@@ -10,8 +10,9 @@ import math
 import os
 import signal
 import statistics
+import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
@@ -204,6 +205,25 @@ def local_store() -> Iterator[Any]:
     """A TCPStore server on loopback, standing in for the controller's."""
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
     yield store
+
+
+def spawn(command: list[str], env: Mapping[str, str]) -> subprocess.Popen[str]:
+    """``command`` started in the repository root, in a session of its own (a kill of its process
+    group reaches whatever it starts), its stdout and stderr read together as text."""
+    return subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=dict(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def spawn_ranks(command: list[str], ranks: Iterable[int], env: Mapping[str, str]) -> list[subprocess.Popen[str]]:
+    """``command`` once per rank (``spawn``), each ``{rank}`` in its words replaced by the rank."""
+    return [spawn([word.format(rank=rank) for word in command], env) for rank in ranks]
 
 
 def free_device_memory(cuda: bool) -> None:

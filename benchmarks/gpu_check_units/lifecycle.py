@@ -23,7 +23,6 @@ import gc
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -43,6 +42,7 @@ from gpu_check_units.common import (
     growth,
     local_store,
     process_resources,
+    spawn_ranks,
     spread,
     tail,
 )
@@ -236,18 +236,7 @@ def unit_peer_death(s: Settings, context: dict[str, Any]) -> dict[str, Any]:
         command += ["--peer-ranks", str(n), "--backend", backend, "--device", device]
         command += ["--timeout-s", str(s.collective_timeout_s)]
         env = {**NCCL_ENV, **os.environ}
-        procs = [
-            subprocess.Popen(
-                [c.format(rank=r) for c in command],
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
-            for r in range(n)
-        ]
+        procs = spawn_ranks(command, range(n), env)
         try:
             store.wait([f"peer_death/ready/{r}" for r in range(n)], timedelta(seconds=s.experiment_wait_s * 6))
             time.sleep(0.3)  # every rank is in its all-reduce loop

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpu_check_units.common import NCCL_ENV, REPO, Settings, local_store, tail
+from gpu_check_units.common import NCCL_ENV, REPO, Settings, local_store, spawn_ranks, tail
 
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 
@@ -41,18 +41,7 @@ def unit_backends(s: Settings, context: dict[str, Any]) -> dict[str, Any]:
             "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0],
         }
         started = time.perf_counter()
-        procs = [
-            subprocess.Popen(
-                [c.format(rank=r) for c in command],
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
-            for r in (0, 1)
-        ]
+        procs = spawn_ranks(command, (0, 1), env)
         ranks, outputs = [], []
         for rank, proc in enumerate(procs):
             timed_out = False

@@ -196,3 +196,64 @@ def test_a_notices_restart_counts_as_a_recovery_and_a_join_does_not():
         }
     )
     assert _recovery_s(events) == pytest.approx(1.4)  # the notice's restart and torchft's continue
+
+
+def _bench(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("bench", "faults"), [("bench_bamboo_modes", ("none",)), ("bench_recycle", ("none", "crash"))])
+def test_every_variant_of_the_protocol_benches_is_a_valid_run(bench, faults):
+    """What bench_bamboo_modes and bench_recycle hand the protocol composes, validates and sets
+    the keys it names (a renamed key would otherwise fail every run of the benchmark)."""
+    from oobleck.config import validate
+
+    module = _bench(bench)
+    variants = module.VARIANTS
+    assert len({v.name for v in variants}) == len(variants) and variants[0].name == "oobleck"
+    for variant in variants:
+        for fault in faults:
+            events = protocol.fault_events(fault, (9,), variant.notice_s)
+            cfg = protocol.tiny_run_config(
+                variant,
+                events,
+                steps=24,
+                nodes=4,
+                heartbeat_timeout_s=5.0,
+                profiles=Path("profiles"),
+                fault_tolerance=1,
+            )
+            validate(cfg)
+            assert cfg.strategy.name == variant.strategy and cfg.job.global_batch_size == protocol.GLOBAL_BATCH
+            assert len(cfg.failures.events) == len(events)
+            for written, event in zip(cfg.failures.events, events):
+                assert {key: written[key] for key in event} == event
+            for key, value in variant.overrides:
+                assert cfg.strategy[key.removeprefix("strategy.")] == value
+            if fault == "crash":  # bench_recycle reads the step back from the run's config
+                assert module.failure_step(protocol.RunResult(Path("run"), cfg, None, (0.0, 0.0))) == 9
+
+
+def test_runs_by_repeat_pairs_each_rounds_runs_and_leaves_failed_ones_out(tmp_path):
+    manifest = protocol.Manifest(0, 10, 2, 5.0, {"a": 0, "b": 0}, "a")
+    for repeat in (0, 1):
+        for fault in ("none", "crash"):
+            for name in ("b", "a") if repeat else ("a", "b"):
+                manifest.runs.append(
+                    {"path": f"r{repeat}-{fault}/{name}", "variant": name, "fault": fault, "repeat": repeat}
+                )
+    results = {
+        tmp_path / run["path"]: protocol.RunResult(tmp_path / run["path"], None, run["path"], (0.0, 0.0))
+        for run in manifest.runs
+        if run["path"] != "r1-crash/a"  # that run failed: no result
+    }
+    steady = protocol.runs_by_repeat(manifest, tmp_path, "none", results)
+    assert [{k: r.outcome for k, r in runs.items()} for runs in steady] == [
+        {"a": "r0-none/a", "b": "r0-none/b"},
+        {"a": "r1-none/a", "b": "r1-none/b"},
+    ]
+    crashed = protocol.runs_by_repeat(manifest, tmp_path, "crash", results)
+    assert [sorted(runs) for runs in crashed] == [["a", "b"], ["b"]]
