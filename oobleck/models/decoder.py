@@ -68,6 +68,29 @@ def layer_name(config: DecoderConfig, index: int) -> str:
     return f"block{index - 1}"
 
 
+def embedding_cost(
+    name: str, params: int, tokens: int, width: int, bytes_per_value: int, rows_per_token: int, extra_activation: int
+) -> LayerCost:
+    """The embedding: a memory-bound gather of ``rows_per_token`` rows per token, summed and
+    written (FLOPs one per value); its input (token ids) takes no gradient, and backward
+    scatters the output gradient into a dense fp32 gradient. It keeps the token ids and
+    ``extra_activation`` bytes (a dropout mask) for backward."""
+    gather = float(tokens * width)
+    boundary = tokens * width * bytes_per_value
+    return LayerCost(
+        name=name,
+        kind=EMBEDDING,
+        params=params,
+        forward_flops=gather,
+        backward_input_flops=0.0,
+        backward_weight_flops=gather,
+        forward_bytes=(rows_per_token + 1) * boundary,
+        backward_bytes=params * FP32_BYTES + rows_per_token * boundary,
+        activation_bytes=tokens * INDEX_BYTES + extra_activation,
+        output_bytes=boundary,
+    )
+
+
 def product_layer_cost(
     name: str,
     kind: str,

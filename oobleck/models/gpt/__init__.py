@@ -32,7 +32,7 @@ from omegaconf import MISSING
 from oobleck.errors import ConfigError
 from oobleck.models import decoder
 from oobleck.models.architecture import BLOCK, EMBEDDING, HEAD, Architecture, LayerCost, ModelFamily
-from oobleck.models.decoder import FP32_BYTES, INDEX_BYTES, layer_name, product_layer_cost
+from oobleck.models.decoder import FP32_BYTES, embedding_cost, layer_name, product_layer_cost
 
 # The tied pair's parameter names inside the embedding and the head (``gpt.model``).
 TIED_EMBEDDING_PARAM = "wte.weight"
@@ -90,21 +90,8 @@ def layer_cost(config: GPTConfig, index: int, microbatch_size: int, bytes_per_va
     name = layer_name(config, index)
     params = parameter_count(config, index)
     boundary = b * t * c * p
-    if name == EMBEDDING:
-        # Gather two rows per token and write their sum; backward scatters into a dense fp32 gradient.
-        gather = float(b * t * c)
-        return LayerCost(
-            name=name,
-            kind=EMBEDDING,
-            params=params,
-            forward_flops=gather,
-            backward_input_flops=0.0,
-            backward_weight_flops=gather,
-            forward_bytes=3 * boundary,
-            backward_bytes=params * FP32_BYTES + 2 * boundary,
-            activation_bytes=b * t * INDEX_BYTES + b * t * c * DROPOUT_MASK_BYTES,
-            output_bytes=boundary,
-        )
+    if name == EMBEDDING:  # token and position rows; dropout keeps its mask
+        return embedding_cost(name, params, b * t, c, p, 2, b * t * c * DROPOUT_MASK_BYTES)
     if name == HEAD:
         product = 2.0 * b * t * c * v
         # LayerNorm and LM-head inputs at bytes_per_value plus fp32 logits for the cross entropy.

@@ -35,7 +35,7 @@ from omegaconf import MISSING
 from oobleck.errors import ConfigError
 from oobleck.models import decoder
 from oobleck.models.architecture import BLOCK, EMBEDDING, HEAD, Architecture, LayerCost, ModelFamily
-from oobleck.models.decoder import FP32_BYTES, INDEX_BYTES, layer_name, product_layer_cost
+from oobleck.models.decoder import FP32_BYTES, embedding_cost, layer_name, product_layer_cost
 
 # The tied pair's parameter names inside the embedding and the head (``llama.model``).
 TIED_EMBEDDING_PARAM = "tok_embeddings.weight"
@@ -106,20 +106,8 @@ def layer_cost(config: LlamaConfig, index: int, microbatch_size: int, bytes_per_
     name = layer_name(config, index)
     params = parameter_count(config, index)
     boundary = b * t * c * p
-    if name == EMBEDDING:
-        gather = float(b * t * c)
-        return LayerCost(
-            name=name,
-            kind=EMBEDDING,
-            params=params,
-            forward_flops=gather,
-            backward_input_flops=0.0,
-            backward_weight_flops=gather,
-            forward_bytes=2 * boundary,  # read one row per token, write it
-            backward_bytes=params * FP32_BYTES + boundary,  # a dense fp32 gradient, the output gradient read
-            activation_bytes=b * t * INDEX_BYTES,
-            output_bytes=boundary,
-        )
+    if name == EMBEDDING:  # one row per token, no dropout
+        return embedding_cost(name, params, b * t, c, p, 1, 0)
     if name == HEAD:
         product = 2.0 * b * t * c * v
         activation = 2 * boundary + b * t * (FP32_BYTES + v * FP32_BYTES)  # norm in/out, its scale, fp32 logits
