@@ -3,7 +3,8 @@ over the lowest-numbered nodes, the nodes left over standing by.
 
 A subclass says how the layers split into stages (``partition``), which depth to run
 (``choose_depth``) and what a state of its pipelines costs (``layout``); this class builds the
-intact template of a split, the pipelines of a fresh start, and the start decision.
+intact template of a split, the plan of a set of pipelines, the pipelines of a fresh start, and the
+start decision.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from oobleck.planning.outputs import PipelineTemplate, StageSpec
+from oobleck.planning.layouts import explicit_plan
+from oobleck.planning.outputs import ExecutionPlan, PipelineTemplate, ShadowCopy, StageSpec
 from oobleck.planning.templates import make_template
 from oobleck.strategy import Decision, Kind, Layout, Strategy, StrategyConfig, StrategyContext
 
@@ -63,6 +65,31 @@ class FixedDepthPipelines(Strategy, Generic[State]):
                 self.context.profile, self.context.cluster, stages, self.context.reference_microbatches_per_stage
             )
         return self._templates[key]
+
+    def pipelines_plan(
+        self,
+        templates: Sequence[PipelineTemplate],
+        groups: Sequence[Sequence[int]],
+        microbatches: Sequence[int],
+        shadows: Sequence[ShadowCopy] = (),
+    ) -> ExecutionPlan:
+        """``explicit_plan`` of ``templates[i]`` on nodes ``groups[i]`` with ``microbatches[i]``
+        microbatches, at the run's batch and cluster; no in-place fault tolerance is promised
+        (a lost stage is the strategy's own repair, or a restart)."""
+        ctx = self.context
+        return explicit_plan(
+            templates,
+            groups,
+            microbatches,
+            global_batch_size=ctx.global_batch_size,
+            microbatch_size=ctx.microbatch_size,
+            fault_tolerance=0,
+            gpus_per_node=ctx.cluster.gpus_per_node,
+            layer_param_bytes=ctx.layer_param_bytes,
+            intra_node_bandwidth=ctx.cluster.intra_node_bandwidth,
+            inter_node_bandwidth=ctx.cluster.inter_node_bandwidth,
+            shadows=shadows,
+        )
 
     def fresh_state(self, depth: int, nodes: Sequence[int]) -> State | None:
         """As many pipelines of ``depth`` as ``nodes`` fill (at most one per microbatch), in node

@@ -58,7 +58,7 @@ from dataclasses import dataclass, replace
 from baselines.bamboo.memory import StageMemory, stage_memory
 from baselines.fixed_depth import FixedDepthPipelines, PipelinesState
 from oobleck.errors import PlanningError
-from oobleck.planning.layouts import even_split, explicit_plan
+from oobleck.planning.layouts import even_split
 from oobleck.planning.outputs import (
     REDUNDANCY_MODES,
     ExecutionPlan,
@@ -278,19 +278,7 @@ class Bamboo(FixedDepthPipelines[BambooState]):
                 for j in range(len(stages)):
                     _, a, b = stages[(j + 1) % len(stages)]
                     shadows.append(ShadowCopy(pipeline=p, stage=j, layers=tuple(range(a, b))))
-        plan = explicit_plan(
-            templates,
-            groups,
-            split,
-            global_batch_size=ctx.global_batch_size,
-            microbatch_size=ctx.microbatch_size,
-            fault_tolerance=0,
-            gpus_per_node=ctx.cluster.gpus_per_node,
-            layer_param_bytes=ctx.layer_param_bytes,
-            intra_node_bandwidth=ctx.cluster.intra_node_bandwidth,
-            inter_node_bandwidth=ctx.cluster.inter_node_bandwidth,
-            shadows=shadows,
-        )
+        plan = self.pipelines_plan(templates, groups, split, shadows)
         plan = replace(plan, redundancy=self.config.redundancy)
         if redundancy and self.config.redundancy == "eager":
             plan = self._with_eager_cost(plan)

@@ -49,7 +49,7 @@ from dataclasses import dataclass, replace
 from baselines.bamboo.policy import balanced_partition
 from baselines.fixed_depth import FixedDepthPipelines, PipelinesState
 from oobleck.errors import ConfigError
-from oobleck.planning.layouts import even_split, explicit_plan
+from oobleck.planning.layouts import even_split
 from oobleck.planning.outputs import ExecutionPlan, PipelineTemplate, Reroute
 from oobleck.planning.reconfigure import plan_transfers
 from oobleck.strategy import Decision, Kind, Layout, RunState, StrategyConfig, StrategyContext
@@ -141,18 +141,7 @@ class ReCycle(FixedDepthPipelines[ReCycleState]):
                     via.append(peer)
                 start, end = state.partition[s]
                 reroutes.append(Reroute(p, start, end, tuple(via)))
-        plan = explicit_plan(
-            templates,
-            groups,
-            split,
-            global_batch_size=ctx.global_batch_size,
-            microbatch_size=ctx.microbatch_size,
-            fault_tolerance=0,
-            gpus_per_node=ctx.cluster.gpus_per_node,
-            layer_param_bytes=ctx.layer_param_bytes,
-            intra_node_bandwidth=ctx.cluster.intra_node_bandwidth,
-            inter_node_bandwidth=ctx.cluster.inter_node_bandwidth,
-        )
+        plan = self.pipelines_plan(templates, groups, split)
         return replace(plan, reroutes=tuple(reroutes))
 
     def rerouted_extra_s(self, state: ReCycleState) -> float:
