@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -45,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from protocol import MIN_REPEATS, Variant, run_protocol, tiny_launcher  # noqa: E402
+from protocol import Variant, add_protocol_arguments, protocol_out, run_tiny_protocol  # noqa: E402
 
 NOTICE = "notice"  # the switch whose variants run only the crash schedule (a hang gets no notice)
 # Run by default under hangs too: each system's faithful default.
@@ -89,18 +88,11 @@ def markdown(summary, header: list[str], warnings: list[str]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--nodes", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
-    parser.add_argument("--failures", type=int, default=1, help="failures per run")
+    add_protocol_arguments(parser, steps=24, nodes=4, failures=1)
     parser.add_argument("--notice-s", type=float, default=3.0, help="the notice of the notice variants")
-    parser.add_argument("--heartbeat-timeout-s", type=float, default=5.0)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", nargs="*", default=None, help="run only these variants (oobleck always)")
-    parser.add_argument("--out", default=None, help="keep the run dirs here (default: a temporary dir)")
     parser.add_argument("--all", action="store_true", help="every variant, and every variant under hangs too")
     args = parser.parse_args()
-    os.environ.setdefault("WANDB_MODE", "disabled")
 
     from analysis.comparison import host_warnings, protocol_summary, protocol_table
 
@@ -110,25 +102,11 @@ def main() -> None:
         if (not args.only or v.name in {"oobleck", *args.only}) and (args.all or v.name not in EXTRA_VARIANTS)
     ]
     crash_only = {v.name for v in chosen if v.switch == NOTICE or not (args.all or v.name in HANG_VARIANTS)}
-    out = (Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_attribution-"))).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = protocol_out(args.out, "bench_attribution")
     start_load = os.getloadavg()
     started = time.time()
     print(f"load average {start_load} on {os.cpu_count()} cores; run dirs under {out}", flush=True)
-    common = dict(
-        steps=args.steps,
-        failures=args.failures,
-        repeats=args.repeats,
-        seed=args.seed,
-        out=out,
-        launch_run=tiny_launcher(
-            steps=args.steps, nodes=args.nodes, heartbeat_timeout_s=args.heartbeat_timeout_s, profiles=out / "profiles"
-        ),
-        reference="oobleck",
-        nodes=args.nodes,
-        heartbeat_timeout_s=args.heartbeat_timeout_s,
-    )
-    run_protocol(chosen, faults=("crash", "hang"), crash_only=crash_only, **common)
+    run_tiny_protocol(chosen, args, out, faults=("crash", "hang"), crash_only=crash_only)
     table = protocol_table(out)
     summary = protocol_summary(table)
     summary.to_csv(out / "attribution.csv", index=False)

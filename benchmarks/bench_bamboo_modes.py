@@ -1,6 +1,7 @@
 """Bamboo's redundancy modes in steady state, each against Oobleck, measured in one run.
 
     python benchmarks/bench_bamboo_modes.py [--steps 40] [--repeats 3] [--nodes 4] [--seed 0] [--out DIR]
+                                            [--warmup 5] [--heartbeat-timeout-s 5]
 
 gpt3_tiny on ``--nodes`` local nodes, no failures: Oobleck (its planner's plan) and Bamboo with
 ``strategy.redundancy`` = lazy (Bamboo's default: no redundant forward), eager (the successor's
@@ -28,14 +29,20 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from protocol import MIN_REPEATS, RunResult, Variant, run_protocol, runs_by_repeat, tiny_launcher  # noqa: E402
+from protocol import (  # noqa: E402
+    RunResult,
+    Variant,
+    add_protocol_arguments,
+    protocol_out,
+    run_tiny_protocol,
+    runs_by_repeat,
+)
 
 BAMBOO_DEPTH = (("strategy.pipeline_depth", 2),)
 VARIANTS = (
@@ -86,43 +93,16 @@ def spread(values: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40)
+    add_protocol_arguments(parser, steps=40, nodes=4, failures=1)  # failures: drawn, unused without faults
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
-    parser.add_argument("--nodes", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--heartbeat-timeout-s", type=float, default=5.0)
-    parser.add_argument("--out", default=None, help="keep the run dirs here (default: a temporary dir)")
     args = parser.parse_args()
-    os.environ.setdefault("WANDB_MODE", "disabled")
-    out = (Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_bamboo_modes-"))).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = protocol_out(args.out, "bench_bamboo_modes")
     cores = os.cpu_count() or 1
     print(
         f"{cores} cores, load average {os.getloadavg()[0]:.2f}; gpt3_tiny on {args.nodes} nodes; run dirs under {out}"
     )
     results: dict[Path, RunResult] = {}
-    launch_run = tiny_launcher(
-        steps=args.steps,
-        nodes=args.nodes,
-        heartbeat_timeout_s=args.heartbeat_timeout_s,
-        profiles=out / "profiles",
-        fault_tolerance=1,
-        results=results,
-    )
-    manifest = run_protocol(
-        VARIANTS,
-        faults=["none"],
-        steps=args.steps,
-        failures=1,  # drawn by the protocol, unused without faults
-        repeats=args.repeats,
-        seed=args.seed,
-        out=out,
-        launch_run=launch_run,
-        reference="oobleck",
-        nodes=args.nodes,
-        heartbeat_timeout_s=args.heartbeat_timeout_s,
-    )
+    manifest = run_tiny_protocol(VARIANTS, args, out, faults=["none"], fault_tolerance=1, results=results)
     rates: dict[str, list[float]] = {name: [] for name in NAMES}
     ratios: dict[str, list[float]] = {name: [] for name in NAMES}
     against_lazy: dict[str, list[float]] = {name: [] for name in NAMES}

@@ -2,6 +2,7 @@
 reconfiguration's on the same failure, measured in one run.
 
     python benchmarks/bench_recycle.py [--steps 40] [--repeats 3] [--nodes 4] [--seed 0] [--out DIR]
+                                       [--warmup 5] [--heartbeat-timeout-s 5]
 
 gpt3_tiny on ``--nodes`` local nodes (ReCycle at depth 2: D=2 x P=2 on 4 nodes; Oobleck on its
 planner's plan, f=1), under the protocol of ``benchmarks/protocol.py``: ``--repeats`` interleaved
@@ -30,14 +31,20 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from protocol import MIN_REPEATS, RunResult, Variant, run_protocol, runs_by_repeat, tiny_launcher  # noqa: E402
+from protocol import (  # noqa: E402
+    RunResult,
+    Variant,
+    add_protocol_arguments,
+    protocol_out,
+    run_tiny_protocol,
+    runs_by_repeat,
+)
 
 STRATEGIES = ("oobleck", "recycle")
 VARIANTS = (Variant("oobleck", "oobleck"), Variant("recycle", "recycle", (("strategy.pipeline_depth", 2),)))
@@ -91,41 +98,16 @@ def failure_step(result: RunResult) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40)
+    add_protocol_arguments(parser, steps=40, nodes=4, failures=1)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
-    parser.add_argument("--nodes", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--heartbeat-timeout-s", type=float, default=5.0)
-    parser.add_argument("--out", default=None, help="keep the run dirs here (default: a temporary dir)")
     args = parser.parse_args()
-    os.environ.setdefault("WANDB_MODE", "disabled")
-    out = (Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_recycle-"))).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    if args.failures != 1:
+        parser.error("--failures: this benchmark looks at one failure per run")
+    out = protocol_out(args.out, "bench_recycle")
     cores = os.cpu_count() or 1
     print(f"{cores} cores, load average {os.getloadavg()[0]:.2f}; gpt3_tiny on {args.nodes} nodes; runs under {out}")
     results: dict[Path, RunResult] = {}
-    launch_run = tiny_launcher(
-        steps=args.steps,
-        nodes=args.nodes,
-        heartbeat_timeout_s=args.heartbeat_timeout_s,
-        profiles=out / "profiles",
-        fault_tolerance=1,
-        results=results,
-    )
-    manifest = run_protocol(
-        VARIANTS,
-        faults=["none", "crash"],
-        steps=args.steps,
-        failures=1,
-        repeats=args.repeats,
-        seed=args.seed,
-        out=out,
-        launch_run=launch_run,
-        reference="oobleck",
-        nodes=args.nodes,
-        heartbeat_timeout_s=args.heartbeat_timeout_s,
-    )
+    manifest = run_tiny_protocol(VARIANTS, args, out, faults=["none", "crash"], fault_tolerance=1, results=results)
     steady: dict[str, list[float]] = {s: [] for s in STRATEGIES}
     ratio: list[float] = []
     recovery: dict[str, list[float]] = {s: [] for s in STRATEGIES}

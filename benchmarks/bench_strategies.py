@@ -26,14 +26,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from protocol import MIN_REPEATS, Variant, run_protocol, tiny_launcher  # noqa: E402
+from protocol import Variant, add_protocol_arguments, protocol_out, run_tiny_protocol  # noqa: E402
 
 STRATEGIES = ("oobleck", "varuna", "bamboo", "recycle")
 # The strategies whose runs the simulator predicts (``--validate``): the calibrated ones.
@@ -68,40 +67,17 @@ def validate(out: Path, crash_runs: list[Path], profile_repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
-    parser.add_argument("--nodes", type=int, default=6)
-    parser.add_argument("--failures", type=int, default=2, help="failures per run")
+    add_protocol_arguments(parser, steps=60, nodes=6, failures=2)
     parser.add_argument("--faults", nargs="+", default=["crash", "hang", "none"], choices=["crash", "hang", "none"])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--heartbeat-timeout-s", type=float, default=5.0)
-    parser.add_argument("--out", default=None, help="keep the run dirs here (default: a temporary dir)")
     parser.add_argument("--validate", action="store_true", help="also check the simulator against the crash runs")
     parser.add_argument("--profile-repeats", type=int, default=21, help="with --validate: timed repeats per layer")
     args = parser.parse_args()
-    os.environ.setdefault("WANDB_MODE", "disabled")
 
     from analysis.comparison import print_protocol
 
-    out = (Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_strategies-"))).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = protocol_out(args.out, "bench_strategies")
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; run dirs under {out}")
-    launch_run = tiny_launcher(
-        steps=args.steps, nodes=args.nodes, heartbeat_timeout_s=args.heartbeat_timeout_s, profiles=out / "profiles"
-    )
-    run_protocol(
-        [Variant(name, name) for name in STRATEGIES],
-        faults=args.faults,
-        steps=args.steps,
-        failures=args.failures,
-        repeats=args.repeats,
-        seed=args.seed,
-        out=out,
-        launch_run=launch_run,
-        reference="oobleck",
-        nodes=args.nodes,
-        heartbeat_timeout_s=args.heartbeat_timeout_s,
-    )
+    run_tiny_protocol([Variant(name, name) for name in STRATEGIES], args, out, faults=args.faults)
     print(f"load average {os.getloadavg()[0]:.2f}")
     print_protocol(out)
     if args.validate and "crash" in args.faults:

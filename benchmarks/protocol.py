@@ -30,9 +30,11 @@ protocol.json and the run dir hold (its ``Outcome``) hands ``tiny_launcher`` a `
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -306,3 +308,59 @@ def run_protocol(
                 )
                 manifest.write(out)
     return manifest
+
+
+def add_protocol_arguments(parser: argparse.ArgumentParser, *, steps: int, nodes: int, failures: int) -> None:
+    """The arguments of every benchmark that runs the protocol with ``tiny_launcher``."""
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
+    parser.add_argument("--nodes", type=int, default=nodes)
+    parser.add_argument("--failures", type=int, default=failures, help="failures per run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--heartbeat-timeout-s", type=float, default=5.0)
+    parser.add_argument("--out", default=None, help="keep the run dirs here (default: a temporary dir)")
+
+
+def protocol_out(out: str | None, prefix: str) -> Path:
+    """The benchmark's dir (``--out``, else a new temporary one), created; wandb stays off unless
+    the environment turns it on."""
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    path = (Path(out) if out else Path(tempfile.mkdtemp(prefix=f"{prefix}-"))).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def run_tiny_protocol(
+    variants: Sequence[Variant],
+    args: argparse.Namespace,
+    out: Path,
+    *,
+    faults: Sequence[str],
+    fault_tolerance: int = 2,
+    results: dict[Path, RunResult] | None = None,
+    crash_only: frozenset[str] | set[str] = frozenset(),
+) -> Manifest:
+    """``run_protocol`` of ``variants`` launched by ``tiny_launcher``, sized by the arguments
+    ``add_protocol_arguments`` added; Oobleck is the reference."""
+    launch_run = tiny_launcher(
+        steps=args.steps,
+        nodes=args.nodes,
+        heartbeat_timeout_s=args.heartbeat_timeout_s,
+        profiles=out / "profiles",
+        fault_tolerance=fault_tolerance,
+        results=results,
+    )
+    return run_protocol(
+        variants,
+        faults=faults,
+        steps=args.steps,
+        failures=args.failures,
+        repeats=args.repeats,
+        seed=args.seed,
+        out=out,
+        launch_run=launch_run,
+        reference="oobleck",
+        nodes=args.nodes,
+        heartbeat_timeout_s=args.heartbeat_timeout_s,
+        crash_only=crash_only,
+    )

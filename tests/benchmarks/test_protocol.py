@@ -9,6 +9,7 @@ round, medians and ranges over three repeats, each run's host in its row.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import random
@@ -95,23 +96,13 @@ def test_host_warnings_name_load_and_oversubscription():
 
 def test_a_real_protocol_pairs_every_run_with_its_rounds_reference(tmp_path):
     variants = [protocol.Variant("oobleck", "oobleck"), protocol.Variant("varuna", "varuna")]
-    steps, nodes = 12, 3
-    launch_run = protocol.tiny_launcher(
-        steps=steps, nodes=nodes, heartbeat_timeout_s=5.0, profiles=tmp_path / "profiles", fault_tolerance=1
-    )
-    manifest = protocol.run_protocol(
-        variants,
-        faults=["crash"],
-        steps=steps,
-        failures=1,
-        repeats=3,
-        seed=3,
-        out=tmp_path,
-        launch_run=launch_run,
-        reference="oobleck",
-        nodes=nodes,
-        heartbeat_timeout_s=5.0,
-    )
+    parser = argparse.ArgumentParser()
+    protocol.add_protocol_arguments(parser, steps=12, nodes=3, failures=2)
+    args = parser.parse_args(["--failures", "1", "--seed", "3", "--out", str(tmp_path)])
+    assert (args.steps, args.nodes, args.repeats, args.heartbeat_timeout_s) == (12, 3, protocol.MIN_REPEATS, 5.0)
+    out = protocol.protocol_out(args.out, "unused")
+    assert out == tmp_path.resolve()
+    manifest = protocol.run_tiny_protocol(variants, args, out, faults=["crash"], fault_tolerance=1)
     written = json.loads((tmp_path / "protocol.json").read_text())
     assert written["checkpoint_intervals"] == {"oobleck": 0, "varuna": 10}
     assert [r["error"] for r in written["runs"]] == [""] * 6
