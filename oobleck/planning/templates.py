@@ -16,9 +16,11 @@ For a fixed W the sum is additive, so the DP fixes W (ascending over the distinc
 and places exactly one "marker" stage whose time equals W, stages to its right strictly faster
 (k is the rightmost maximum) and stages to its left at most W. Every layout is counted exactly
 once, at its own W, with its exact T; the minimum over W is the optimum. The sweep over W stops
-for a node count once a lower bound, ``max(2 C/G + ((r-1) n - 1) W, ((r-1) n + 1) W)`` with C
-the total compute (plus the cheapest cross-node boundary per node boundary), reaches the best T
-found (both follow from Eq. 1-4 with S >= n: T = sum w + ((r-1)S - 1) W + k W + sum_{i>=k} w_i).
+for a node count once a lower bound, ``max(2 D + ((r-1) S - 1) W, ((r-1) S + 1) W)``, reaches the
+best T found. Both follow from Eq. 1-4, T = sum w + ((r-1)S - 1) W + k W + sum_{i>=k} w_i, with S
+at least n and at least the stages memory forces (``_fewest_stages``), and D <= sum w: the total
+compute C over G, or spread over the n G GPUs with no stage holding more than memory lets it
+(``node_bounds._spread``), plus the cheapest cross-node boundary per node boundary.
 
 The DP runs right to left over layers; its state is (layers left, stages placed, nodes still to
 open, GPUs used on the current node, marker placed). Stages placed is needed because memory
@@ -70,7 +72,14 @@ import numpy as np
 
 from oobleck.errors import PlanningError
 from oobleck.planning.inputs import ClusterSpec, ModelProfile
-from oobleck.planning.node_bounds import NodeCosts, NodeGeometry, PrefixBounds, bottleneck_floor, root_bounds
+from oobleck.planning.node_bounds import (
+    NodeCosts,
+    NodeGeometry,
+    PrefixBounds,
+    _spread,
+    bottleneck_floor,
+    root_bounds,
+)
 from oobleck.planning.outputs import PipelineTemplate, StageSpec
 from oobleck.planning.pipeline_cost import (
     LINK_INTER,
@@ -756,14 +765,26 @@ def _sweep_thresholds(
             seconds = _layout_seconds(table, layout, gpus)
             best[n] = (pipeline_iteration_time(seconds, r * len(seconds)), layout)
 
-    # The bound max(2 least_sum + ((r-1) n - 1) W, ((r-1) n + 1) W) per node count, with
+    # The bound max(2 least_sum + ((r-1) S - 1) W, ((r-1) S + 1) W) per node count, with S the
+    # fewest stages a layout on n nodes has and
     # least_sum = compute / G plus one cheapest cross-node boundary between consecutive nodes.
     # Both terms are linear in W: a rising term caps the W worth trying for n from above (at the
     # best T found so far), a falling one (possible for small r) from below. The window of n is
     # kept as a range of candidate indices and refreshed whenever its best T improves.
     nodes = sorted(wanted)
-    least_sum = {n: total_per_gpu + (n - 1) * cross for n in nodes}
-    terms = {n: (((r - 1) * n - 1, 2 * least_sum[n]), ((r - 1) * n + 1, 0.0)) for n in nodes}
+    # sum w >= sum_i C_i / g_i >= (sum_i sqrt C_i)^2 / (n G), least when stages hold all they
+    # may (memory) and one the rest (``node_bounds._spread``); and >= C / G.
+    most = geometry.most_compute(1) * (1 + 1e-9)
+    spread = _spread(np.array([table.total_compute] * len(nodes)), most, 1) if most > 0 else None
+    least_sum = {
+        n: max(total_per_gpu, float(spread[i]) / (n * gpus) if spread is not None else 0.0) + (n - 1) * cross
+        for i, n in enumerate(nodes)
+    }
+    # S >= n stages, and at least as many as memory forces (few nodes for a large model: several
+    # stages per node, which is where most thresholds used to reach the DP).
+    fewest = _fewest_stages(table)
+    stages = {n: max(n * table.stages_per_node, fewest) for n in nodes}
+    terms = {n: (((r - 1) * stages[n] - 1, 2 * least_sum[n]), ((r - 1) * stages[n] + 1, 0.0)) for n in nodes}
 
     def lower_bound(n: int, W: float) -> float:
         return max(offset + slope * W for slope, offset in terms[n])
@@ -789,7 +810,7 @@ def _sweep_thresholds(
     def attempt(W: float, budgets: dict[int, float]) -> None:
         """Search the layouts whose bottleneck is W for every n in ``budgets`` (only those below
         its budget matter), after the bounds that may rule W out without the DP."""
-        promising = _promising_markers(table, W, r, budgets, total_per_gpu * gpus, gpus)
+        promising = _promising_markers(table, W, r, budgets, total_per_gpu * gpus, gpus, fewest)
         if not promising:
             return
         if len(promising) <= MARKER_BOUND_LIMIT:
@@ -868,7 +889,13 @@ def _sweep_thresholds(
 
 
 def _promising_markers(
-    table: _StageTable, W: float, r: int, budgets: dict[int, float], total_compute: float, gpus: int
+    table: _StageTable,
+    W: float,
+    r: int,
+    budgets: dict[int, float],
+    total_compute: float,
+    gpus: int,
+    fewest_stages: int = 0,
 ) -> list[tuple[int, int, int, int]]:
     """Stages (start, end, gpus, link) of time exactly W that could still be the bottleneck of a
     better layout.
@@ -889,17 +916,34 @@ def _promising_markers(
     right = total_compute - compute[ends]
     widths = table.marker_gpus[lo:hi]
     k_min = np.maximum(np.ceil(left / (W * gpus) - 1e-9), (starts > 0).astype(float))
-    # A marker narrower than a node shares it with another stage: one stage more than nodes.
+    # A marker narrower than a node shares it with another stage: one stage more than nodes;
+    # and there are at least as many stages as memory forces (``fewest_stages``).
     extra_stages = (widths < gpus).astype(float)
-    base = (k_min + 1) * W + left / gpus + 2 * right / gpus + (r - 1) * extra_stages * W
+    base = (k_min + 1) * W + left / gpus + 2 * right / gpus
     keep = np.zeros(hi - lo, dtype=bool)
     for n, budget in budgets.items():
-        keep |= base + (r - 1) * n * W < budget
+        keep |= base + (r - 1) * np.maximum(n + extra_stages, fewest_stages) * W < budget
     links = table.marker_links[lo:hi]
     return [
         (int(a), int(b), int(g), int(link))
         for a, b, g, link in zip(starts[keep], ends[keep], widths[keep], links[keep])
     ]
+
+
+def _fewest_stages(table: _StageTable) -> int:
+    """The fewest stages any memory-feasible layout has (0 if none fits): stage i of S keeps
+    S - i microbatches in flight, so covered from the right, the j-th stage must fit with j in
+    flight on as many GPUs as a stage may have. Taking the longest such stage at each step
+    leaves the shortest prefix (a stage of fewer layers needs less memory), so it uses fewest."""
+    widest = table.cap[table.stage_gpu_limit]
+    end, count = table.num_layers, 0
+    while end > 0:
+        count += 1
+        fits = [start for start, cap in enumerate(widest[end]) if cap >= count]
+        if not fits:
+            return 0
+        end = fits[0]
+    return count
 
 
 def _fewest_nodes(compute: list[float], start: int, end: int, most: float, last_most: float) -> int | None:

@@ -16,12 +16,12 @@ import pytest
 from conftest import cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from planning_brute import brute_force_template
+from planning_brute import all_layouts, brute_force_template
 
 from oobleck.errors import PlanningError
 from oobleck.planning.inputs import LayerProfile, ModelProfile
 from oobleck.planning.pipeline_cost import LINK_INTER, LINK_INTRA, LINK_NONE, ProfileArrays
-from oobleck.planning.templates import _StageTable, generate_templates
+from oobleck.planning.templates import _fewest_stages, _StageTable, generate_templates, stage_memories_of
 
 # Per-layer forward seconds a run may have: decimals that binary floats do not hold exactly, so
 # prefix sums over different positions of a run round differently.
@@ -123,3 +123,30 @@ def test_runs_match_brute_force(runs, gpus, nodes, memory, r, max_gpus):
         expected = brute_force_template(profile, spec, n, r, max_gpus)
         value = got.get(n, math.inf)
         assert value == expected or value == pytest.approx(expected, rel=1e-9), (n, value, expected)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    runs=run_lists(),
+    gpus=st.integers(min_value=1, max_value=3),
+    memory=st.sampled_from([1e13, 1e9, 2.5e9]),
+    max_gpus=st.sampled_from([None, 1, 2]),
+)
+def test_fewest_stages_is_what_memory_forces(runs, gpus, memory, max_gpus):
+    # The sweep's window bound counts at least this many stages on any node count: no layout
+    # that fits has fewer, and one-stage-per-node layouts reach it when there are enough nodes.
+    profile = runs_profile(runs)
+    spec = cluster(3, gpus, memory)
+    limit = min(max_gpus or gpus, gpus)
+    fewest = _fewest_stages(_StageTable(profile, spec, limit))
+    least = math.inf
+    for n in range(1, 4):
+        for stages in all_layouts(profile.num_layers, n, gpus, limit):
+            if all(m <= memory for m in stage_memories_of(profile, stages)):
+                least = min(least, len(stages))
+    if fewest == 0:
+        assert least == math.inf
+    else:
+        assert least >= fewest
+        if fewest <= 3 and limit == gpus:
+            assert least == fewest
