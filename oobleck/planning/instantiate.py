@@ -32,6 +32,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -428,7 +429,7 @@ def _lower_bounds(curves: Sequence[_PipelineCurve], m: int) -> np.ndarray:
     return np.where(m >= stages, line + offset, below + offset) * (1 - BOUND_SLACK)
 
 
-def _two_sizes(sizes: Sequence[int], free: int, count: int):
+def _two_sizes(sizes: Sequence[int] | np.ndarray, free: int, count: int):
     """The vertices of {y >= 0 : sum y = count, sum n y = free} over template sizes n: every pair
     of sizes on either side of free / count (a size equal to it pairs with itself), as index
     arrays ``below``, ``above`` and weight matrices ``y_lo``, ``y_hi`` [below, above]; None if
@@ -547,7 +548,8 @@ class _CountSearch:
         s = np.array([c.slope for c in allowed + fixed])
         k = len(allowed)
         if count:
-            vertices = _two_sizes(self.knapsack.sizes, self.free, count)  # type: ignore[union-attr]
+            assert self.knapsack is not None  # (count > 0: some sizes are allowed)
+            vertices = _two_sizes(self.knapsack.sizes, self.free, count)
             if vertices is None:
                 return None
             lo_side, hi_side, y_lo, y_hi = vertices
@@ -692,15 +694,16 @@ def build_plan(
     if sync is None:
         sync = sync_of(templates)
     M = global_batch_size // microbatch_size
+    groups: list[tuple[int, ...]] = []
     if node_groups_or_ids and isinstance(node_groups_or_ids[0], int):
         sizes = sorted(pipeline_sizes, reverse=True)
-        ids = list(node_groups_or_ids)
-        groups, offset = [], 0
+        ids = list(cast("Sequence[int]", node_groups_or_ids))
+        offset = 0
         for size in sizes:
             groups.append(tuple(ids[offset : offset + size]))
             offset += size
     else:
-        groups = [tuple(g) for g in node_groups_or_ids]  # type: ignore[union-attr]
+        groups = [tuple(g) for g in cast("Sequence[Sequence[int]]", node_groups_or_ids)]
         sizes = [len(g) for g in groups]
     chosen = [templates[n] for n in sizes]
     split, value, per_pipeline = _split_of(templates, tuple(sizes), M, sync)

@@ -174,16 +174,13 @@ class NodeCosts:
         self.after = np.where(inside, ends, L + 1)  # [x, d] -> node end, or L + 1 (an INF slot)
         self.whole_band = [np.where(inside, m[starts, ends], INF) for m in whole]
         self.cap_band = np.where(inside, geometry.whole_cap[starts, ends], 0.0)
+        band_compute, band_link = geometry.span_compute[starts, ends], geometry.cross[ends]
         self._split_band = (
             inside & splittable[starts, ends],
-            geometry.span_compute[starts, ends],
-            geometry.cross[ends],
+            band_compute,
+            band_link,
             starts <= latest_marker[ends],
-        )
-        self._split_band += (
-            self._last_stage_floor(
-                self._split_band[1], self._split_band[2], geometry.layer_compute[np.maximum(ends - 1, 0)]
-            ),
+            self._last_stage_floor(band_compute, band_link, geometry.layer_compute[np.maximum(ends - 1, 0)]),
         )
         fits_last = geometry.whole_cap[:, L] >= 1
         self._last = (
@@ -358,7 +355,7 @@ class NodeCosts:
         return np.where(np.isfinite(np.minimum.reduce(whole)), 1.0, split)
 
 
-def _spread(compute: np.ndarray, most: float, gpus: int) -> np.ndarray:
+def _spread(compute: np.ndarray, most: float | np.ndarray, gpus: int) -> np.ndarray:
     """The least sum_i C_i / g_i of stages splitting ``compute`` with C_i <= ``most`` on ``gpus``
     GPUs in all (``NodeCosts._split_sides``)."""
     full = np.floor(compute / most)

@@ -230,13 +230,59 @@ class ProfileArrays:
     def __init__(self, profile: ModelProfile):
         layers = profile.layers
         self.num_layers = len(layers)
-        self.compute = np.concatenate(([0.0], np.cumsum([l.forward_s + l.backward_s for l in layers])))
+        self.layer_compute = np.array([l.forward_s + l.backward_s for l in layers], dtype=np.float64)
+        self.compute = np.concatenate(([0.0], np.cumsum(self.layer_compute)))
+        self._runs()
         self.params = np.concatenate(([0], np.cumsum([l.param_bytes for l in layers]))).astype(np.float64)
         self.activations = np.concatenate(([0], np.cumsum([l.activation_bytes for l in layers]))).astype(np.float64)
         self.output_bytes = np.array([l.output_bytes for l in layers], dtype=np.float64)
 
+    def _runs(self) -> None:
+        """Consecutive layers of equal compute form a run (``span_compute``)."""
+        per_layer, L = self.layer_compute, self.num_layers
+        starts_run = np.ones(L, dtype=bool)
+        if L > 1:
+            starts_run[1:] = per_layer[1:] != per_layer[:-1]
+        self.run_of = np.cumsum(starts_run) - 1  # run index of every layer
+        self.run_start = np.flatnonzero(starts_run)
+        self.run_end = np.append(self.run_start[1:], L)
+        self.run_value = per_layer[self.run_start]
+        # Full runs [0, q): their compute, summed run by run (one fixed order per pair of runs).
+        self.run_total = np.concatenate(([0.0], np.cumsum((self.run_end - self.run_start) * self.run_value)))
+
+    def span_compute(self) -> np.ndarray:
+        """``[start, end]``: the compute of layers ``[start, end)`` (0 where start >= end), as a
+        function of the range's *signature* only: consecutive layers of equal compute form a run,
+        and a range is summed as (layers it takes of its first run) * their compute + the full
+        runs between + (layers of its last run) * theirs. Equal ranges at different positions of
+        a run of identical layers (every decoder block of a GPT) then take bit-identical times,
+        so the template search meets each distinct stage time once, with every such stage as a
+        candidate bottleneck, instead of once per rounding of a prefix-sum difference.
+        ``compute_s`` is the same sum for one range, by the same float operations."""
+        L = self.num_layers
+        span = np.zeros((L + 1, L + 1))
+        if L == 0:
+            return span
+        s, e = np.triu_indices(L + 1, 1)
+        first, last = self.run_of[s], self.run_of[e - 1]
+        same = first == last
+        head = (np.minimum(self.run_end[first], e) - s) * self.run_value[first]
+        total = self.run_total
+        middle = total[np.maximum(last, first + 1)] - total[np.minimum(first + 1, last)]
+        tail = (e - self.run_start[last]) * self.run_value[last]
+        span[s, e] = np.where(same, head, (head + middle) + tail)
+        return span
+
     def compute_s(self, start: int, end: int) -> float:
-        return float(self.compute[end] - self.compute[start])
+        """The compute of layers ``[start, end)``, exactly as ``span_compute`` sums it."""
+        if end <= start:
+            return 0.0
+        first, last = int(self.run_of[start]), int(self.run_of[end - 1])
+        head = float((min(int(self.run_end[first]), end) - start) * self.run_value[first])
+        if first == last:
+            return head
+        middle = float(self.run_total[last] - self.run_total[first + 1])
+        return (head + middle) + float((end - int(self.run_start[last])) * self.run_value[last])
 
     def state_bytes(self, start: int, end: int) -> float:
         return STATE_BYTES_PER_PARAM_BYTE * float(self.params[end] - self.params[start])

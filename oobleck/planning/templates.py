@@ -16,9 +16,11 @@ For a fixed W the sum is additive, so the DP fixes W (ascending over the distinc
 and places exactly one "marker" stage whose time equals W, stages to its right strictly faster
 (k is the rightmost maximum) and stages to its left at most W. Every layout is counted exactly
 once, at its own W, with its exact T; the minimum over W is the optimum. The sweep over W stops
-for a node count once a lower bound, ``max(2 C/G + ((r-1) n - 1) W, ((r-1) n + 1) W)`` with C
-the total compute (plus the cheapest cross-node boundary per node boundary), reaches the best T
-found (both follow from Eq. 1-4 with S >= n: T = sum w + ((r-1)S - 1) W + k W + sum_{i>=k} w_i).
+for a node count once a lower bound, ``max(2 D + ((r-1) S - 1) W, ((r-1) S + 1) W)``, reaches the
+best T found. Both follow from Eq. 1-4, T = sum w + ((r-1)S - 1) W + k W + sum_{i>=k} w_i, with S
+at least n and at least the stages memory forces (``_fewest_stages``), and D <= sum w: the total
+compute C over G, or spread over the n G GPUs with no stage holding more than memory lets it
+(``node_bounds._spread``), plus the cheapest cross-node boundary per node boundary.
 
 The DP runs right to left over layers; its state is (layers left, stages placed, nodes still to
 open, GPUs used on the current node, marker placed). Stages placed is needed because memory
@@ -26,6 +28,13 @@ depends on it (stage i of S keeps S - i microbatches in flight); it is compresse
 largest in-flight count at which the memory limit of any stage the DP may place binds. For one
 W only stages with w <= W are placed, and those are short, so at most thresholds the count
 drops out of the state altogether (``_StageTable.compressions_within``).
+
+Equal layers, equal times. A stage's compute is summed by its signature (``ProfileArrays.
+span_compute``: so many layers of this run, the full runs between, so many of that run), not as a
+difference of prefix sums, so equal ranges of identical layers (every decoder block of a GPT) take
+bit-identical times wherever they sit. Each distinct stage time is then one candidate W with every
+such stage among its markers, where prefix sums split it into several W a few ulps apart and ran
+the search once for each (1,315 candidates for 100 layers on nodes of 8 GPUs instead of 766).
 
 Speed without giving up exactness (branch and bound): both searches start from the best layout
 with one full-node stage per node (a cheap min-max partition) as an upper bound and look only
@@ -63,7 +72,14 @@ import numpy as np
 
 from oobleck.errors import PlanningError
 from oobleck.planning.inputs import ClusterSpec, ModelProfile
-from oobleck.planning.node_bounds import NodeCosts, NodeGeometry, PrefixBounds, bottleneck_floor, root_bounds
+from oobleck.planning.node_bounds import (
+    NodeCosts,
+    NodeGeometry,
+    PrefixBounds,
+    _spread,
+    bottleneck_floor,
+    root_bounds,
+)
 from oobleck.planning.outputs import PipelineTemplate, StageSpec
 from oobleck.planning.pipeline_cost import (
     LINK_INTER,
@@ -179,7 +195,7 @@ class _StageTable:
         self.num_layers = L
         self.max_gpus = max_gpus
         ends = np.arange(L + 1)
-        compute = arrays.compute[None, :] - arrays.compute[:, None]  # [start, end]
+        compute = arrays.span_compute()  # [start, end]: equal for equal ranges of identical layers
         state = 4.0 * (arrays.params[None, :] - arrays.params[:, None])
         acts = arrays.activations[None, :] - arrays.activations[:, None]
         out = np.concatenate(([0.0], arrays.output_bytes))  # output bytes of the layer before `end`
@@ -502,7 +518,7 @@ def _solve_for_threshold(
             before_marker[m_end:] = np.minimum(before_marker[m_end:], rest)
     else:
         before_marker[:] = -INF
-    before_marker = before_marker.tolist()
+    before_marker_list: list[float] = before_marker.tolist()
 
     def prefix_at(j: int, h: int) -> Any:
         """(left, marked) bounds of [0, start) after a stage that is the j-th from the right and
@@ -564,7 +580,7 @@ def _solve_for_threshold(
                     lower = compute_per_gpu[start] + links_left + stages * rW
                 else:
                     lower = 2 * (compute_per_gpu[start] + links_left) + stages * r1W - W
-                    marked = before_marker[start] + links_but_one + stages * r1W
+                    marked = before_marker_list[start] + links_but_one + stages * r1W
                     if marked > lower:
                         lower = marked
                 if prefix is not None and start:
@@ -749,14 +765,26 @@ def _sweep_thresholds(
             seconds = _layout_seconds(table, layout, gpus)
             best[n] = (pipeline_iteration_time(seconds, r * len(seconds)), layout)
 
-    # The bound max(2 least_sum + ((r-1) n - 1) W, ((r-1) n + 1) W) per node count, with
+    # The bound max(2 least_sum + ((r-1) S - 1) W, ((r-1) S + 1) W) per node count, with S the
+    # fewest stages a layout on n nodes has and
     # least_sum = compute / G plus one cheapest cross-node boundary between consecutive nodes.
     # Both terms are linear in W: a rising term caps the W worth trying for n from above (at the
     # best T found so far), a falling one (possible for small r) from below. The window of n is
     # kept as a range of candidate indices and refreshed whenever its best T improves.
     nodes = sorted(wanted)
-    least_sum = {n: total_per_gpu + (n - 1) * cross for n in nodes}
-    terms = {n: (((r - 1) * n - 1, 2 * least_sum[n]), ((r - 1) * n + 1, 0.0)) for n in nodes}
+    # sum w >= sum_i C_i / g_i >= (sum_i sqrt C_i)^2 / (n G), least when stages hold all they
+    # may (memory) and one the rest (``node_bounds._spread``); and >= C / G.
+    most = geometry.most_compute(1) * (1 + 1e-9)
+    spread = _spread(np.array([table.total_compute] * len(nodes)), most, 1) if most > 0 else None
+    least_sum = {
+        n: max(total_per_gpu, float(spread[i]) / (n * gpus) if spread is not None else 0.0) + (n - 1) * cross
+        for i, n in enumerate(nodes)
+    }
+    # S >= n stages, and at least as many as memory forces (few nodes for a large model: several
+    # stages per node, which is where most thresholds used to reach the DP).
+    fewest = _fewest_stages(table)
+    stages = {n: max(n * table.stages_per_node, fewest) for n in nodes}
+    terms = {n: (((r - 1) * stages[n] - 1, 2 * least_sum[n]), ((r - 1) * stages[n] + 1, 0.0)) for n in nodes}
 
     def lower_bound(n: int, W: float) -> float:
         return max(offset + slope * W for slope, offset in terms[n])
@@ -782,12 +810,13 @@ def _sweep_thresholds(
     def attempt(W: float, budgets: dict[int, float]) -> None:
         """Search the layouts whose bottleneck is W for every n in ``budgets`` (only those below
         its budget matter), after the bounds that may rule W out without the DP."""
-        promising = _promising_markers(table, W, r, budgets, total_per_gpu * gpus, gpus)
+        promising = _promising_markers(table, W, r, budgets, total_per_gpu * gpus, gpus, fewest)
         if not promising:
             return
         if len(promising) <= MARKER_BOUND_LIMIT:
             # Few markers: the per-marker node bound also narrows which of them the DP may use.
-            markers, still_open = set(), set()
+            markers: set[tuple[int, int, int]] = set()
+            still_open: set[int] = set()
             for marker in promising:
                 bounds = _marker_bounds(table, gpus, W, r, marker, list(budgets))
                 beaten = {n for n, bound in bounds.items() if bound < budgets[n]}
@@ -801,8 +830,8 @@ def _sweep_thresholds(
             markers = {marker[:3] for marker in promising}
         starts, ends, widths = (np.array([m[i] for m in markers]) for i in range(3))
         costs = NodeCosts(geometry, W, r, starts, ends, widths)
-        bounds = root_bounds(costs, max(budgets))
-        budgets = {n: b for n, b in budgets.items() if bounds[n] < b}
+        chain = root_bounds(costs, max(budgets))
+        budgets = {n: b for n, b in budgets.items() if chain[n] < b}
         if not budgets:
             return
         prefix = PrefixBounds(costs, max(budgets))
@@ -860,9 +889,16 @@ def _sweep_thresholds(
 
 
 def _promising_markers(
-    table: _StageTable, W: float, r: int, budgets: dict[int, float], total_compute: float, gpus: int
-) -> set[tuple[int, int, int]]:
-    """Stages of time exactly W that could still be the bottleneck of a better layout.
+    table: _StageTable,
+    W: float,
+    r: int,
+    budgets: dict[int, float],
+    total_compute: float,
+    gpus: int,
+    fewest_stages: int = 0,
+) -> list[tuple[int, int, int, int]]:
+    """Stages (start, end, gpus, link) of time exactly W that could still be the bottleneck of a
+    better layout.
 
     From T = ((r-1)S + 1) W + k W + sum_{i<k} w_i + 2 sum_{i>k} w_i with S >= n stages (n + 1 if
     the marker leaves GPUs of its node to another stage): the k stages left of a marker [s, e)
@@ -872,7 +908,7 @@ def _promising_markers(
     lo = int(np.searchsorted(table.marker_costs, W, side="left"))
     hi = int(np.searchsorted(table.marker_costs, W, side="right"))
     if not budgets or lo == hi:
-        return set()
+        return []
     compute = table.arrays.compute
     starts = table.marker_starts[lo:hi]
     ends = table.marker_ends[lo:hi]
@@ -880,17 +916,34 @@ def _promising_markers(
     right = total_compute - compute[ends]
     widths = table.marker_gpus[lo:hi]
     k_min = np.maximum(np.ceil(left / (W * gpus) - 1e-9), (starts > 0).astype(float))
-    # A marker narrower than a node shares it with another stage: one stage more than nodes.
+    # A marker narrower than a node shares it with another stage: one stage more than nodes;
+    # and there are at least as many stages as memory forces (``fewest_stages``).
     extra_stages = (widths < gpus).astype(float)
-    base = (k_min + 1) * W + left / gpus + 2 * right / gpus + (r - 1) * extra_stages * W
+    base = (k_min + 1) * W + left / gpus + 2 * right / gpus
     keep = np.zeros(hi - lo, dtype=bool)
     for n, budget in budgets.items():
-        keep |= base + (r - 1) * n * W < budget
+        keep |= base + (r - 1) * np.maximum(n + extra_stages, fewest_stages) * W < budget
     links = table.marker_links[lo:hi]
     return [
         (int(a), int(b), int(g), int(link))
         for a, b, g, link in zip(starts[keep], ends[keep], widths[keep], links[keep])
     ]
+
+
+def _fewest_stages(table: _StageTable) -> int:
+    """The fewest stages any memory-feasible layout has (0 if none fits): stage i of S keeps
+    S - i microbatches in flight, so covered from the right, the j-th stage must fit with j in
+    flight on as many GPUs as a stage may have. Taking the longest such stage at each step
+    leaves the shortest prefix (a stage of fewer layers needs less memory), so it uses fewest."""
+    widest = table.cap[table.stage_gpu_limit]
+    end, count = table.num_layers, 0
+    while end > 0:
+        count += 1
+        fits = [start for start, cap in enumerate(widest[end]) if cap >= count]
+        if not fits:
+            return 0
+        end = fits[0]
+    return count
 
 
 def _fewest_nodes(compute: list[float], start: int, end: int, most: float, last_most: float) -> int | None:
