@@ -20,10 +20,14 @@ def make_config():
     return compose_config
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     # Multi-process tests (marked slow) wait on their processes' timing: with ``-n 2 --dist
     # loadgroup`` they run one at a time on one xdist worker, while the other worker runs the
     # single-process tests, which fill the time the multi-process ones spend waiting.
+    # tryfirst: xdist turns the group mark into the item's node id in its own hook of this name,
+    # which pytest would otherwise call before this one (a conftest registers before xdist's
+    # worker plugin), and the groups would silently not exist.
     for item in items:
         if item.get_closest_marker("slow") is not None:
             item.add_marker(pytest.mark.xdist_group("processes"))
