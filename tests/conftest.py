@@ -20,10 +20,70 @@ def make_config():
     return compose_config
 
 
+class _SharedForkServer:
+    """One fork server (``oobleck.elastic.forkserver``) for every in-process run of a test session.
+
+    A run that forks its workers starts a server that imports torch (3-5 s of CPU, more than a
+    short run's training), and the suite starts dozens of such runs in-process. Handed
+    this one instead, a run forks its workers from a server that is already up; ``close`` is the
+    run's, so it does nothing: the server ends with the session. Every run still forks real
+    workers into its own agents' process groups, tagged with its own run id; the per-run
+    server's own life (start, exit when the launcher dies, reaping) is tested in
+    tests/elastic/test_forkserver.py, and the command line (``python -m oobleck.run``, tests
+    that run it as a subprocess) still starts one per run.
+    """
+
+    def __init__(self) -> None:
+        self.server = None
+
+    def for_run(self, cfg, run_id: str):
+        from oobleck.elastic.forkserver import ForkServer, forks_workers
+
+        if not forks_workers(cfg):
+            return None
+        if self.server is None:
+            self.server = ForkServer(f"tests-{os.getpid()}")
+        return self
+
+    @property
+    def address(self) -> str:
+        assert self.server is not None
+        return self.server.address
+
+    def close(self) -> None:
+        """A run's end: the server stays for the next run."""
+
+    def shutdown(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_fork_server(request):
+    """Session-wide (module-scoped runs start before any function-scoped fixture), and only where
+    runs start: oobleck.elastic.job imports torch, which the fast tier need not pay for."""
+    if not any(item.get_closest_marker("slow") is not None for item in request.session.items):
+        yield None
+        return
+    from oobleck.elastic import job
+
+    shared = _SharedForkServer()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(job, "fork_server_for", shared.for_run)
+        try:
+            yield shared
+        finally:
+            shared.shutdown()
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     # Multi-process tests (marked slow) wait on their processes' timing: with ``-n 2 --dist
     # loadgroup`` they run one at a time on one xdist worker, while the other worker runs the
     # single-process tests, which fill the time the multi-process ones spend waiting.
+    # tryfirst: xdist turns the group mark into the item's node id in its own hook of this name,
+    # which pytest would otherwise call before this one (a conftest registers before xdist's
+    # worker plugin), and the groups would silently not exist.
     for item in items:
         if item.get_closest_marker("slow") is not None:
             item.add_marker(pytest.mark.xdist_group("processes"))

@@ -5,12 +5,16 @@ and an installed copy plans from a directory outside the checkout.
 job.steps=3`` from outside the checkout; it hands the wheel to this test through OOBLECK_WHEEL.
 Without it the test builds its own (``pip wheel --no-deps``, a few seconds) and installs it with
 ``--no-deps`` into a folder put first on PYTHONPATH, so the installed copy, not the checkout, runs.
+It builds from a private copy of the checkout's files: setuptools builds in the source tree
+(``build/``, ``*.egg-info``), and two builds in one tree (two test sessions, or xdist workers)
+fail on each other's files (``File exists: build/bdist.../...dist-info``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -31,6 +35,11 @@ def wheel(tmp_path_factory) -> Path:
     if given:
         return Path(given)
     out = tmp_path_factory.mktemp("dist")
+    source = tmp_path_factory.mktemp("source")
+    for path in _tracked(others=True):
+        if (REPO / path).is_file():  # a tracked file deleted in the checkout is not in it
+            (source / path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / path, source / path)
     command = [
         sys.executable,
         "-m",
@@ -41,7 +50,7 @@ def wheel(tmp_path_factory) -> Path:
         "-q",
         "-w",
         str(out),
-        str(REPO),
+        str(source),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -49,9 +58,13 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
-def _tracked(*roots: str) -> list[str]:
-    done = subprocess.run(["git", "ls-files", *roots], cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
-    return done.stdout.split()
+def _tracked(*roots: str, others: bool = False) -> list[str]:
+    """The checkout's files under ``roots`` that git tracks; ``others``: and those it would
+    track (new files not ignored), as a build of the working tree sees them."""
+    extra = ["--others", "--exclude-standard"] if others else []
+    command = ["git", "ls-files", "--cached", *extra, "-z", *roots]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
+    return sorted(set(done.stdout.split("\0")) - {""})
 
 
 def test_the_wheel_carries_the_config_tree_the_code_and_the_commands(wheel):

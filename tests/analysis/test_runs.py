@@ -15,6 +15,10 @@ from analysis.run_figures import step_path, throughput_timeline, throughput_time
 from oobleck.errors import RunError
 from oobleck.metrics.offline import find_offline_runs
 
+# Starts processes: the package's real sweep (tests/analysis/conftest.py), which the notebook tests
+# share; on the grouped xdist worker it runs once per session, not once on each worker.
+pytestmark = pytest.mark.slow
+
 FINISH_S = 60.0  # wandb writes the run file after finish() returns: a hang guard only
 
 
