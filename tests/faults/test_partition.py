@@ -3,7 +3,7 @@
 A 4-node run (two pipelines of two stages, f=1) gives each node's workers an address of their own
 (``cluster.node_address_base``: node n on 127.0.2.n; the store and the agent port on 127.0.0.1).
 Once step ``CUT_AFTER`` is committed, the kernel drops every data-plane packet of node ``VICTIM``
-(iptables DROP rules): everything to its address, and every packet of its workers' TCP sockets
+(iptables DROP rules, ``testing.firewall``): everything to its address, and every packet of its workers' TCP sockets
 except those to the controller's listening ports (the store and the agent port). Its agent and
 its workers' heartbeats still reach the controller while its collectives never complete. Every
 rank then waits on another, so no rank is to blame: the controller probes each node's data-plane
@@ -16,17 +16,13 @@ which leave from 127.0.0.1, so with only the address dropped a node keeps traini
 connections it opened (tried: the run committed every step).
 
 The rules need iptables and the right to change the firewall (root, or CAP_NET_ADMIN): without
-either the test skips, naming which is missing. The rules carry a comment unique to the test and
-are deleted however the run ends.
+either the test skips, naming which is missing. They are deleted however the run ends.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import subprocess
-import uuid
 from pathlib import Path
 
 import pandas as pd
@@ -35,6 +31,7 @@ import pytest
 from oobleck.elastic.job import launch
 from oobleck.elastic.local import node_processes
 from testing import assert_matches_reference, tiny_config, two_pipelines_of_two_nodes
+from testing.firewall import DropRules, iptables_unusable
 
 pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
 
@@ -69,32 +66,6 @@ def tcp_sockets(pid: int) -> list[tuple[tuple[str, int], tuple[str, int], str]]:
     return out
 
 
-class Partition:
-    """DROP rules, tagged with a comment of their own: every packet to ``address``, and every
-    packet from or to each socket given to ``cut``."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.tag = f"oobleck-test-{uuid.uuid4().hex[:8]}"
-        self.installed: list[list[str]] = []
-
-    def _add(self, rule: list[str]) -> None:
-        rule = ["OUTPUT", *rule, "-m", "comment", "--comment", self.tag, "-j", "DROP"]
-        subprocess.run(["iptables", "-I", *rule], check=True, capture_output=True)
-        self.installed.append(rule)
-
-    def cut(self, sockets: list[tuple[str, int]] = ()) -> None:
-        # Loopback packets pass OUTPUT once, when sent: dropping there cuts both directions.
-        self._add(["-d", self.address])
-        for host, port in sockets:
-            self._add(["-p", "tcp", "-s", host, "--sport", str(port)])
-            self._add(["-p", "tcp", "-d", host, "--dport", str(port)])
-
-    def heal(self) -> None:
-        while self.installed:
-            subprocess.run(["iptables", "-D", *self.installed.pop()], check=False, capture_output=True)
-
-
 def data_plane_sockets(pids: list[int], control_ports: set[int]) -> list[tuple[str, int]]:
     """The local ends of ``pids``' TCP sockets that are not connections to ``control_ports``."""
     return sorted(
@@ -105,20 +76,6 @@ def data_plane_sockets(pids: list[int], control_ports: set[int]) -> list[tuple[s
             if state == LISTEN or remote[1] not in control_ports
         }
     )
-
-
-def iptables_unusable() -> str | None:
-    """Why this process cannot drop packets with iptables, or None when it can."""
-    if shutil.which("iptables") is None:
-        return "iptables is not installed (apt-get install iptables)"
-    probe = Partition("127.0.2.254")  # an address nothing uses
-    try:
-        probe.cut()
-    except subprocess.CalledProcessError as error:
-        return f"iptables refused a DROP rule: {error.stderr.decode(errors='replace').strip()}"
-    finally:
-        probe.heal()
-    return None
 
 
 def test_a_node_cut_off_from_the_data_plane_is_removed_and_the_run_continues_exactly(tmp_path):
@@ -137,7 +94,7 @@ def test_a_node_cut_off_from_the_data_plane_is_removed_and_the_run_continues_exa
             "cluster.collective_timeout_s": 10.0,
         }
     )
-    partition = Partition(f"127.0.2.{VICTIM}")
+    partition = DropRules()
     failures: list[dict] = []
 
     cut: list[tuple[str, int]] = []
@@ -150,7 +107,9 @@ def test_a_node_cut_off_from_the_data_plane_is_removed_and_the_run_continues_exa
             if row["step"] == CUT_AFTER and not partition.installed:
                 workers = node_processes(controller.run_id)[VICTIM]["workers"]
                 cut.extend(data_plane_sockets(workers, control_ports))
-                partition.cut(cut)
+                partition.add("-d", f"127.0.2.{VICTIM}")  # the probe, and any connection opened to it
+                for host, port in cut:
+                    partition.drop_tcp_port(host, port)
 
         def on_event(kind: str, fields: dict) -> None:
             if kind == "failure":
