@@ -45,11 +45,17 @@ REPO = Path(__file__).resolve().parents[1]
 HOLDOUT_FILE = Path(__file__).resolve().parent / "validation_holdout.yaml"
 
 CALIBRATION = {
-    "C1": ("oobleck", ["cluster.nodes=3", "job.steps=20", "failures.events=[{action:remove,step:5,count:1}]"]),
+    "C1": (
+        "oobleck",
+        ["cluster.nodes=3", "job.steps=20", "failures=explicit", "failures.events=[{action:remove,step:5,count:1}]"],
+    ),
     "C2": ("oobleck", ["cluster.nodes=3", "job.steps=12", "job.global_batch_size=8", "failures=none"]),
     # Deeper pipelines than C1's (3 + 2 + 2 stages, then 2 + 1 + 1 + 1 + 1): the per-microbatch and
     # per-worker terms are told apart by layouts of many stage runs, not by C1's 2 + 1 alone.
-    "C3": ("oobleck", ["cluster.nodes=7", "job.steps=24", "failures.events=[{action:remove,step:12,count:1}]"]),
+    "C3": (
+        "oobleck",
+        ["cluster.nodes=7", "job.steps=24", "failures=explicit", "failures.events=[{action:remove,step:12,count:1}]"],
+    ),
     # A restarted worker boots for several seconds here: keep steps after the restart.
     "VC": (
         "varuna",
@@ -58,6 +64,7 @@ CALIBRATION = {
             "cluster.nodes=3",
             "job.steps=60",
             "checkpoint.every_steps=5",
+            "failures=explicit",
             "failures.events=[{action:remove,step:30,count:1}]",
         ],
     ),
@@ -69,16 +76,23 @@ CALIBRATION = {
             "cluster.nodes=4",
             "job.steps=30",
             "checkpoint.every_steps=10",
+            "failures=explicit",
             "failures.events=[{action:remove,step:10,nodes:[1]}]",
         ],
     ),
 }
 PREDICTED = {
-    "D": ("oobleck", []),
+    "D": ("oobleck", ["failures=demo"]),
     # 20 steps after the failure, as D has: the throughput window is then mostly steady steps,
     # not the one recovery (whose error, held to 50%, a short window inherits one for one).
-    "E": ("oobleck", ["cluster.nodes=5", "job.steps=30", "failures.events=[{action:remove,step:10,count:1}]"]),
-    "F": ("oobleck", ["cluster.nodes=4", "job.steps=28", "failures.events=[{action:remove,step:8,count:1}]"]),
+    "E": (
+        "oobleck",
+        ["cluster.nodes=5", "job.steps=30", "failures=explicit", "failures.events=[{action:remove,step:10,count:1}]"],
+    ),
+    "F": (
+        "oobleck",
+        ["cluster.nodes=4", "job.steps=28", "failures=explicit", "failures.events=[{action:remove,step:8,count:1}]"],
+    ),
     "VP": (
         "varuna",
         [
@@ -86,6 +100,7 @@ PREDICTED = {
             "cluster.nodes=4",
             "job.steps=70",
             "checkpoint.every_steps=4",
+            "failures=explicit",
             "failures.events=[{action:remove,step:38,count:1}]",
         ],
     ),
@@ -97,6 +112,7 @@ PREDICTED = {
             "cluster.nodes=6",
             "job.steps=36",
             "checkpoint.every_steps=12",
+            "failures=explicit",
             "failures.events=[{action:remove,step:14,nodes:[4]}]",
         ],
     ),

@@ -1,7 +1,7 @@
 """``python -m oobleck.run``: real training on a local (or Slurm) cluster, with failures injected.
 
-With no arguments: a local 4-node cluster, gpt3_tiny, ``job.steps`` steps, one node SIGKILLed
-mid-run (``failures=explicit``) and recovered in place; the run dir (Hydra's) gets plan.json,
+With no arguments: a local 4-node cluster, gpt3_tiny, ``job.steps`` steps, no failure; the README's
+main job (``failures=demo``) SIGKILLs one node at step 10, recovered in place. The run dir (Hydra's) gets plan.json,
 metrics.csv, events.csv, summary.json and an offline wandb run; a summary table is printed.
 Errors (bad config, CUDA missing, busy port, a worker's exception, too many failures) print one
 message (with the worker's traceback when there is one) and exit with status 2. What was printed

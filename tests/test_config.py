@@ -18,14 +18,14 @@ def test_every_model_composes_and_validates(make_config, model):
 
 
 @pytest.mark.parametrize(
-    "group", ["failures=none", "failures=explicit", "failures=poisson", "failures=trace", "cluster=slurm"]
+    "group", ["failures=none", "failures=demo", "failures=poisson", "failures=trace", "cluster=slurm"]
 )
 def test_groups_compose(make_config, group):
     validate(make_config(group))
 
 
 def test_round_trip_through_plain_dict(make_config):
-    cfg = make_config("job.steps=7", "failures=explicit")
+    cfg = make_config("job.steps=7", "failures=demo")
     again = from_container(to_container(cfg))
     assert again.job.steps == 7 and again.failures.events[0].action == "remove"
 
@@ -175,7 +175,7 @@ def test_caches_and_outputs_live_under_paths(make_config, monkeypatch, tmp_path)
         (["+job.stpes=3"], "job.stpes is not a config key; did you mean job.steps?"),
         (["+job.foo=1"], "job.foo is not a config key; job has: fault_tolerance, global_batch_size"),
         (
-            ["+failures.events.0.phse=forward"],
+            ["failures=demo", "+failures.events.0.phse=forward"],
             "failures.events[0].phse is not a config key; did you mean failures.events[0].phase?",
         ),
         (

@@ -72,7 +72,7 @@ def test_a_run_dir_under_paths_output_dir_keeps_plan_log(tmp_path):
     [
         ("+job.stpes=3", "job.stpes is not a config key; did you mean job.steps?"),
         (
-            "failures.events=[{action:remove,step:2,count:10}]",
+            "failures=explicit failures.events=[{action:remove,step:2,count:10}]",
             "failures.events[0].count=10 strikes more nodes than the 4 alive then",
         ),
         ("failures.max_events=-1", "failures.max_events=-1 must be >= 1"),
@@ -80,7 +80,7 @@ def test_a_run_dir_under_paths_output_dir_keeps_plan_log(tmp_path):
 )
 def test_run_refuses_bad_keys_and_schedules_before_anything_starts(tmp_path, override, message):
     run_dir = tmp_path / "run"
-    done = _entry(tmp_path, "oobleck.run", override, f"hydra.run.dir={run_dir}")
+    done = _entry(tmp_path, "oobleck.run", *override.split(" "), f"hydra.run.dir={run_dir}")
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("oobleck.run: error: "), done.stderr
     assert message in lines[0]

@@ -45,6 +45,7 @@ import socket
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -139,13 +140,14 @@ class TorchftWorker:
         self.group_store, self._listener, store_host, store_port = group_store(
             self.store, group, rank, k, self.advertised, float(cluster.startup_timeout_s)
         )
+        self.lighthouse = str(json.loads(self.store.get(keys.SERVICES))["lighthouse"])
         self.manager = make_manager(
             c,
             rank=rank,
             world_size=k,
             store_host=store_host,
             store_port=store_port,
-            lighthouse=json.loads(self.store.get(keys.SERVICES))["lighthouse"],
+            lighthouse=self.lighthouse,
             # torchft reads the trailing digits as the replica group's id
             replica_id=f"node{self.node}" if k == 1 else f"group{group}",
             hostname=self.advertised,
@@ -233,8 +235,20 @@ class TorchftWorker:
 
     def _wait_quorum(self) -> None:
         started = time.perf_counter()
-        self.manager.wait_quorum()
+        self._quorum(self.manager.wait_quorum)
         self.quorum_wait_s += time.perf_counter() - started
+
+    def _quorum(self, call: Callable[[], Any]) -> None:
+        """A quorum call of the Manager. Its timeout says only "Timeout expired": the quorum comes
+        from the lighthouse, so a lighthouse that does not answer for strategy.quorum_timeout_s
+        ends the run with that cause on the line summary.json keeps."""
+        try:
+            call()
+        except TimeoutError as error:
+            raise RunError(
+                f"torchft: no quorum within strategy.quorum_timeout_s={self.config.quorum_timeout_s:g} s: the "
+                f"lighthouse at {self.lighthouse} did not answer (unreachable or down); torchft said: {error}"
+            ) from error
 
     def _time(self, name: str, seconds: float) -> None:
         self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + seconds
@@ -297,7 +311,7 @@ class TorchftWorker:
         started = time.perf_counter()
         attempt_wall = time.time()
         self.healed_at, self.quorum_wait_s = None, 0.0
-        manager.start_quorum()  # async: returns at once; sync: quorum, group reconfiguration and any heal
+        self._quorum(manager.start_quorum)  # async: returns at once; sync: quorum, reconfiguration, any heal
         if not self.config.async_quorum:
             self.quorum_wait_s = time.perf_counter() - started
             step = manager.current_step()  # a heal brings the step count of the peer

@@ -1,7 +1,9 @@
 """Failure schedules: turn ``failures.*`` into a list of fault events before anything starts.
 
-Kinds: ``none``; ``explicit`` (the ``failures.events`` list: at a step or a time, given node ids
-or a count, a ``FaultKind`` action, several at once, optionally at a ``Phase`` of the step);
+Kinds: ``none`` (the default); ``explicit`` (the ``failures.events`` list: at a step or a time,
+given node ids or a count, a ``FaultKind`` action, several at once, optionally at a ``Phase`` of the
+step; ``failures=demo`` is one, a removal at step 10; events are read by this kind only, and an
+explicit schedule without any is refused);
 ``poisson`` (single-node removals with exponential gaps of mean ``failures.mtbf_s``, seeded, up to
 ``failures.max_events``, default one per node); ``trace`` (a node trace replayed with
 ``failures.seconds_per_trace_hour`` seconds per trace hour: trace node names map onto run node
@@ -116,6 +118,17 @@ def check_failures(failures: Any) -> None:
             f"failures.trace={failures.trace} is read only by failures=trace, but failures.kind={failures.kind}; "
             "choose failures=trace, or drop failures.trace"
         )
+    # The same for events: with no failure by default, events given alone would never fire.
+    if failures.kind != "explicit" and failures.events:
+        raise ConfigError(
+            f"failures.events is read only by failures=explicit, but failures.kind={failures.kind}; "
+            "add failures=explicit, or drop failures.events"
+        )
+    if failures.kind == "explicit" and not failures.events:
+        raise ConfigError(
+            "failures=explicit has no events: give failures.events=[{action:remove,step:10,count:1}, ...] "
+            "(conf/failures/explicit.yaml), or failures=none for a run without failures"
+        )
     for index, event in enumerate(failures.events):
         key = f"failures.events[{index}]"
         kind = _event_kind(key, event)
@@ -188,7 +201,7 @@ def _explicit(failures: Any, nodes: int, steps: int) -> list[FaultEvent]:
         if e.step is not None and int(e.step) < 0:
             raise ConfigError(f"{key}.step={e.step} must be >= 0 (steps count from 0)")
         if e.step is not None and int(e.step) >= steps:
-            # Harmless (it never fires), and the default schedule's step 10 meets short runs such as
+            # Harmless (it never fires), and failures=demo's step 10 meets short runs such as
             # job.steps=3: said, not refused.
             log.warning(
                 "%s at step %s is past the run's last step %s (job.steps=%s): it will not fire",

@@ -44,6 +44,7 @@ def sweep(tmp_path_factory) -> Path:
         f"hydra.sweep.dir={root / 'sweep'}",
         "cluster.nodes=3,4",
         "job.steps=10",
+        "failures=explicit",
         FAILURE,
         "logger.progress_bar=false",
         "logger.wandb.mode=offline",

@@ -1,4 +1,4 @@
-"""``python -m oobleck.run`` end to end in a subprocess: the default main job and its errors.
+"""``python -m oobleck.run`` end to end in a subprocess: the README's main job and its errors.
 
 Every run is tagged with OOBLECK_RUN_ID so the test can scan /proc for any agent or worker it
 left behind (there must be none, whatever happened).
@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 
 from oobleck.elastic.local import run_processes
+from testing.readme import readme_commands
 
 pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
 
@@ -41,9 +42,13 @@ def run_cli(tmp_path, *overrides, timeout=300):
     return result, run_processes(run_id)
 
 
-def test_default_main_job_recovers_and_continues(tmp_path):
-    """No arguments (but the run dir): 4 local nodes, gpt3_tiny, one node killed at step 10."""
-    result, strays = run_cli(tmp_path)
+def test_main_job_recovers_and_continues(tmp_path):
+    """The README's main job as the Quick start gives it (``oobleck-run failures=demo``; the test
+    adds only the run dir and no progress bar): 4 local nodes, gpt3_tiny, one node killed at step
+    10. ``oobleck-run`` without arguments injects no failure (tests/faults/test_schedule.py)."""
+    main_job = next(c for c in readme_commands() if c.program == "oobleck-run")
+    assert main_job.arguments == ("failures=demo",), main_job
+    result, strays = run_cli(tmp_path, *main_job.arguments)
     assert result.returncode == 0, result.stderr[-3000:]
     assert strays == []
     for name in ("plan.json", "metrics.csv", "events.csv", "summary.json", ".hydra/config.yaml"):
@@ -91,6 +96,7 @@ def test_worker_exception_stops_with_its_traceback(tmp_path):
         tmp_path,
         "cluster.nodes=2",
         "job.steps=6",
+        "failures=explicit",
         "failures.events=[{action:raise,step:2,nodes:[1],phase:backward}]",
     )
     assert result.returncode == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from oobleck.config import compose_config
 from oobleck.errors import ConfigError, TraceError
 from oobleck.faults.injector import Injector
 from oobleck.faults.kinds import FaultKind, Phase
@@ -128,8 +129,9 @@ def test_freeze_flag_still_means_action_freeze(caplog):
 
 
 def test_an_event_past_the_last_step_is_said_and_dropped(caplog):
-    # The default schedule (a removal at step 10) with a short run: job.steps=3 runs, failure-free.
-    assert build_schedule(config_section("failures"), nodes=4, steps=3) == ()
+    # failures=demo (a removal at step 10) with a short run: job.steps=3 runs, failure-free.
+    demo = compose_config("failures=demo").failures
+    assert build_schedule(demo, nodes=4, steps=3) == ()
     assert "failures.events[0] at step 10 is past the run's last step 2 (job.steps=3): it will not fire" in caplog.text
 
 
@@ -153,10 +155,52 @@ def test_injector_orders_events_and_arms_phases():
 
 
 def test_a_trace_without_failures_trace_is_refused():
-    from oobleck.config import compose_config, validate
+    from oobleck.config import validate
 
     with pytest.raises(
-        ConfigError, match=r"failures.trace=synthetic/10m is read only by failures=trace, but failures.kind=explicit"
+        ConfigError, match=r"failures.trace=synthetic/10m is read only by failures=trace, but failures.kind=none"
     ):
         validate(compose_config("failures.trace=synthetic/10m"))
     validate(compose_config("failures=trace", "failures.trace=synthetic/10m"))  # chosen: fine
+
+
+def test_no_failure_unless_asked_and_the_demo_asks_for_one():
+    """The default config injects nothing; failures=demo (the README's main job) is one removal at
+    step 10, and its event can be replaced."""
+    from oobleck.config import validate
+
+    default = compose_config()
+    validate(default)
+    assert default.failures.kind == "none" and build_schedule(default.failures, nodes=4, steps=30) == ()
+    demo = compose_config("failures=demo")
+    validate(demo)
+    assert build_schedule(demo.failures, nodes=4, steps=30) == (
+        FaultEvent(FaultKind.REMOVE, step=10, count=1, origin="failures.events[0]"),
+    )
+    other = compose_config("failures=demo", "failures.events=[{action:remove,step:4,nodes:[2]}]")
+    assert [(e.step, e.nodes) for e in build_schedule(other.failures, nodes=4, steps=30)] == [(4, (2,))]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ("failures.events=[{action:remove,step:4,count:1}]",),
+            "failures.events is read only by failures=explicit, but failures.kind=none; add failures=explicit",
+        ),
+        (
+            ("failures=poisson", "failures.events=[{action:remove,step:4,count:1}]"),
+            "failures.events is read only by failures=explicit, but failures.kind=poisson",
+        ),
+        (("failures=explicit",), "failures=explicit has no events"),
+    ],
+)
+def test_events_without_an_explicit_schedule_and_an_empty_one_are_refused(overrides, message):
+    """Events given without failures=explicit would never fire (no failure is the default): refused
+    before launch, as is an explicit schedule with nothing in it."""
+    from oobleck.config import validate
+
+    with pytest.raises(ConfigError) as caught:
+        validate(compose_config(*overrides))
+    assert message in str(caught.value)
+    validate(compose_config("failures=explicit", "failures.events=[{action:remove,step:4,count:1}]"))

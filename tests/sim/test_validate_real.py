@@ -80,7 +80,11 @@ def _run(run_dir: Path, nodes: int, steps: int, failure_step: int | None, *extra
         f"cluster.nodes={nodes}",
         f"job.steps={steps}",
         *extra,
-        "failures=none" if failure_step is None else f"failures.events=[{{action:remove,step:{failure_step},count:1}}]",
+        *(
+            ("failures=none",)
+            if failure_step is None
+            else ("failures=explicit", f"failures.events=[{{action:remove,step:{failure_step},count:1}}]")
+        ),
     ]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
