@@ -168,7 +168,9 @@ class ReCycle(Strategy):
             intra_node_bandwidth=ctx.cluster.intra_node_bandwidth,
             inter_node_bandwidth=ctx.cluster.inter_node_bandwidth,
         )
-        return replace(plan, reroutes=tuple(reroutes))
+        # explicit_plan takes num_layers from the first template, which is gapped when pipeline 0
+        # lost its last stage: the model is still the intact template's.
+        return replace(plan, reroutes=tuple(reroutes), num_layers=intact.num_layers)
 
     def rerouted_extra_s(self, state: ReCycleState) -> float:
         """Seconds the re-routes add to a step: the operation-level makespan of ``state``'s plan less
