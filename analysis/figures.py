@@ -50,8 +50,8 @@ from analysis.load import (  # noqa: E402
     timeline,
 )
 
-STRATEGY_ORDER = ("oobleck", "varuna", "bamboo", "torchft")
-PALETTE = {"oobleck": "#1b9e77", "varuna": "#d95f02", "bamboo": "#7570b3", "torchft": "#e7298a"}
+STRATEGY_ORDER = ("oobleck", "varuna", "bamboo", "torchft", "recycle")
+PALETTE = {"oobleck": "#1b9e77", "varuna": "#d95f02", "bamboo": "#7570b3", "torchft": "#e7298a", "recycle": "#66a61e"}
 OOM_COLOUR = "0.55"
 CAPTION_SIZE = 7.5
 DPI = 150  # PNG resolution; the PDF beside it is vector

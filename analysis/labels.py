@@ -7,7 +7,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-STRATEGY_NAMES = {"oobleck": "Oobleck", "varuna": "Varuna", "bamboo": "Bamboo", "torchft": "torchft"}
+STRATEGY_NAMES = {
+    "oobleck": "Oobleck",
+    "varuna": "Varuna",
+    "bamboo": "Bamboo",
+    "torchft": "torchft",
+    "recycle": "ReCycle",
+}
 MODEL_NAMES = {"bert_large": "BERT-large"}
 _GPT = re.compile(r"^gpt(?P<version>\d)_(?P<size>.+)$")
 _SIZE = re.compile(r"^(?P<whole>\d+)(?:_(?P<fraction>\d+))?(?P<unit>[mb])$")

@@ -120,6 +120,8 @@ class ProfileConfig:
     warmup: int = MISSING
     repeats: int = MISSING
     max_measure_s: float = MISSING  # refuse a measurement estimated to take longer
+    # Bound on the split backward's passes, a multiple of the fused backward (null: no bound).
+    split_backward_max_ratio: float | None = MISSING
     allreduce_group_sizes: list[int] = MISSING
     allreduce_bytes: list[int] = MISSING
     allreduce_timeout_s: float = MISSING

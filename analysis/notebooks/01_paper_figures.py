@@ -37,7 +37,7 @@ from IPython.display import Image, Markdown, display
 from analysis.figures import write_figures
 from analysis.labels import model_label, strategy_label, trace_label
 from analysis.load import breakdown, cliff_notes, format_throughput_table, load_sim
-from analysis.paper_figures import markdown_table
+from analysis.paper_figures import markdown_table, recycle_table
 
 out = Path(out_dir)
 out.mkdir(parents=True, exist_ok=True)
@@ -79,6 +79,9 @@ print(format_throughput_table(summary, ratios if not ratios.empty else None))
 for line in cliff_notes(ratios if not ratios.empty else None):
     print(line)
 table_md = markdown_table(summary, ratios if not ratios.empty else None)
+if recycle_table(summary):  # ReCycle's throughput over Oobleck's and Bamboo's, beside its own claims
+    table_md += "\nReCycle beside its published claims (its throughput over the others', same start):\n\n"
+    table_md += recycle_table(summary)
 (out / "paper_table.md").write_text(table_md)
 display(Markdown(table_md))
 

@@ -142,7 +142,9 @@ class ReCycle(FixedDepthPipelines[ReCycleState]):
                 start, end = state.partition[s]
                 reroutes.append(Reroute(p, start, end, tuple(via)))
         plan = self.pipelines_plan(templates, groups, split)
-        return replace(plan, reroutes=tuple(reroutes))
+        # explicit_plan takes num_layers from the first template, which is gapped when pipeline 0
+        # lost its last stage: the model is still the intact template's.
+        return replace(plan, reroutes=tuple(reroutes), num_layers=intact.num_layers)
 
     def rerouted_extra_s(self, state: ReCycleState) -> float:
         """Seconds the re-routes add to a step: the operation-level makespan of ``state``'s plan less

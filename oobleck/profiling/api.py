@@ -77,7 +77,9 @@ def cached_measured_profile(cfg: Any, *, refresh: bool = False, progress: Any | 
         )
     label = device_label(device)
     microbatch = int(cfg.job.microbatch_size)
-    key = cache_key(cfg.model, microbatch, label, torch.__version__)
+    # A run config written before the key existed has none: no bound, as it was measured then.
+    bound = OmegaConf.select(cfg, "profile.split_backward_max_ratio", default=None, throw_on_missing=False)
+    key = cache_key(cfg.model, microbatch, label, torch.__version__, split_backward_max_ratio=bound)
     path = cache_path(cfg.profile.cache_dir, cfg.model.name, microbatch, label)
     if not refresh:
         cached = load_cached(path, key)
@@ -102,6 +104,7 @@ def cached_measured_profile(cfg: Any, *, refresh: bool = False, progress: Any | 
             seed=int(cfg.job.seed),
             threads=int(cfg.cluster.torch_threads) or None,
             progress=step,
+            split_backward_max_ratio=None if bound is None else float(bound),
         )
     group_sizes = list(cfg.profile.allreduce_group_sizes)
     if device.type == "cuda":

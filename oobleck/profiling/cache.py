@@ -2,8 +2,9 @@
 by default ``~/.cache/oobleck/profiles``; ``OOBLECK_CACHE_DIR`` moves it).
 
 A file is named by model, microbatch size and device, and stores the key it was made for: a hash
-of the model config, microbatch size, device, torch version, profile schema and what a
-measurement holds (``MEASUREMENT``). A file whose stored key differs (the model config, torch or
+of the model config, microbatch size, device, torch version, profile schema, what a
+measurement holds (``MEASUREMENT``) and the bound on its split backward
+(``profile.split_backward_max_ratio``). A file whose stored key differs (the model config, torch or
 the schema changed: *stale*) or that does not load (truncated, not JSON, invalid values:
 *corrupt*) is reported with a warning and re-profiled; the caller then overwrites it.
 """
@@ -24,7 +25,9 @@ from oobleck.planning.inputs import PROFILE_SCHEMA_VERSION, ModelProfile
 
 # What a measured profile holds; a cached file measured before a field was added is re-measured.
 # 2: the backward split into input and weight passes (LayerProfile.backward_input_s/_weight_s).
-MEASUREMENT = 2
+# 3: those passes as fractions of the same repeat's fused backward, their sum bounded
+# (oobleck.profiling.measure.split_backward_passes).
+MEASUREMENT = 3
 
 
 class ProfileCacheWarning(UserWarning):
@@ -37,7 +40,14 @@ def _plain(model_cfg: Any) -> dict[str, Any]:
     return dict(OmegaConf.to_container(OmegaConf.structured(model_cfg), resolve=True))  # type: ignore[arg-type]
 
 
-def cache_key(model_cfg: Any, microbatch_size: int, device: str, torch_version: str) -> str:
+def cache_key(
+    model_cfg: Any,
+    microbatch_size: int,
+    device: str,
+    torch_version: str,
+    *,
+    split_backward_max_ratio: float | None = None,
+) -> str:
     payload = {
         "model": _plain(model_cfg),
         "microbatch_size": int(microbatch_size),
@@ -45,6 +55,7 @@ def cache_key(model_cfg: Any, microbatch_size: int, device: str, torch_version: 
         "torch": torch_version,
         "schema": PROFILE_SCHEMA_VERSION,
         "measurement": MEASUREMENT,
+        "split_backward_max_ratio": split_backward_max_ratio,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 

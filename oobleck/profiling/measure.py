@@ -16,6 +16,14 @@ need, the weight pass starts from them). The first layer's input is token ids, w
 gradient: its input pass is empty (0 s) and its weight pass is its whole backward. The helpers
 walk the autograd graph in Python on every call, which on layers as small as the tiny models'
 costs more than the passes themselves (split > fused there); on layers of GPU size it does not.
+The two passes are taken as fractions of the fused backward measured in the same repeat (the
+fused and the split backward of one repeat run back to back, so a burst of other load that slows
+one repeat moves both), the median fraction of each times the median fused backward; with
+``split_backward_max_ratio`` (``profile.split_backward_max_ratio``) their sum is clamped to that
+multiple of the fused backward (both scaled alike): on a loaded host a median of 5 split runs
+still came out up to 15x the fused backward, which made every re-routed and zero-bubble plan look
+that much slower at operation level (``oobleck.schedules.cost``). ``split_backward_passes`` does
+this and is tested on its own.
 
 Memory: ``param_bytes`` from the parameters; ``activation_bytes`` = the bytes autograd saves for
 backward during one forward (captured with saved-tensor hooks, parameters excluded, each storage
@@ -81,6 +89,33 @@ def _split_backward(out: torch.Tensor, grad_out: torch.Tensor | None, x: torch.T
     return lambda: stage_backward_weight(iter(params), groups)
 
 
+def split_backward_passes(
+    backward: list[float], inputs: list[float], weights: list[float], max_ratio: float | None = None
+) -> tuple[float, float]:
+    """(input pass, weight pass) seconds from per-repeat measurements: each repeat's passes as
+    fractions of the same repeat's fused ``backward``, the median fraction of each times the
+    median fused backward, their sum clamped to ``max_ratio`` times the fused backward (both
+    scaled alike; None: no clamp). A repeat whose fused backward took no measurable time is
+    left out."""
+    if not (len(backward) == len(inputs) == len(weights)) or not backward:
+        raise ProfileError(
+            f"split backward: {len(backward)} fused, {len(inputs)} input and {len(weights)} weight "
+            "timings; every repeat measures all three"
+        )
+    if max_ratio is not None and not max_ratio > 0:
+        raise ProfileError(f"profile.split_backward_max_ratio={max_ratio} must be > 0 (or null: no bound)")
+    fused = statistics.median(backward)
+    paired = [(i / b, w / b) for b, i, w in zip(backward, inputs, weights) if b > 0]
+    if not paired or fused <= 0:
+        return statistics.median(inputs), statistics.median(weights)
+    input_fraction = statistics.median(p[0] for p in paired)
+    weight_fraction = statistics.median(p[1] for p in paired)
+    total = input_fraction + weight_fraction
+    if max_ratio is not None and total > max_ratio:
+        input_fraction, weight_fraction = (f * max_ratio / total for f in (input_fraction, weight_fraction))
+    return input_fraction * fused, weight_fraction * fused
+
+
 def measure_layer(
     spec: ModelSpec,
     index: int,
@@ -90,6 +125,7 @@ def measure_layer(
     warmup: int,
     repeats: int,
     seed: int,
+    split_backward_max_ratio: float | None = None,
 ) -> LayerProfile:
     """Forward, backward (fused, and split into input and weight passes) seconds, parameter,
     activation and boundary bytes of layer ``index`` of ``spec``."""
@@ -148,6 +184,9 @@ def measure_layer(
                     times[kind].append(seconds)
             del out, x
     param_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
+    backward_input, backward_weight = split_backward_passes(
+        times["backward"], times["input"], times["weight"], split_backward_max_ratio
+    )
     return LayerProfile(
         name=arch.layer_names[index],
         forward_s=statistics.median(times["forward"]),
@@ -155,8 +194,8 @@ def measure_layer(
         param_bytes=int(param_bytes),
         activation_bytes=int(activation_bytes),
         output_bytes=int(output_bytes),
-        backward_input_s=statistics.median(times["input"]),
-        backward_weight_s=statistics.median(times["weight"]),
+        backward_input_s=backward_input,
+        backward_weight_s=backward_weight,
     )
 
 
@@ -170,11 +209,13 @@ def measure_profile(
     seed: int,
     threads: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    split_backward_max_ratio: float | None = None,
 ) -> ModelProfile:
     """Measure every layer of ``model_cfg`` for one microbatch on ``device``.
 
     ``threads`` (if > 0) sets torch's intra-op threads while measuring, to match the workers
     (``cluster.torch_threads``). ``progress(done, total)`` is called after each layer.
+    ``split_backward_max_ratio``: the bound on the split backward's passes (module docstring).
     """
     if repeats <= 0 or warmup < 0:
         raise ProfileError(f"profile.repeats={repeats} must be > 0 and profile.warmup={warmup} >= 0")
@@ -195,7 +236,16 @@ def measure_profile(
         layers = []
         for index in range(total):
             layers.append(
-                measure_layer(spec, index, microbatch_size, device, warmup=warmup, repeats=repeats, seed=seed)
+                measure_layer(
+                    spec,
+                    index,
+                    microbatch_size,
+                    device,
+                    warmup=warmup,
+                    repeats=repeats,
+                    seed=seed,
+                    split_backward_max_ratio=split_backward_max_ratio,
+                )
             )
             if progress is not None:
                 progress(index + 1, total)
@@ -213,6 +263,7 @@ def measure_profile(
             "threads": threads or previous_threads,
             "warmup": warmup,
             "repeats": repeats,
+            "split_backward_max_ratio": split_backward_max_ratio,
             "host": platform.node(),
             "profiling_seconds": time.perf_counter() - started,
         },

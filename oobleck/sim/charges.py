@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from oobleck.recovery_costs import (
@@ -84,10 +85,7 @@ class CostCache:
             ctx, costs = strategy.context, strategy.config.costs
             held = {
                 per_param: self.geometry.get(
-                    layout.plan,
-                    "held",
-                    per_param,
-                    lambda per_param=per_param: held_bytes_per_node(layout.plan, ctx.profile, per_param),
+                    layout.plan, "held", per_param, partial(held_bytes_per_node, layout.plan, ctx.profile, per_param)
                 )
                 for per_param in (costs.checkpoint_bytes_per_param, costs.state_bytes_per_param)
             }

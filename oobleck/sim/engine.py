@@ -371,7 +371,7 @@ class Simulator:
             run.iters_since_checkpoint += count
 
         remaining = t1 - t0
-        done = [0, math.inf, -math.inf]  # checkpoints completed: count, first and last time
+        done: list[float] = [0, math.inf, -math.inf]  # checkpoints completed: count, first and last time
         while remaining > EPS:
             now = t1 - remaining
             if run.in_checkpoint:
@@ -424,7 +424,7 @@ class Simulator:
             self._event(
                 done[2],
                 "checkpoint",
-                count=done[0],
+                count=int(done[0]),
                 first_time_s=done[1],
                 downtime_s=pause,
                 durable_after_s=lag,
@@ -650,7 +650,7 @@ class Simulator:
         summary.update(self._recovery_cycle())
         return summary
 
-    def _recovery_cycle(self) -> dict[str, float]:
+    def _recovery_cycle(self) -> dict[str, float | None]:
         """How long a failure keeps the job from durable progress when it restarts: the mean
         restart a failure caused, plus one checkpoint interval of the layout it started on and
         that checkpoint's pause and write (None when no failure made it restart or it never

@@ -31,7 +31,7 @@ import math
 import numpy as np
 import pandas as pd
 
-BASELINE_ORDER = ("varuna", "bamboo", "torchft")
+BASELINE_ORDER = ("varuna", "bamboo", "torchft", "recycle")
 # "Restarts on a failure": on at least half of the failures that took a working node.
 RESTARTS_ON_MOST = 0.5
 REFERENCE = "oobleck"

@@ -14,12 +14,14 @@ returns one row per metric, with the target and whether it is met):
 - ``steady_iteration_s``: median step time of the first generation vs the plan's predicted time;
 - ``later_iteration_s``: the same after the (last) recovery, vs the new layout's time;
 - ``throughput``: samples/s over the window, measured vs simulated (target: within 15%);
-- ``recovery_s``, ``failover_s``, ``restart_s``: median time of the run's reconfigurations,
-  failovers (Bamboo) and restarts (Varuna, Bamboo, Oobleck's fall-back) from the failure to the
-  first step done (events' ``total_s``) vs the simulated downtime plus the redone step (50%);
+- ``recovery_s``, ``failover_s``, ``reroute_s``, ``restart_s``: median time of the run's
+  reconfigurations, failovers (Bamboo), re-routes (ReCycle) and restarts (Varuna, Bamboo, ReCycle's
+  and Oobleck's fall-back) from the failure to the first step done (events' ``total_s``) vs the
+  simulated downtime plus the redone step (50%);
 - ``checkpoint_snapshot_s``, ``checkpoint_write_s``: median per checkpoint (50%);
-- ``redundant_share``: the redundant forward's share of the workers' 1F1B time (Bamboo; the
-  workers' ``phase_seconds`` in summary.json) vs the cost model's (50%).
+- ``redundant_share``: the redundant forward's share of the workers' 1F1B time (Bamboo in its
+  eager and inline modes; lazy runs none in steady state; the workers' ``phase_seconds`` in
+  summary.json) vs the cost model's (50%).
 Each for the planner's cost model as is, for a ``calibrated`` one (one per-microbatch overhead
 fitted on the run's own first generation: in-sample for that generation) and, given a
 ``RuntimeOverhead`` measured on *different* calibration runs (``calibrate``), for a ``predicted``
@@ -41,7 +43,13 @@ states the model; ``calibrate`` measures each of its terms on the calibration ru
   ``load_s``); checkpoints: the snapshot and write bandwidths (the model's busiest writer's
   bytes over ``snapshot_s`` and ``write_s``);
 - Bamboo: the exposed share of the redundant forward, the one whose predicted steps (with the
-  fitted step terms) best match its generations' steady steps (``_fit_exposure``);
+  fitted step terms) best match its generations' steady steps (``_fit_exposure``), on its inline
+  generations only (the share is a setting of that mode alone: lazy runs no redundant forward in
+  steady state and eager's is costed from its operation lists, so their generations are step
+  samples like any other);
+- ReCycle: a re-route is charged as a reconfiguration's fixed part (``oobleck.sim.charges``), so
+  its rows pool with the reconfigurations'; a re-routed layout's step counts the peers' extra
+  stage runs (``step_shape``);
 - ``cores``: ``os.cpu_count()`` where the calibration runs (the runs are local).
 
 CLI: ``python -m oobleck.sim.validate RUN_DIR [--calibration CAL_RUN_DIR ...]`` prints the table and
@@ -60,7 +68,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
@@ -71,7 +79,7 @@ from oobleck.planning.inputs import ModelProfile
 from oobleck.planning.outputs import ExecutionPlan, Worker
 from oobleck.recovery_costs import RuntimeOverhead, StepShape, checkpoint_cost, fit_step_model, restore_s, step_model
 from oobleck.sim.engine import SimResult, simulate
-from oobleck.strategy import Decision, Layout, RunState, Strategy
+from oobleck.strategy import Decision, Layout, RunState, Strategy, StrategyConfig
 
 # The targets the simulator is held to (a figure built on it says how far it is from real runs).
 THROUGHPUT_TOLERANCE = 0.15  # simulated throughput within 15% of the measured one
@@ -166,11 +174,18 @@ class _WithOverhead(Strategy):
         return self._adjust(self.inner.on_change(state))
 
 
+def _with_exposure(config: StrategyConfig, exposed: float) -> StrategyConfig:
+    """Bamboo's config with ``redundant_forward_exposed`` set: a field of its own config type,
+    which ``oobleck`` does not import (``baselines`` plugs into it), hence untyped here."""
+    changed: StrategyConfig = replace(cast(Any, config), redundant_forward_exposed=exposed)
+    return changed
+
+
 def _with_measured(strategy: Strategy, runtime: RuntimeOverhead) -> Strategy:
     """The same strategy with what the calibration measured in its settings (Bamboo's exposure)."""
     config = strategy.config
     if runtime.redundant_exposed is not None and hasattr(config, "redundant_forward_exposed"):
-        config = replace(config, redundant_forward_exposed=runtime.redundant_exposed)  # type: ignore[type-var]
+        config = _with_exposure(config, runtime.redundant_exposed)
     return type(strategy)(config, strategy.context) if config is not strategy.config else strategy
 
 
@@ -178,10 +193,21 @@ def _workers(layout: Layout) -> int:
     return len(layout.plan.assignments()) if layout.plan is not None else len(layout.nodes)
 
 
+def _detours(plan: ExecutionPlan) -> dict[int, int]:
+    """Per pipeline, the microbatches of other pipelines that its stages run for a re-route (ReCycle)."""
+    out: dict[int, int] = {}
+    for reroute in plan.reroutes:
+        for peer in reroute.via:
+            out[peer] = out.get(peer, 0) + 1
+    return out
+
+
 def step_shape(layout: Layout, profile: ModelProfile) -> StepShape:
     """What ``RuntimeOverhead.step_s`` needs of a layout: its planner time, microbatches, workers
-    and the profile's compute of all its workers in one step (Bamboo's redundant forward included:
-    the CPU runs it whether or not it is on the critical path)."""
+    and the profile's compute of all its workers in one step (Bamboo's redundant forward included
+    where its mode runs one: the CPU runs it whether or not it is on the critical path; ReCycle's
+    re-routed microbatches included on the peers that run them, each one more stage run, and the
+    busiest stage's microbatches counting the detours through its pipeline)."""
     plan = layout.plan
     if plan is None:
         return StepShape(layout.iteration_s, 1, 1, len(layout.nodes), 0.0)
@@ -191,7 +217,13 @@ def step_shape(layout: Layout, profile: ModelProfile) -> StepShape:
         own = sum(profile.layers[layer].forward_s + profile.layers[layer].backward_s for layer in a.layers) / a.shards
         compute += own * pipelines[a.pipeline].microbatches
     stage_runs = sum(p.microbatches * p.template.num_stages for p in plan.pipelines)
-    return StepShape(layout.iteration_s, _busiest_microbatches(plan), stage_runs, _workers(layout), compute)
+    for reroute in plan.reroutes:
+        layers = profile.layers[reroute.start : reroute.end]
+        compute += sum(layer.forward_s + layer.backward_s for layer in layers) * len(reroute.via)
+        stage_runs += len(reroute.via)
+    detours = _detours(plan)
+    busiest = max((p.microbatches + detours.get(p.index, 0) for p in plan.pipelines), default=1)
+    return StepShape(layout.iteration_s, busiest, stage_runs, _workers(layout), compute)
 
 
 def _median_step_s(metrics: pd.DataFrame) -> float:
@@ -208,10 +240,15 @@ def _median(frame: pd.DataFrame, column: str) -> float:
 
 
 def _redundant_seconds(plan: ExecutionPlan, profile: ModelProfile) -> dict[Worker, float]:
-    """Per worker, the forward seconds of its shadow layers per step (the cost model's)."""
+    """Per worker, the forward seconds of its shadow layers per step (the cost model's); none in
+    Bamboo's lazy mode, which keeps the copy in host memory and runs no redundant forward in
+    steady state (``baselines.bamboo.memory``)."""
     pipelines = {p.index: p for p in plan.pipelines}
     out: dict[Worker, float] = {}
     for a in plan.assignments():
+        if plan.redundancy == "lazy":
+            out[a.worker] = 0.0
+            continue
         forward = sum(profile.layers[layer].forward_s for layer in a.shadow_layers if layer not in a.layers) / a.shards
         out[a.worker] = forward * pipelines[a.pipeline].microbatches
     return out
@@ -277,6 +314,7 @@ def compare(
     measured = {
         "recovery_s": _median(_rows(events, "reconfiguration"), "total_s"),
         "failover_s": _median(_rows(events, "failover"), "total_s"),
+        "reroute_s": _median(_rows(events, "reroute"), "total_s"),
         "restart_s": _median(_rows(events, "restart"), "total_s"),
         "checkpoint_snapshot_s": _median(checkpoints, "snapshot_s"),
         "checkpoint_write_s": _median(checkpoints, "write_s"),
@@ -316,6 +354,7 @@ def compare(
         simulated = {
             "recovery_s": recovery("reconfiguration"),
             "failover_s": recovery("failover"),
+            "reroute_s": recovery("reroute"),
             "restart_s": recovery("restart"),
             "checkpoint_snapshot_s": ck.snapshot_s if ck is not None else math.nan,
             "checkpoint_write_s": ck.write_s if ck is not None else math.nan,
@@ -449,13 +488,16 @@ def _measure(
         # leaves out the optimizer step and the wait for the decision, which the throughput pays.
         median = float(rows["time_s"].diff().iloc[1:].median())
         steady[int(generation)] = median
-        if layout.plan.shadows and hasattr(strategy, "iteration_s") and layout.state is not None:
-            # Bamboo: how much of its redundant forward is on the critical path is fitted on these
-            # steps once the step terms are known (``_fit_exposure``), not with them.
+        inline = layout.plan.shadows and layout.plan.redundancy == "inline"
+        if inline and hasattr(strategy, "iteration_s") and layout.state is not None:
+            # Bamboo inline: how much of its redundant forward is on the critical path is fitted on
+            # these steps once the step terms are known (``_fit_exposure``), not with them.
             found.exposed.append((strategy, layout, median))
             continue
         found.samples.append((step_shape(layout, profile), median))
-    for _, row in _rows(events, "reconfiguration").iterrows():
+    # A re-route is charged as a reconfiguration's fixed part (oobleck.sim.charges): pooled with them.
+    recoveries = events[events["kind"].isin(["reconfiguration", "reroute"])] if "kind" in events else events
+    for _, row in recoveries.iterrows():
         found.fixed.append(_fixed_part(row))
         if int(row["generation"]) in steady:
             found.warmups.append(float(row["first_step_s"]) - steady[int(row["generation"])])
@@ -509,7 +551,7 @@ def _fit_exposure(samples: list[tuple[Strategy, Layout, float]], terms: dict[str
         variants: dict[int, Strategy] = {}  # one per run's strategy: its generations share it
         for strategy, layout, measured in samples:
             if id(strategy) not in variants:
-                config = replace(strategy.config, redundant_forward_exposed=exposed)  # type: ignore[type-var]
+                config = _with_exposure(strategy.config, exposed)
                 variants[id(strategy)] = type(strategy)(config, strategy.context)
             planner_s = variants[id(strategy)].iteration_s(layout.state)  # type: ignore[attr-defined]
             shape = replace(step_shape(layout, strategy.context.profile), planner_s=planner_s)

@@ -326,3 +326,44 @@ def test_repeated_runs_are_judged_by_their_median_ratio():
     )
     with pytest.raises(RunError, match="case"):
         across_repeats(table.drop(columns=["case"]))
+
+
+def test_recycle_is_printed_beside_its_published_claims(tmp_path: Path):
+    from analysis.paper_figures import RECYCLE_CLAIMS, recycle_ratios, recycle_table
+
+    rows = []
+    for start, (oobleck, bamboo, recycle) in enumerate(((10.0, 5.0, 8.0), (10.0, 4.0, 6.0), (10.0, 5.0, 7.0))):
+        for strategy, throughput in (("oobleck", oobleck), ("bamboo", bamboo), ("recycle", recycle)):
+            rows.append(
+                {"testbed": "tb", "model": "gpt3_medium", "trace": "synthetic/10m", "start": start}
+                | {"strategy": strategy, "throughput": throughput, "oom": False, "ran": True}
+            )
+    rows += [
+        {"testbed": "tb", "model": "gpt3_6_7b", "trace": "synthetic/10m", "start": 0}
+        | {"strategy": s, "throughput": t, "oom": s == "bamboo", "ran": True}
+        for s, t in (("oobleck", 10.0), ("bamboo", 0.0), ("recycle", 5.0))
+    ]
+    ratios = recycle_ratios(pd.DataFrame(rows)).set_index(["model", "versus"])
+    medium = ratios.loc[("gpt3_medium", "oobleck")]
+    # Same-start ratios 0.8, 0.6, 0.7: their median and range, beside the claim.
+    assert (medium["ratio_median"], medium["ratio_min"], medium["ratio_max"]) == pytest.approx((0.7, 0.6, 0.8))
+    assert medium["claimed_up_to"] == RECYCLE_CLAIMS["oobleck"] == 1.46
+    assert ratios.loc[("gpt3_medium", "bamboo"), "ratio_median"] == pytest.approx(1.5)  # 1.6, 1.5, 1.4
+    big = ratios.loc[("gpt3_6_7b", "bamboo")]
+    assert math.isnan(big["ratio_median"]) and big["note"] == "OOM"
+    table = recycle_table(pd.DataFrame(rows))
+    assert "ReCycle / Oobleck (claimed: up to 1.46x) | ReCycle / Bamboo (claimed: up to 1.64x)" in table
+    assert "| GPT-3 medium | 10m | 0.7 [0.6-0.8] | 1.5 [1.4-1.6] |" in table
+    assert "| GPT-3 6.7B | 10m | 0.5 | OOM |" in table
+    # Without ReCycle in the experiment there is no table.
+    assert recycle_table(pd.DataFrame([r for r in rows if r["strategy"] != "recycle"])) == ""
+    # paper_figures writes it under the ratio table.
+    sim = tmp_path / "sim"
+    sim.mkdir()
+    _segments().to_csv(sim / "sim_metrics.csv", index=False)
+    shares = {f"{k}_{unit}": 0.0 for k in BREAKDOWN for unit in ("fraction", "node_s")}
+    pd.DataFrame([{**r, **shares, "useful_fraction": 1.0, "useful_node_s": 3600.0} for r in rows]).to_csv(
+        sim / "sim_summary.csv", index=False
+    )
+    assert paper_figures_main([str(tmp_path / "out"), str(sim), "--bin-s", "60"]) == 0
+    assert "| GPT-3 medium | 10m | 0.7 [0.6-0.8] | 1.5 [1.4-1.6] |" in (tmp_path / "out" / "paper_table.md").read_text()

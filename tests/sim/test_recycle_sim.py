@@ -97,3 +97,16 @@ def test_a_standby_takes_a_lost_stage_at_once_and_a_pipeline_with_no_node_left_i
     dropped = alone.on_change(RunState(start, (0, 1, 2, 3), (4, 5, 6, 7), (), 3))
     assert dropped.kind is Kind.REROUTE and len(dropped.layout.plan.pipelines) == 1
     assert dropped.layout.plan.pipelines[0].microbatches == context.num_microbatches and not dropped.transfers
+
+
+def test_losing_the_last_stage_of_the_first_pipeline_is_rerouted(context):
+    # The re-routed plan's model is the intact template's, not the first pipeline's gapped one.
+    strategy = make_strategy(context, "recycle", pipeline_depth=4)
+    start = strategy.start(list(range(8))).layout
+    last = start.plan.pipelines[0].nodes[-1]
+    decision = strategy.on_change(RunState(start, tuple(n for n in range(8) if n != last), (last,), (), 5))
+    assert decision.kind is Kind.REROUTE and decision.layout.plan.num_layers == start.plan.num_layers
+    (reroute,) = decision.layout.plan.reroutes
+    assert (reroute.pipeline, reroute.end) == (0, start.plan.num_layers)
+    checked_schedule(decision.layout.plan)  # routes and lists build and check
+    assert decision.layout.iteration_s > start.iteration_s

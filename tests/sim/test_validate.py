@@ -25,9 +25,13 @@ OVERRIDES = (
 )
 
 
-def _write_run(cfg, run_dir: Path, *, slowdown: float, failure_step: int | None = 8, steps: int = 24) -> Path:
-    """A run dir as ``python -m oobleck.run`` writes it, for an ideal runtime slowed by ``slowdown``."""
+def _write_run(
+    cfg, run_dir: Path, *, slowdown: float, failure_step: int | None = 8, steps: int = 24, victim: int | None = None
+) -> Path:
+    """A run dir as ``python -m oobleck.run`` writes it, for an ideal runtime slowed by ``slowdown``
+    (``cfg``'s own strategy; ``victim``: the node lost, default the plan's last)."""
     from oobleck.sim.charges import decision_downtime
+    from oobleck.sim.engine import EVENT_KIND
     from oobleck.sim.experiment import build_context, simulated_strategy
     from oobleck.strategy import RunState
 
@@ -37,14 +41,14 @@ def _write_run(cfg, run_dir: Path, *, slowdown: float, failure_step: int | None 
     OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
     profile.save(run_dir / "profile.json")
     context = build_context(cfg, profile, 6, named_gpu=False)
-    plan = instantiate(context.templates(), list(range(6)), 64, 1, 1)
-    (run_dir / "plan.json").write_text(pd.Series({"plan": plan.to_dict()}).to_json())
-    strategy = simulated_strategy(cfg, "oobleck", context)
-    t, rows, events = 2.0, [], []
+    strategy = simulated_strategy(cfg, str(cfg.strategy.name), context)
     layout = strategy.start(list(range(6))).layout
+    plan = instantiate(context.templates(), list(range(6)), 64, 1, 1) if strategy.name == "oobleck" else layout.plan
+    (run_dir / "plan.json").write_text(pd.Series({"plan": plan.to_dict()}).to_json())
+    t, rows, events = 2.0, [], []
     for step in range(1, steps + 1):
         if failure_step is not None and step == failure_step:
-            victim = layout.nodes[-1]
+            victim = layout.nodes[-1] if victim is None else victim
             # As the controller writes it: ``node`` (read back as a float column with gaps).
             events.append({"time_s": t, "kind": "failure", "generation": 0, "step": step, "node": victim})
             decision = strategy.on_change(
@@ -53,7 +57,8 @@ def _write_run(cfg, run_dir: Path, *, slowdown: float, failure_step: int | None 
             layout = decision.layout
             recovery = (decision_downtime(decision, strategy)[0] + layout.iteration_s) * slowdown
             t += recovery
-            events.append({"time_s": t, "kind": "reconfiguration", "generation": 1, "step": step, "total_s": recovery})
+            kind = EVENT_KIND[decision.kind]
+            events.append({"time_s": t, "kind": kind, "generation": 1, "step": step, "total_s": recovery})
             rows.append({"step": step, "time_s": t, "samples": 64, "generation": 1})
             continue
         t += layout.iteration_s * slowdown
@@ -92,6 +97,74 @@ def test_a_slower_run_fails_the_targets(tmp_path: Path, make_config):
     calibrated = validation.table[validation.table["model"] == "calibrated"].set_index("metric")
     assert validation.overhead_s > 0 and calibrated.loc["steady_iteration_s", "ratio"] == pytest.approx(1.0)
     assert bool(calibrated.loc["later_iteration_s", "within_target"])
+
+
+def test_a_recycle_run_is_validated_on_its_reroute(tmp_path: Path, make_config):
+    # D=2 x P=3 on 6 nodes; node 4 (stage 1 of pipeline 1) lost: its microbatches go through
+    # stage 1 of pipeline 0, nothing is copied.
+    cfg = make_config(*OVERRIDES, "strategy=recycle", "strategy.pipeline_depth=3")
+    validation = validate_run(_write_run(cfg, tmp_path / "recycle", slowdown=1.0, victim=4))
+    assert validation.sim.summary["n_reroute"] == 1
+    table = validation.table[validation.table["model"] == "planner"].set_index("metric")
+    assert {"steady_iteration_s", "later_iteration_s", "reroute_s"} <= set(table.index)
+    assert "recovery_s" not in table.index  # no reconfiguration happened
+    # The re-routed layout is slower (its op-level makespan) and the simulator charged exactly that.
+    assert table.loc["later_iteration_s", "measured"] > table.loc["steady_iteration_s", "measured"]
+    assert table.loc["later_iteration_s", "ratio"] == pytest.approx(1.0, rel=1e-6)
+    assert table.loc["reroute_s", "ratio"] == pytest.approx(1.0, rel=1e-6)
+    slow = validate_run(_write_run(cfg, tmp_path / "slow", slowdown=1.6, victim=4)).table
+    slow = slow[slow["model"] == "planner"].set_index("metric")
+    assert (
+        slow.loc["reroute_s", "ratio"] == pytest.approx(1 / 1.6) and not slow.loc["later_iteration_s", "within_target"]
+    )
+
+
+def test_a_rerouted_layout_counts_the_peers_extra_stage_runs(make_config):
+    from simhelpers import make_context, make_strategy
+
+    from oobleck.sim.validate import step_shape
+    from oobleck.strategy import RunState
+
+    context = make_context(memory_gb=4.0, nodes=8)
+    strategy = make_strategy(context, "recycle", pipeline_depth=4)
+    start = strategy.start(list(range(8))).layout
+    rerouted = strategy.on_change(RunState(start, (0, 1, 2, 3, 4, 6, 7), (5,), (), 3)).layout
+    (reroute,) = rerouted.plan.reroutes
+    before, after = step_shape(start, context.profile), step_shape(rerouted, context.profile)
+    moved = len(reroute.via)
+    layers = context.profile.layers[reroute.start : reroute.end]
+    # The same work is done (pipeline 1's stage-1 microbatches now on pipeline 0's stage 1) on one
+    # worker fewer; every re-routed microbatch is one more stage run of the peer, not one fewer.
+    assert after.compute_s == pytest.approx(before.compute_s)
+    assert moved == context.num_microbatches // 2 and sum(l.forward_s for l in layers) > 0
+    assert after.workers == before.workers - 1 and after.stage_microbatches == before.stage_microbatches
+    assert after.busiest_microbatches == before.busiest_microbatches + moved
+    assert after.planner_s == rerouted.iteration_s > before.planner_s
+
+
+def test_bamboo_modes_count_only_the_redundant_work_they_run():
+    from simhelpers import make_context, make_strategy
+
+    from oobleck.sim.validate import _measure, redundant_share, step_shape
+
+    context = make_context(memory_gb=8.0)  # eager keeps every microbatch's redundant activations
+    shapes, shares = {}, {}
+    for mode in ("lazy", "eager", "inline"):
+        strategy = make_strategy(context, "bamboo", pipeline_depth=2, redundancy=mode)
+        layout = strategy.start(list(range(8))).layout
+        assert layout.plan.redundancy == mode and layout.plan.shadows
+        shapes[mode] = step_shape(layout, context.profile)
+        shares[mode] = redundant_share(layout.plan, context.profile, layout.iteration_s, 1.0)
+    # Lazy runs no redundant forward in steady state: neither its CPU nor its share has one.
+    assert shares["lazy"] == 0.0 and shares["eager"] > 0 and shares["inline"] > 0
+    assert shapes["lazy"].compute_s < shapes["eager"].compute_s == pytest.approx(shapes["inline"].compute_s)
+    # The exposed share is fitted on inline generations only; the others are step samples.
+    metrics = pd.DataFrame({"step": range(1, 7), "time_s": [0.1 * k for k in range(1, 7)], "generation": 0})
+    for mode, exposed in (("lazy", 0), ("eager", 0), ("inline", 1)):
+        strategy = make_strategy(context, "bamboo", pipeline_depth=2, redundancy=mode)
+        plan = strategy.start(list(range(8))).layout.plan
+        found = _measure(plan, metrics, pd.DataFrame(), strategy, mode, 2)
+        assert (len(found.exposed), len(found.samples)) == (exposed, 1 - exposed), mode
 
 
 def test_run_dirs_without_what_validation_needs_are_named(tmp_path: Path, make_config):
@@ -255,6 +328,22 @@ def test_the_protocol_reads_the_preregistered_holdout(make_config):
         cfg = make_config(*overrides)
         validate(cfg)  # every case is a valid run, with the strategy it says
         assert cfg.strategy.name == strategy, name
+
+
+def test_the_protocol_predicts_recycle_and_both_bamboo_modes(make_config):
+    from oobleck.config import validate
+
+    bench = _bench_validation()
+    cases = {**bench.CALIBRATION, **bench.PREDICTED}
+    modes = {}
+    for name, (strategy, overrides) in cases.items():
+        cfg = make_config(*overrides)
+        validate(cfg)
+        assert cfg.strategy.name == strategy, name
+        if strategy == "bamboo":
+            modes[name] = cfg.strategy.redundancy
+    assert modes == {"BC": "lazy", "BP": "lazy", "BPE": "eager"}
+    assert [name for name, (strategy, _) in bench.PREDICTED.items() if strategy == "recycle"] == ["RP"]
 
 
 def test_scores_are_reported_per_set_and_a_bad_holdout_is_named(tmp_path):
