@@ -132,11 +132,11 @@ PREDICTED = {
             "cluster.nodes=6",
             "job.steps=36",
             "checkpoint.every_steps=12",
+            "failures=explicit",
             "failures.events=[{action:remove,step:14,nodes:[4]}]",
         ],
     ),
-    # Node 4 is stage 1 of pipeline 1: losing the last stage of pipeline 0 (node 2) is refused by
-    # the re-routed plan's check (its num_layers comes from pipeline 0's gapped template).
+    # Node 4 is stage 1 of pipeline 1: a middle stage, re-routed through pipeline 0's.
     "RP": (
         "recycle",
         [
@@ -145,6 +145,7 @@ PREDICTED = {
             "cluster.nodes=6",
             "job.steps=36",
             "checkpoint.every_steps=12",
+            "failures=explicit",
             "failures.events=[{action:remove,step:12,nodes:[4]}]",
         ],
     ),

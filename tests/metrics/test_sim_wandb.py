@@ -48,9 +48,9 @@ def simulated(tmp_path_factory):
 
 def test_one_run_per_strategy_grouped_by_experiment(simulated):
     run_dir, trace, runs = simulated
-    assert sorted(runs) == ["bamboo", "figures", "oobleck", "varuna"]
+    assert sorted(runs) == ["bamboo", "figures", "oobleck", "recycle", "varuna"]
     summary = pd.read_csv(run_dir / "sim_summary.csv").set_index("strategy")
-    for strategy in ("oobleck", "varuna", "bamboo"):
+    for strategy in ("oobleck", "varuna", "bamboo", "recycle"):
         run = runs[strategy]
         assert run.group == "paper_spot" and run.job_type == strategy
         assert run.name == f"sim-{strategy}-gpt2_small-n8-{trace}"
