@@ -28,6 +28,7 @@ import sys
 from typing import Any
 
 from oobleck.errors import report_errors
+from oobleck.extras import require
 from oobleck.metrics.recorder import WANDB_AXES
 from oobleck.metrics.simulation import SIM_TIME
 from oobleck.sim.engine import DOWNTIME_EVENTS
@@ -42,6 +43,7 @@ SIM_EVENTS = ("failure", "join", *SIM_REACTIONS, "oom", "stop")
 
 
 def _libraries() -> tuple[Any, Any]:
+    require(["wandb_workspaces"], "analysis", "the wandb dashboards")
     import wandb_workspaces.reports.v2 as wr
     import wandb_workspaces.workspaces as ws
 

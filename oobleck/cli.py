@@ -31,6 +31,7 @@ from typing import IO, Any, TextIO
 from oobleck.errors import (
     EXIT_INTERRUPTED,
     EXIT_USER_ERROR,
+    OobleckError,
     body_started,
     exit_with,
     report_errors,
@@ -151,6 +152,12 @@ def run_app(main: Callable[[], Any], program: str) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from oobleck.extras import check_launcher_overrides
+
+    try:
+        check_launcher_overrides(sys.argv[1:])
+    except OobleckError as error:
+        exit_with(f"{program}: error: {error}", EXIT_USER_ERROR)
     if os.environ.get(HYDRA_FULL_ERROR) == "1":
         main()
         return

@@ -22,10 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from oobleck.errors import ConfigError, RunError
+from oobleck.extras import require
 
 HERE = Path(__file__).resolve().parent
 PARAMETERS_TAG = "parameters"
 INJECTED_TAG = "injected-parameters"
+# What building and executing a notebook imports (the [analysis] extra).
+NOTEBOOK_MODULES = ("jupytext", "nbformat", "nbclient", "ipykernel")
 
 
 def names() -> list[str]:
@@ -49,6 +52,7 @@ def parse_value(text: str) -> Any:
 
 def build(name: str, parameters: Mapping[str, Any] | None = None) -> Any:
     """The notebook ``name`` with ``parameters`` injected after its parameters cell."""
+    require(NOTEBOOK_MODULES, "analysis", "the analysis notebooks")
     import jupytext
     import nbformat
 
@@ -99,6 +103,7 @@ def execute(
 ) -> Any:
     """Run the notebook headless in ``cwd``; write the executed notebook to ``out`` if given.
     A failing cell raises ``RunError`` with the cell's error (the partial notebook is still written)."""
+    require(NOTEBOOK_MODULES, "analysis", "the analysis notebooks")
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
