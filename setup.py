@@ -3,7 +3,7 @@
 Everything is found automatically except the config tree: ``conf/`` stays at the top of the
 repository (the layout is part of the contract) and is shipped inside the package as
 ``oobleck/conf``, so an installed ``oobleck-run`` (or ``python -m oobleck.run``) finds its configs
-from any directory. ``oobleck.config.CONF_DIR`` looks there first and falls back to the checkout's
+from any directory. ``oobleck.schema.CONF_DIR`` looks there first and falls back to the checkout's
 ``conf/`` (an editable install).
 """
 

@@ -1,16 +1,17 @@
-"""Structured configuration: the schema of every Hydra config group, and its validation.
+"""Configuration: ``validate(cfg)`` checks a composed config before any process starts, and the
+schema's names are re-exported from ``oobleck.schema`` (where the dataclasses, the config tree and
+the group loaders live) for the entry points, tools and tests that import them from here.
 
-The dataclasses here are registered in Hydra's ConfigStore as ``oobleck_schema`` by
-``register_configs`` (every Hydra entry point calls it at import; ``compose_config`` composes with
-it); ``conf/config.yaml`` puts that schema first in its defaults list, so every key a YAML file or a
-command-line override sets is type-checked. The schema holds types only (``MISSING`` everywhere): every value lives in
-``conf/``. ``validate(cfg)`` then checks that every key is one the schema knows (Hydra's ``+`` adds
-any key; ``check_known_keys`` names the closest known one), and values and cross-field constraints
-before any process starts, raising ``ConfigError`` with one message that names the key, the value
-and the fix; a section whose checks live beside its component is checked there (``checkpoint``:
-``oobleck.checkpoint.settings``; ``cluster``: ``oobleck.launcher``; ``logger``:
-``oobleck.metrics.wandb_run``). ``CONF_DIR`` is where the config tree is (installed or in the
-checkout); ``load_group`` composes one group's section without Hydra.
+``validate`` checks that every key is one the schema knows (Hydra's ``+`` adds any key;
+``check_known_keys`` names the closest known one), then each section with the checks that live
+beside its component, raising ``ConfigError`` with one message that names the key, the value and
+the fix: ``model`` (its family, ``oobleck.models.registry``), ``cluster`` (``oobleck.launcher``),
+``cluster.gpu`` and ``profile`` (``oobleck.profiling.settings``), ``job`` and ``runtime``
+(``oobleck.runtime.settings``), ``planner`` (``oobleck.planning.settings``), ``failures``
+(``oobleck.faults.schedule``), ``strategy`` (its class, ``oobleck.strategy``), ``sim``
+(``oobleck.sim.settings``; its uncertain constants: ``oobleck.uncertainty``), ``logger``
+(``oobleck.metrics.wandb_run``) and ``checkpoint`` (``oobleck.checkpoint.settings``). What needs the
+model profile (n0, memory) is checked by the planner, which raises ``PlanningError`` alike.
 
 Sections mirror the config groups: ``paths``, ``model/`` (typed by its family: ``oobleck.models``),
 ``cluster/`` (``gpu/`` fills ``cluster.gpu``), ``profile``, ``job``, ``planner``, ``failures/``,
@@ -19,468 +20,94 @@ Sections mirror the config groups: ``paths``, ``model/`` (typed by its family: `
 
 from __future__ import annotations
 
-import dataclasses
-import typing
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
-
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from oobleck.checkpoint.settings import check_checkpoint
-from oobleck.checks import choice, positive
 from oobleck.errors import ConfigError, unknown_key_message
 from oobleck.launcher import check_cluster
 from oobleck.metrics.wandb_run import check_logger
 from oobleck.planning.inputs import ClusterSpec
-from oobleck.planning.instantiate import MAX_MICROBATCHES, microbatch_limit_message
-
-
-def find_conf_dir() -> Path:
-    """The Hydra config tree: ``oobleck/conf`` in an installed wheel (setup.py ships ``conf/`` there),
-    else ``conf/`` at the top of the checkout (an editable install or a plain checkout)."""
-    package = Path(__file__).resolve().parent
-    for candidate in (package / "conf", package.parent / "conf"):
-        if (candidate / "config.yaml").is_file():
-            return candidate
-    raise ConfigError(
-        f"no config tree: neither {package / 'conf'} nor {package.parent / 'conf'} holds config.yaml; reinstall the package"
-    )
-
-
-# Every entry point, test and tool finds the config tree here (``@hydra.main(config_path=...)``,
-# ``initialize_config_dir``, the per-group loaders of oobleck.models and oobleck.profiling).
-CONF_DIR = find_conf_dir()
-
-
-# The schema holds types only: every value lives in conf/ (config.yaml gives what every choice
-# starts from, the group files what their choice changes). A field is MISSING here so that the
-# YAML must say; nested sections are typed nodes (``default_factory``), never values. The one
-# exception is ``FailureEventConfig``: the type of a list element a user writes, whose defaults
-# say "not given".
-
-
-@dataclass
-class PathsConfig:
-    """Where runs write: shared caches and the run dirs (``paths:`` in config.yaml)."""
-
-    cache_dir: str = MISSING  # measured profiles and other caches shared by runs (~ is expanded)
-    output_dir: str = MISSING  # run dirs: <output_dir>/<program>/<date_time>
-    multirun_dir: str = MISSING  # sweeps: <multirun_dir>/<date_time>/<job number>
-
-
-@dataclass
-class GPUConfig:
-    """A named accelerator (``gpu=<name>``, ``conf/gpu/``): analytic profiles, simulation, and the
-    device memory the planner uses (``cluster.device_memory_gb`` follows ``memory_gb``)."""
-
-    name: str = MISSING
-    peak_tflops: float = MISSING  # dense fp16/bf16 tensor-core peak
-    memory_gb: float = MISSING
-    memory_bandwidth_gbps: float = MISSING  # HBM bytes/s in GB/s
-    achieved_flop_fraction: float = MISSING  # fraction of peak FLOP/s a transformer layer achieves
-    achieved_bandwidth_fraction: float = MISSING  # fraction of peak bandwidth memory-bound work achieves
-    activation_bytes_per_value: int = MISSING  # bytes per activation value (bf16/fp16: 2)
-
-
-@dataclass
-class ClusterConfig:
-    """Where workers run: ``local`` (processes on this machine) or ``slurm`` (one agent per node)."""
-
-    _target_: str = MISSING  # the launcher class (oobleck.launcher.Launcher), e.g. oobleck.elastic.local.LocalLauncher
-    kind: str = MISSING  # local | slurm: the cluster's name, the one its launcher launches
-    nodes: int = MISSING
-    gpus_per_node: int = MISSING
-    device: str = MISSING  # cpu (gloo) | cuda (nccl)
-    backend: str = MISSING  # auto (gloo on cpu, nccl on cuda) | nccl | gloo (also on cuda tensors)
-    gpu: GPUConfig = field(default_factory=GPUConfig)
-    device_memory_gb: float = MISSING  # memory the planner may use on one device
-    intra_node_bandwidth_gbps: float = MISSING  # GB/s between devices of one node
-    inter_node_bandwidth_gbps: float = MISSING  # GB/s between nodes
-    master_addr: str = MISSING
-    master_port: int = MISSING  # 0: pick a free port
-    heartbeat_interval_s: float = MISSING
-    heartbeat_timeout_s: float = MISSING
-    failure_settle_s: float = MISSING  # failures detected this soon after the first are decided on together
-    collective_timeout_s: float = MISSING
-    data_plane_probe_timeout_s: float = MISSING  # a node whose data-plane address does not answer is cut off
-    startup_timeout_s: float = MISSING
-    torch_threads: int = MISSING  # torch threads per worker; 0 lets torch choose
-    fork_workers: bool = MISSING  # local only: fork workers from a process that imported torch once
-    node_address_base: str | None = MISSING  # local only: node n's workers bind gloo to this address + n
-
-
-@dataclass
-class ProfileConfig:
-    """Where the planner's per-layer profile comes from."""
-
-    source: str = MISSING  # auto | measured | analytic | file
-    path: str | None = MISSING  # profile JSON for source=file
-    cache_dir: str = MISSING
-    warmup: int = MISSING
-    repeats: int = MISSING
-    max_measure_s: float = MISSING  # refuse a measurement estimated to take longer
-    # Bound on the split backward's passes, a multiple of the fused backward (null: no bound).
-    split_backward_max_ratio: float | None = MISSING
-    allreduce_group_sizes: list[int] = MISSING
-    allreduce_bytes: list[int] = MISSING
-    allreduce_timeout_s: float = MISSING
-
-
-@dataclass
-class JobConfig:
-    """The training job: fault tolerance, batch sizes, steps and optimiser."""
-
-    fault_tolerance: int = MISSING  # f: simultaneous node failures to survive without restart
-    global_batch_size: int = MISSING
-    microbatch_size: int = MISSING
-    steps: int = MISSING
-    seed: int = MISSING
-    dataset: str = MISSING  # corpus | synthetic
-    synthetic_samples: int = MISSING
-    lr: float = MISSING
-    min_lr: float = MISSING
-    warmup_steps: int = MISSING
-    weight_decay: float = MISSING
-    beta1: float = MISSING
-    beta2: float = MISSING
-    grad_clip: float = MISSING  # 0 disables
-    resume: str | None = MISSING  # null | auto | <checkpoint path>
-
-
-@dataclass
-class PlannerConfig:
-    """Template generation and instantiation settings."""
-
-    reference_microbatches_per_stage: int = MISSING
-    max_gpus_per_stage: int | None = MISSING
-    transfer_sources: int = MISSING
-    copy_piece_mb: float = MISSING
-    replan_horizon: str = MISSING  # schedule | fixed
-    replan_horizon_steps: int = MISSING
-    progress_every_s: float = MISSING
-
-
-@dataclass
-class FailureEventConfig:
-    """One scheduled event (an element of ``failures.events``): at a step or after a time, an action
-    on nodes. Its defaults mean "not given"; ``action`` must be given."""
-
-    action: str = MISSING  # remove | freeze | raise | join (oobleck.faults.kinds.FaultKind)
-    step: int | None = None
-    time_s: float | None = None
-    nodes: list[int] | None = None  # explicit node ids
-    count: int | None = None  # or how many (chosen deterministically from the seed)
-    phase: str = "any"  # any | forward | backward | allreduce | optimizer | reconfigure (Phase)
-    # remove only: seconds of warning before the kill, as spot providers give (0: a crash);
-    # null: failures.notice_s.
-    notice_s: float | None = None
-    freeze: bool = False  # deprecated: action=freeze says it
-
-
-@dataclass
-class FailuresConfig:
-    """The failure schedule: none | explicit | poisson | trace."""
-
-    kind: str = MISSING
-    events: list[FailureEventConfig] = MISSING
-    mtbf_s: float = MISSING
-    max_events: int | None = MISSING
-    seed: int = MISSING
-    trace: str | None = MISSING
-    seconds_per_trace_hour: float = MISSING
-    notice_s: float = MISSING  # seconds of warning before every removal (0: crashes)
-
-
-@dataclass
-class RuntimeConfig:
-    """Worker runtime knobs (oobleck/runtime)."""
-
-    bucket_mb: float = MISSING  # gradient all-reduce bucket size (MiB)
-    overlap_grad_reduce: bool = MISSING
-    link_probe_mb: float = MISSING
-    prefault_copies: bool = MISSING
-    reap_margin_s: float = MISSING
-    save_final_params: bool = MISSING
-    record_work: bool = MISSING
-
-
-@dataclass
-class CheckpointConfig:
-    """Periodic by-layer checkpoints (``oobleck/checkpoint``); ``conf/checkpoint/<name>.yaml``."""
-
-    # null: the strategy's own default (checkpoint_every_steps in conf/strategy/<name>.yaml).
-    every_steps: int | None = MISSING
-    every_s: float | None = MISSING
-    dir: str | None = MISSING  # null: <run dir>/checkpoints; on Slurm a path every node shares
-    keep: int = MISSING
-    async_write: bool = MISSING
-    io_threads: int = MISSING
-    max_pending: int = MISSING
-    write_timeout_s: float = MISSING
-
-
-@dataclass
-class SimConfig:
-    """Simulator experiments (set by ``experiment/``)."""
-
-    models: list[str] = MISSING
-    traces: list[str] = MISSING
-    strategies: list[str] = MISSING
-    duration_h: float | None = MISSING
-    figures: bool = MISSING
-    # sim.params.<strategy>.<key>: typed by that strategy's config (oobleck.strategy).
-    params: dict[str, Any] = MISSING
-    profile_source: str = MISSING  # analytic | auto | measured | file
-    nodes: int | None = MISSING
-    timeline_bin_s: float = MISSING
-    costs: dict[str, Any] = MISSING
-    node_creation_s: float = MISSING
-    trace_starts: int = MISSING
-    trace_start_spacing_s: float | None = MISSING
-    global_batch_size_by_model: dict[str, int] = MISSING
-    testbed: str = MISSING  # the cluster preset (conf/testbed/) an experiment runs on
-    # sim.uncertain.<name>: {key, low, high, scale, source} (oobleck.uncertainty).
-    uncertain: dict[str, Any] = MISSING
-    band_samples: int = MISSING  # cost samples per grid point of the bands (0: nominal only)
-    band_seed: int = MISSING
-    processes: int = MISSING  # simulation processes (0: one per core of this machine)
-
-
-@dataclass
-class WandbConfig:
-    mode: str = MISSING  # offline | online | disabled
-    project: str = MISSING
-    entity: str | None = MISSING
-    group: str | None = MISSING
-    tags: list[str] = MISSING
-
-
-@dataclass
-class LoggerConfig:
-    wandb: WandbConfig = field(default_factory=WandbConfig)
-    progress_bar: bool = MISSING
-
-
-@dataclass
-class Config:
-    paths: PathsConfig = field(default_factory=PathsConfig)
-    # conf/model/<name>.yaml: ``family`` names the model family, whose config dataclass types the
-    # rest (checked by ``validate`` through ``oobleck.models.registry.model_config``).
-    model: Any = MISSING
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    profile: ProfileConfig = field(default_factory=ProfileConfig)
-    job: JobConfig = field(default_factory=JobConfig)
-    planner: PlannerConfig = field(default_factory=PlannerConfig)
-    failures: FailuresConfig = field(default_factory=FailuresConfig)
-    # conf/strategy/<name>.yaml: ``_target_`` names the strategy class, whose ``Config`` dataclass
-    # types the rest (checked by ``validate`` through ``oobleck.strategy.strategy_config``).
-    strategy: Any = MISSING
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    sim: SimConfig = field(default_factory=SimConfig)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
-    experiment: str = MISSING
-
-
-def register_configs() -> None:
-    """Register the schema with Hydra; ``conf/config.yaml`` lists ``oobleck_schema`` first.
-
-    Every place that composes through Hydra calls this first: the entry points at import (before
-    ``@hydra.main`` composes) and ``compose_config``. It is not done at import of this module, so
-    that a process that only reads a config (a worker: ``from_container``) never imports Hydra,
-    about 0.2 s of every worker's start. Registering again replaces the entry with the same one.
-    """
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="oobleck_schema", node=Config)
-
-
-def compose_config(*overrides: str, return_hydra_config: bool = False) -> DictConfig:
-    """The config ``python -m oobleck.run <overrides>`` would run with, composed by Hydra's compose
-    API from ``CONF_DIR`` (inside a Hydra app already running, with that app's search path)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    register_configs()
-    if GlobalHydra.instance().is_initialized():
-        return compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
-
-
-# Config groups whose files fill one section outside Hydra too (tools, tests, the simulator). The
-# model section is typed by its family (``load_model_config`` below types it).
-_GROUP_SECTIONS: dict[str, tuple[str, Any]] = {"model": ("model", None), "gpu": ("cluster.gpu", GPUConfig)}
-
-
-def group_names(group: str) -> list[str]:
-    """The options of a config group (``conf/<group>/*.yaml``), e.g. the ``model=`` names."""
-    return sorted(path.stem for path in (CONF_DIR / group).glob("*.yaml"))
-
-
-def load_group(group: str, name: str, **overrides: Any) -> DictConfig:
-    """``<group>=<name>`` as Hydra composes that section (``model`` or ``gpu``), without Hydra:
-    the section's base values in config.yaml, then ``conf/<group>/<name>.yaml``, then ``overrides``,
-    typed by the schema (the model section: untyped here)."""
-    section, schema = _GROUP_SECTIONS[group]
-    path = CONF_DIR / group / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"{group}={name!r} has no {path}; choose one of {', '.join(group_names(group))}")
-    base = OmegaConf.select(OmegaConf.load(CONF_DIR / "config.yaml"), section, default=None) or {}
-    typed = [OmegaConf.structured(schema)] if schema is not None else []
-    return OmegaConf.merge(*typed, base, OmegaConf.load(path), overrides)  # type: ignore[return-value]
-
-
-def model_names() -> list[str]:
-    """The ``model=`` names (``conf/model/*.yaml``)."""
-    return group_names("model")
-
-
-def load_model_config(name: str, **overrides: Any) -> DictConfig:
-    """The config of model ``name`` outside Hydra (tests, benchmarks, notebooks), with ``overrides``
-    (e.g. ``n_layer=2``) applied: exactly what ``model=<name>`` composes in a Hydra app, typed and
-    checked by its family (a ``DictConfig`` that can still be changed, like Hydra's)."""
-    from oobleck.models.registry import model_config  # torch-free: the family's schema and checks
-
-    typed = OmegaConf.structured(model_config(load_group("model", name, **overrides)))
-    OmegaConf.set_readonly(typed, False)
-    return typed
-
-
-def _section_schema(section: str) -> Any:
-    """The schema dataclass of a dotted section ("" for the top level; list indices allowed), or
-    None when the schema has no such section."""
-    node: Any = Config
-    for part in filter(None, section.split(".")):
-        node = _element_type(_field_types(node).get(part.split("[")[0]))
-    return node if dataclasses.is_dataclass(node) else None
-
-
-def schema_keys(section: str) -> list[str]:
-    """The field names the schema declares for a dotted section ("" for the top level). The model
-    section is typed by its family: the keys of every family."""
-    if section == "model":
-        from oobleck.models.registry import FAMILIES  # torch-free
-
-        return sorted({f.name for family in FAMILIES.values() for f in dataclasses.fields(family.config)})
-    return list(_field_types(_section_schema(section)))
-
-
-def _field_types(schema: Any) -> dict[str, Any]:
-    return typing.get_type_hints(schema) if dataclasses.is_dataclass(schema) else {}
-
-
-def _element_type(hint: Any) -> Any:
-    """The dataclass a field holds, directly, as Optional[...] or as the elements of a list."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if typing.get_origin(hint) in (typing.Union, list) and len(args) == 1:
-        return _element_type(args[0])
-    return hint
-
-
-def schema_type(key: str) -> str | None:
-    """The type the schema declares for a dotted key, e.g. ``int`` or ``str or null`` (None when
-    the key is unknown or not a scalar)."""
-    parent, _, leaf = key.rpartition(".")
-    hint = _field_types(_section_schema(parent)).get(leaf.split("[")[0])
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    optional = typing.get_origin(hint) is typing.Union and len(args) == 1
-    scalar = args[0] if optional else hint
-    if scalar in (int, float, str, bool):
-        return scalar.__name__ + (" or null" if optional else "")
-    return None
-
-
-def check_known_keys(cfg: DictConfig) -> None:
-    """Every key of ``cfg`` is one the schema declares: ``+job.stpes=3`` (Hydra's ``+`` adds any
-    key) is refused before anything starts. The strategy section is typed by its own class and
-    checked there (``oobleck.strategy.strategy_config``)."""
-
-    def walk(node: Any, schema: Any, prefix: str) -> None:
-        fields = _field_types(schema)
-        for key in map(str, node.keys()) if isinstance(node, DictConfig) else ():
-            dotted = f"{prefix}{key}"
-            if key not in fields:
-                raise ConfigError(unknown_key_message(dotted, fields))
-            inner = _element_type(fields[key])
-            if not dataclasses.is_dataclass(inner):
-                continue
-            value = node._get_node(key)
-            if isinstance(value, ListConfig):
-                for index, item in enumerate(value):
-                    walk(item, inner, f"{dotted}[{index}].")
-            else:
-                walk(value, inner, f"{dotted}.")
-
-    walk(cfg, Config, "")
+from oobleck.planning.settings import check_planner
+from oobleck.profiling.settings import check_gpu, check_profile
+from oobleck.runtime.settings import check_job, check_runtime
+from oobleck.schema import (
+    CONF_DIR,
+    CheckpointConfig,
+    ClusterConfig,
+    Config,
+    FailureEventConfig,
+    FailuresConfig,
+    GPUConfig,
+    JobConfig,
+    LoggerConfig,
+    PathsConfig,
+    PlannerConfig,
+    ProfileConfig,
+    RuntimeConfig,
+    SimConfig,
+    WandbConfig,
+    check_known_keys,
+    compose_config,
+    find_conf_dir,
+    from_container,
+    group_names,
+    load_group,
+    load_model_config,
+    model_names,
+    register_configs,
+    schema_keys,
+    schema_type,
+    strategy_names,
+    to_container,
+)
+from oobleck.sim.settings import check_sim
+
+__all__ = [
+    "CONF_DIR",
+    "CheckpointConfig",
+    "ClusterConfig",
+    "Config",
+    "FailureEventConfig",
+    "FailuresConfig",
+    "GPUConfig",
+    "JobConfig",
+    "LoggerConfig",
+    "PathsConfig",
+    "PlannerConfig",
+    "ProfileConfig",
+    "RuntimeConfig",
+    "SimConfig",
+    "WandbConfig",
+    "check_known_keys",
+    "compose_config",
+    "find_conf_dir",
+    "from_container",
+    "group_names",
+    "load_group",
+    "load_model_config",
+    "model_names",
+    "register_configs",
+    "schema_keys",
+    "schema_type",
+    "strategy_names",
+    "to_container",
+    "validate",
+]
 
 
 def validate(cfg: Config | DictConfig) -> None:
-    """Check values and cross-field constraints; raise ``ConfigError`` naming the first problem.
-
-    Constraints that need the model profile (n0, memory) are checked by the planner, which
-    raises ``PlanningError`` with the same kind of message.
-    """
+    """Check every section's values and cross-field constraints; raise ``ConfigError`` naming the
+    first problem (the module docstring lists where each section's checks live)."""
     if isinstance(cfg, DictConfig):
         check_known_keys(cfg)
-    cluster, job = cfg.cluster, cfg.job
     _validate_model(cfg)
-    check_cluster(cluster)
-    ClusterSpec.from_config(cluster)  # the planner's limits on memory and bandwidth (NaN, 1e-300 GB/s)
-    choice("profile.source", cfg.profile.source, ("auto", "measured", "analytic", "file"))
-    if cfg.profile.source == "file" and not cfg.profile.path:
-        raise ConfigError("profile.source=file needs profile.path=<profile JSON written by python -m oobleck.profile>")
-    positive("profile.repeats", cfg.profile.repeats)
-    positive("profile.warmup", cfg.profile.warmup, allow_zero=True)
-    positive("profile.allreduce_timeout_s", cfg.profile.allreduce_timeout_s)
-    for size in cfg.profile.allreduce_group_sizes:
-        if size < 2:
-            raise ConfigError(f"profile.allreduce_group_sizes contains {size}; all-reduce groups need >= 2 ranks")
-    for nbytes in cfg.profile.allreduce_bytes:
-        positive("profile.allreduce_bytes[]", nbytes)
-    gpu = cluster.gpu
-    for key in ("peak_tflops", "memory_gb", "memory_bandwidth_gbps", "activation_bytes_per_value"):
-        positive(f"cluster.gpu.{key}", getattr(gpu, key))
-    for key in ("achieved_flop_fraction", "achieved_bandwidth_fraction"):
-        if not 0 < getattr(gpu, key) <= 1:
-            raise ConfigError(f"cluster.gpu.{key}={getattr(gpu, key)} must be in (0, 1]")
-
-    if job.fault_tolerance < 0:
-        raise ConfigError(f"job.fault_tolerance={job.fault_tolerance} must be >= 0")
-    positive("job.microbatch_size", job.microbatch_size)
-    positive("job.global_batch_size", job.global_batch_size)
-    if job.global_batch_size % job.microbatch_size:
-        raise ConfigError(
-            f"job.global_batch_size={job.global_batch_size} is not divisible by "
-            f"job.microbatch_size={job.microbatch_size}; make the batch a multiple of the microbatch"
-        )
-    microbatches = job.global_batch_size // job.microbatch_size
-    if microbatches > MAX_MICROBATCHES:
-        raise ConfigError(microbatch_limit_message(job.global_batch_size, job.microbatch_size))
-    if microbatches < job.fault_tolerance + 1:
-        raise ConfigError(
-            f"job.global_batch_size={job.global_batch_size} gives {microbatches} microbatches of "
-            f"{job.microbatch_size}, fewer than the f+1={job.fault_tolerance + 1} pipelines "
-            "job.fault_tolerance needs; raise the batch or lower the microbatch size"
-        )
-    positive("job.steps", job.steps)
-    if job.seed < 0:
-        raise ConfigError(f"job.seed={job.seed} must be >= 0 (seeds are non-negative)")
-    positive("job.lr", job.lr)
-    positive("job.min_lr", job.min_lr, allow_zero=True)
-    positive("job.warmup_steps", job.warmup_steps, allow_zero=True)
-    positive("job.grad_clip", job.grad_clip, allow_zero=True)
-    choice("job.dataset", job.dataset, ("corpus", "synthetic"))
-    positive("job.synthetic_samples", job.synthetic_samples)
-    positive("planner.reference_microbatches_per_stage", cfg.planner.reference_microbatches_per_stage)
-    positive("planner.transfer_sources", cfg.planner.transfer_sources)
-    positive("planner.copy_piece_mb", cfg.planner.copy_piece_mb)
-    choice("planner.replan_horizon", cfg.planner.replan_horizon, ("schedule", "fixed"))
-    positive("planner.replan_horizon_steps", cfg.planner.replan_horizon_steps, allow_zero=True)
-    positive("planner.progress_every_s", cfg.planner.progress_every_s)
-    positive("runtime.bucket_mb", cfg.runtime.bucket_mb)
-    positive("runtime.link_probe_mb", cfg.runtime.link_probe_mb, allow_zero=True)
+    check_cluster(cfg.cluster)
+    ClusterSpec.from_config(cfg.cluster)  # the planner's limits on memory and bandwidth (NaN, 1e-300 GB/s)
+    check_gpu(cfg.cluster.gpu)
+    check_profile(cfg.profile)
+    check_job(cfg.job)
+    check_planner(cfg.planner)
+    check_runtime(cfg.runtime)
 
     from oobleck.faults.schedule import check_failures
 
@@ -489,34 +116,7 @@ def validate(cfg: Config | DictConfig) -> None:
     check_failures(cfg.failures)
 
     _validate_strategy(cfg)
-    sim = cfg.sim
-    known = strategy_names()
-    for index, name in enumerate(sim.strategies):
-        choice(f"sim.strategies[{index}]", name, known)
-    choice("sim.profile_source", sim.profile_source, ("analytic", "auto", "measured", "file"))
-    if sim.duration_h is not None:
-        positive("sim.duration_h", sim.duration_h)
-    if sim.nodes is not None:
-        positive("sim.nodes", sim.nodes)
-    positive("sim.timeline_bin_s", sim.timeline_bin_s)
-    positive("sim.node_creation_s", sim.node_creation_s, allow_zero=True)
-    if not (isinstance(sim.trace_starts, int) and sim.trace_starts >= 1):
-        raise ConfigError(f"sim.trace_starts={sim.trace_starts!r} must be an integer >= 1")
-    if sim.trace_start_spacing_s is not None:
-        positive("sim.trace_start_spacing_s", sim.trace_start_spacing_s)
-    for name, batch in (sim.global_batch_size_by_model or {}).items():
-        if not (isinstance(batch, int) and batch >= 1):
-            raise ConfigError(f"sim.global_batch_size_by_model.{name}={batch!r} must be an integer >= 1")
-        if batch % int(cfg.job.microbatch_size):
-            raise ConfigError(
-                f"sim.global_batch_size_by_model.{name}={batch} is not a multiple of job.microbatch_size={cfg.job.microbatch_size}"
-            )
-    if not (isinstance(sim.band_samples, int) and sim.band_samples >= 0):
-        raise ConfigError(
-            f"sim.band_samples={sim.band_samples!r} must be an integer >= 0 (0: the nominal constants only)"
-        )
-    if not (isinstance(sim.processes, int) and sim.processes >= 0):
-        raise ConfigError(f"sim.processes={sim.processes!r} must be an integer >= 0 (0: one per core)")
+    check_sim(cfg.sim, int(cfg.job.microbatch_size))
     from oobleck.uncertainty import declared
 
     declared(cfg)  # each uncertain constant: its key, range, scale and source
@@ -530,11 +130,6 @@ def _validate_model(cfg: Config | DictConfig) -> None:
     if OmegaConf.is_missing(cfg, "model") if isinstance(cfg, DictConfig) else cfg.model is MISSING:
         raise ConfigError("no model is chosen; set model=<name> (conf/model/)")
     model_config(cfg.model)
-
-
-def strategy_names() -> tuple[str, ...]:
-    """The strategies of ``conf/strategy/`` (``strategy=<name>``)."""
-    return tuple(sorted(path.stem for path in (CONF_DIR / "strategy").glob("*.yaml")))
 
 
 def _validate_strategy(cfg: Config | DictConfig) -> None:
@@ -565,15 +160,3 @@ def _validate_strategy(cfg: Config | DictConfig) -> None:
             f"(checkpoint.every_steps={getattr(getattr(cfg, 'checkpoint', None), 'every_steps', None)}); "
             "set checkpoint.every_steps=<k> > 0"
         )
-
-
-def to_container(cfg: Config | DictConfig) -> dict[str, Any]:
-    """A plain, resolved dict of the config (for plan.json, wandb and worker processes)."""
-    if not isinstance(cfg, DictConfig):
-        cfg = OmegaConf.structured(cfg)
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-
-
-def from_container(data: dict[str, Any]) -> DictConfig:
-    """Rebuild a typed config from ``to_container``'s output (e.g. in a worker process)."""
-    return OmegaConf.merge(OmegaConf.structured(Config), data)  # type: ignore[return-value]

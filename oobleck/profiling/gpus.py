@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from oobleck.config import group_names, load_group
+from oobleck.schema import group_names, load_group
 
 
 def gpu_names() -> list[str]:

@@ -36,7 +36,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from oobleck.config import from_container
 from oobleck.data import GlobalBatchSampler, build_dataset
 from oobleck.errors import RunError
 from oobleck.faults.kinds import Phase
@@ -54,6 +53,7 @@ from oobleck.runtime.plan_document import PlanDocument
 from oobleck.runtime.sealed_store import ForeignValue
 from oobleck.runtime.topology import Topology, build_topology, group_specs
 from oobleck.runtime.transfer import PreparedLayers, incoming_layers, probe_links, transfer_state
+from oobleck.schema import from_container
 
 
 def resource_probe(extra: dict[str, Any]) -> dict[str, Any]:

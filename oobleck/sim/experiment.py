@@ -33,10 +33,10 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from oobleck.config import CONF_DIR
 from oobleck.errors import ConfigError, PlanningError
 from oobleck.faults.trace import Trace, load_trace
 from oobleck.planning.inputs import GB, ClusterSpec, ModelProfile
+from oobleck.schema import CONF_DIR
 from oobleck.sim.charges import CostCache
 from oobleck.sim.engine import simulate
 from oobleck.sim.ratios import add_speedups, speedup_ranges
@@ -47,7 +47,7 @@ from oobleck.uncertainty import Sample, band_samples, declared, with_values
 
 def model_config(name: str) -> DictConfig:
     """``model=<name>`` as Hydra would compose it (``oobleck.config.load_group``)."""
-    from oobleck.config import group_names, load_group
+    from oobleck.schema import group_names, load_group
 
     if name not in group_names("model"):
         raise ConfigError(

@@ -140,7 +140,7 @@ def restart_comparison(cfg: Any) -> list[RestartRow]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from oobleck.config import compose_config
+    from oobleck.schema import compose_config
 
     overrides = list(sys.argv[1:] if argv is None else argv)
     cfg = compose_config("experiment=paper_failure_frequency", *overrides)

@@ -615,7 +615,7 @@ def calibrate(runs: list[tuple[Any, ...]]) -> RuntimeOverhead:
 def _load(run_dir: str | Path, profile_path: str | Path | None) -> tuple[ExecutionPlan, Any, Strategy, str]:
     """A run dir's plan, its data (metrics, events, summary) and its strategy as the run had it:
     its config on its cluster, with the run's checkpoint interval and write mode."""
-    from oobleck.config import from_container
+    from oobleck.schema import from_container
     from oobleck.sim.experiment import build_context, simulated_strategy
     from oobleck.strategy import checkpoint_every_steps
 
