@@ -149,3 +149,94 @@ def coverable(templates, alive, microbatches, f):
     kept = min(f, max(max(c, default=0) for c in counts.values()) - 1)
     used = max(n for n, c in counts.items() if any(k >= kept + 1 for k in c))
     return used, kept
+
+
+def sweeping_1f1b_makespan(stage_seconds, microbatches: int, forward_fraction: float) -> float:
+    """The 1F1B makespan by sweeping every stage until none can progress (the planner's earlier
+    implementation; ``exact_1f1b_makespan`` must agree with it to the last bit)."""
+    stages = len(stage_seconds)
+    m = microbatches
+    if m <= 0:
+        return 0.0
+    fwd = [w * forward_fraction for w in stage_seconds]
+    bwd = [w - f for w, f in zip(stage_seconds, fwd)]
+    orders = []
+    for i in range(stages):
+        warmup = min(stages - i - 1, m)
+        order = [("F", j) for j in range(warmup)]
+        next_f = warmup
+        for j in range(m):
+            if next_f < m:
+                order.append(("F", next_f))
+                next_f += 1
+            order.append(("B", j))
+        orders.append(order)
+    f_end = [[-1.0] * m for _ in range(stages)]
+    b_end = [[-1.0] * m for _ in range(stages)]
+    position = [0] * stages
+    clock = [0.0] * stages
+    remaining = 2 * m * stages
+    while remaining:
+        progressed = False
+        for i in range(stages):
+            order = orders[i]
+            while position[i] < len(order):
+                kind, j = order[position[i]]
+                if kind == "F":
+                    ready = 0.0 if i == 0 else f_end[i - 1][j]
+                    if ready < 0:
+                        break
+                    end = max(clock[i], ready) + fwd[i]
+                    f_end[i][j] = end
+                else:
+                    ready = f_end[i][j] if i == stages - 1 else b_end[i + 1][j]
+                    if ready < 0:
+                        break
+                    end = max(clock[i], ready) + bwd[i]
+                    b_end[i][j] = end
+                clock[i] = end
+                position[i] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # cannot happen for a well-formed 1F1B order; guard against a silent loop
+            raise RuntimeError("1F1B schedule deadlocked")
+    return max(clock)
+
+
+def straightforward_copies(new, held, live_holders, layer_param_bytes, max_sources: int, piece_bytes: int):
+    """``reconfigure._copies`` as first written (a membership test per layer, a full sort of the
+    holders per layer): the faster one must return the same rows."""
+    from oobleck.planning.pipeline_cost import MOVED_BYTES_PER_PARAM_BYTE
+    from oobleck.planning.reconfigure import _chain, _held_by_worker
+
+    needed: dict = {}
+    for worker, layers in _held_by_worker(new):
+        have = held.get(worker, ())
+        for layer in layers:
+            if layer not in have:
+                needed.setdefault(layer, []).append(worker)
+    load: dict = {}
+    rows = []
+    for layer, targets in sorted(needed.items()):
+        receiving = set(targets)
+        sources = sorted((w for w in live_holders[layer] if w not in receiving), key=lambda w: (load.get(w, 0), w))
+        sources = sources[:max_sources]
+        elements = layer_param_bytes[layer] // 4
+        chunks = len(sources)
+        chained = len(targets) > chunks
+        for chunk, source in enumerate(sources):
+            count = elements // chunks + (1 if chunk < elements % chunks else 0)
+            nbytes = 4 * count
+            load[source] = load.get(source, 0) + nbytes * (1 if chained else len(targets))
+            if not chained:
+                rows += [(layer, source, target, chunk, chunks, nbytes, 0, 1) for target in targets]
+                continue
+            pieces = max(1, min(count, -(-MOVED_BYTES_PER_PARAM_BYTE * nbytes // piece_bytes)))
+            if chunk == 0:
+                by_node: dict = {}
+                for worker in sorted(targets):
+                    by_node.setdefault(worker[0], []).append(worker)
+            order = _chain(source, by_node, chunk, chunks)
+            for hop, (sender, target) in enumerate(zip((source, *order), order)):
+                rows.append((layer, sender, target, chunk, chunks, nbytes, hop, pieces))
+    return rows
