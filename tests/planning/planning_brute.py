@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
+
 from oobleck.planning.outputs import StageSpec
 from oobleck.planning.pipeline_cost import pipeline_iteration_time, pipeline_time
 from oobleck.planning.templates import stage_memories_of, stage_seconds_of
@@ -240,3 +242,50 @@ def straightforward_copies(new, held, live_holders, layer_param_bytes, max_sourc
             for hop, (sender, target) in enumerate(zip((source, *order), order)):
                 rows.append((layer, sender, target, chunk, chunks, nbytes, hop, pieces))
     return rows
+
+
+def all_rows_root_bounds(costs, max_nodes: int):
+    """``node_bounds.root_bounds`` as first written, every row of every step computed (the
+    faster one skips rows that are INF or never read again and must agree to the last bit)."""
+    bound = np.full(max_nodes + 1, math.inf)
+    if max_nodes < 1:
+        return bound
+    L = costs.geometry.num_layers
+    after = costs.after  # [x, d] -> x + d + 1, or L + 1 (an INF slot) past the end
+    _, last_right, last_marker = costs.last_vectors()
+    right = np.full(L + 2, math.inf)  # [x]: covering [x, L) right of the marker (slot L + 1: nothing)
+    full = np.full(L + 2, math.inf)  # [x]: the same, holding the marker
+    fewest = np.full(L + 2, math.inf)  # [x]: the fewest stages covering [x, L) with the same nodes
+    right[: L + 1], full[: L + 1], fewest[: L + 1] = last_right, last_marker, costs.last_stage_counts()
+    bound[1] = full[0]
+    for u in range(2, max_nodes + 1):
+        in_flight = np.where(np.isfinite(fewest), fewest + 1, L + 2).astype(np.int64)
+        if np.all(in_flight[np.isfinite(fewest)] <= u):  # (every cover has one stage per node)
+            left_b, right_b, marker_b = costs.bands(u)
+        else:
+            left_b, right_b, marker_b = costs.bands_by_end(np.maximum(in_flight, u))
+        next_right, next_full = right[after], full[after]
+        right[: L + 1] = (right_b + next_right).min(axis=1)
+        full[: L + 1] = np.minimum((marker_b + next_right).min(axis=1), (left_b + next_full).min(axis=1))
+        fewest[: L + 1] = (costs.stage_counts(np.maximum(in_flight, u)) + fewest[after]).min(axis=1)
+        bound[u] = full[0]
+    return bound * (1 - 1e-9)
+
+
+def all_columns_prefix_tables(costs, max_nodes: int, in_flight: int):
+    """``PrefixBounds._arrays`` as first written, every prefix end of every node count computed
+    (the faster one only computes the ends u nodes can reach and must agree to the last bit)."""
+    L = costs.geometry.num_layers
+    before = costs.before
+    left_b, right_b, marker_b = costs.by_end(in_flight)
+    left = np.full((max_nodes + 1, L + 2), math.inf)
+    marked = np.full((max_nodes + 1, L + 2), math.inf)
+    left[0, 0] = 0.0
+    for u in range(1, max_nodes + 1):
+        previous_left = left[u - 1][before]
+        left[u, : L + 1] = (previous_left + left_b).min(axis=1)
+        marked[u, : L + 1] = np.minimum(
+            (previous_left + marker_b).min(axis=1), (marked[u - 1][before] + right_b).min(axis=1)
+        )
+    scale = 1 - 1e-9
+    return left[:, : L + 1] * scale, marked[:, : L + 1] * scale
