@@ -476,10 +476,15 @@ class PrefixBounds:
             first = np.searchsorted(compute, compute - room, side="left")  # the first x the node may start at
             last = positions - 1  # it holds at least one layer
             share = compute / free_gpus
-            left_part = _window_min(left - share[None, :], first, last) + share[None, :] + y + r * W
-            right_part = _window_min(marked - 2 * share[None, :], first, last) + 2 * (share[None, :] + y)
+            # The three window minima in one call (one sparse table over the stacked rows).
+            rows = left.shape[0]
+            windows = _window_min(
+                np.concatenate((left - share[None, :], marked - 2 * share[None, :], left)), first, last
+            )
+            left_part = windows[:rows] + share[None, :] + y + r * W
+            right_part = windows[rows : 2 * rows] + 2 * (share[None, :] + y)
             right_part = right_part + (r - 1) * W
-            holding = _window_min(left, first, last) + r * W
+            holding = windows[2 * rows :] + r * W
             scale = 1 - BOUND_SLACK
             self._partial[key] = (
                 (left_part * scale).tolist(),

@@ -91,10 +91,10 @@ def test_chains_match_the_all_entries_chains():
     """``root_bounds`` and ``PrefixBounds`` compute only the entries a step can reach (and still
     needs): over seeded random profiles (jittered, and runs of identical layers), memory limits,
     r and node counts, at sampled candidate bottlenecks, both equal the chains computed over
-    every entry, to the last bit."""
+    every entry, and the partial-node tables a plain minimum over every window, to the last bit."""
     import random
 
-    from planning_brute import all_columns_prefix_tables, all_rows_root_bounds
+    from planning_brute import all_columns_prefix_tables, all_rows_root_bounds, windowed_partial
 
     rng = random.Random(30)
     finite = 0
@@ -123,5 +123,9 @@ def test_chains_match_the_all_entries_chains():
             tables = PrefixBounds(costs, max_nodes)._arrays(in_flight)
             for table_, reference in zip(tables, all_columns_prefix_tables(costs, max_nodes, in_flight)):
                 assert np.array_equal(table_, reference)
+            free = rng.randint(1, gpus)
+            assert PrefixBounds(costs, max_nodes).partial(in_flight, free) == windowed_partial(
+                PrefixBounds(costs, max_nodes), in_flight, free
+            )
             finite += int(np.isfinite(fast[2:]).sum())
     assert finite > 100
