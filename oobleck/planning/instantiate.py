@@ -394,10 +394,10 @@ def _count_floors(
     s = np.array([c.slope for c in curves])
     base_u = sum(1.0 / c.slope for c in fixed)
     base_v = sum((c.intercept + c.offset) / c.slope for c in fixed)
-    everyone = [*curves, *fixed]
+    everyone = _CurveArrays([*curves, *fixed])
     floors = {}
     for c in counts:
-        share = float(_lower_bounds(everyone, -(-microbatches // (c + len(fixed)))).min())
+        share = float(everyone.lower_bounds(-(-microbatches // (c + len(fixed)))).min())
         if c == 0:
             relaxed = (microbatches + base_v) / base_u
         else:
@@ -418,15 +418,23 @@ def _count_floors(
     return floors
 
 
-def _lower_bounds(curves: Sequence[_PipelineCurve], m: int) -> np.ndarray:
-    """``lower_bound(m)`` of every curve at once (the same bounds, vectorised)."""
-    a = np.array([c.intercept for c in curves])
-    s = np.array([c.slope for c in curves])
-    offset = np.array([c.offset for c in curves])
-    stages = np.array([c.S for c in curves])
-    line = a + s * m
-    below = np.minimum(np.maximum(np.maximum([sum(c.w) for c in curves], m * s), line), a + s * stages)
-    return np.where(m >= stages, line + offset, below + offset) * (1 - BOUND_SLACK)
+class _CurveArrays:
+    """The figures ``lower_bound`` reads, of many curves as arrays (built once, read for every
+    pipeline count)."""
+
+    def __init__(self, curves: Sequence[_PipelineCurve]):
+        self.a = np.array([c.intercept for c in curves])
+        self.s = np.array([c.slope for c in curves])
+        self.offset = np.array([c.offset for c in curves])
+        self.stages = np.array([c.S for c in curves])
+        self.total = np.array([sum(c.w) for c in curves])
+
+    def lower_bounds(self, m: int) -> np.ndarray:
+        """``lower_bound(m)`` of every curve at once (the same bounds, vectorised)."""
+        a, s = self.a, self.s
+        line = a + s * m
+        below = np.minimum(np.maximum(np.maximum(self.total, m * s), line), a + s * self.stages)
+        return np.where(m >= self.stages, line + self.offset, below + self.offset) * (1 - BOUND_SLACK)
 
 
 def _two_sizes(sizes: Sequence[int] | np.ndarray, free: int, count: int):
@@ -477,10 +485,41 @@ class _Knapsack:
             totals.append(int(dp[self.nodes]))
         return totals
 
+    def total(self, values: np.ndarray, count: int, picks: list[np.ndarray] | None = None) -> int:
+        """``totals(values, count)[-1]`` alone, with the same picks on the way to it: after i of
+        the ``count`` templates only sub-totals the other count - i can still complete are kept
+        (at least i smallest sizes, room for count - i smallest, reach with count - i largest).
+        Any predecessor of such a sub-total outside the previous band is unreachable, so every
+        kept value and pick equals the full DP's; with many pipelines of the smallest size (the
+        usual answer on a large cluster) the band is a handful of totals instead of ``nodes``."""
+        sizes, nodes, neg = self.sizes, self.nodes, self.NEG
+        small, large = int(sizes.min()), int(sizes.max())
+        dp = np.full(nodes + 2, neg, dtype=np.int64)
+        dp[0] = 0
+        column = values[:, None]
+        for i in range(1, count + 1):
+            lo = max(i * small, nodes - (count - i) * large)
+            hi = min(i * large, nodes - (count - i) * small)
+            step = np.full(nodes + 2, neg, dtype=np.int64)
+            pick = np.zeros(nodes + 1, dtype=np.int64)
+            if lo <= hi:
+                columns = np.arange(lo, hi + 1)
+                index = columns[None, :] - sizes[:, None]
+                candidates = dp[np.where(index >= 0, index, nodes + 1)] + column
+                chosen = np.argmax(candidates, axis=0)
+                best = candidates[chosen, np.arange(len(columns))]
+                best[best <= neg // 2] = neg
+                step[lo : hi + 1] = best
+                pick[lo : hi + 1] = chosen
+            if picks is not None:
+                picks.append(pick)
+            dp = step
+        return int(dp[nodes])
+
     def choice(self, values: np.ndarray, count: int) -> list[int]:
         """The template sizes of a best choice of ``count`` templates."""
         picks: list[np.ndarray] = []
-        self.totals(values, count, picks)
+        self.total(values, count, picks)
         multiset, n = [], self.nodes
         for pick in reversed(picks):
             size = int(self.sizes[pick[n]])
@@ -527,7 +566,11 @@ class _CountSearch:
             return False
         if count and max(caps[: len(self.allowed)], default=0) * count + sum(fixed) < self.M:
             return False  # even the most capable template, count times, cannot take them all
-        return self._free_totals(caps, count)[count] + sum(fixed) >= self.M
+        if self.knapsack is None or count == 0:
+            free_total = 0 if self.free == 0 else _Knapsack.NEG
+        else:
+            free_total = self.knapsack.total(self._values(caps), count)
+        return free_total + sum(fixed) >= self.M
 
     def counts_reaching(self, t: float, max_count: int) -> list[bool]:
         """For every count c <= max_count: can c free templates (and the fixed) take all by t?"""

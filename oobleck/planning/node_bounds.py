@@ -194,6 +194,7 @@ class NodeCosts:
             ),
         )
         usable = np.isfinite(np.minimum.reduce(self.whole_band))
+        self._whole_usable = usable
         self._limits = np.unique(self.cap_band[usable])  # in-flight counts where a whole stage stops fitting
         self._banded: dict[tuple, list[np.ndarray]] = {}
         # The bands indexed by node end, [s, d] -> node [s - d - 1, s), in flight >= 1 (prefixes).
@@ -316,25 +317,27 @@ class NodeCosts:
             self._banded[key] = [np.minimum(np.where(fits, w, INF), s) for w, s in zip(self.whole_band, split)]
         return self._banded[key]
 
-    def bands_by_end(self, in_flight: np.ndarray) -> list[np.ndarray]:
-        """``bands`` with its own in-flight count for every node end: ``in_flight[s]``."""
-        band_in_flight = in_flight[np.minimum(self.after, len(in_flight) - 1)]
-        fits = self.cap_band >= band_in_flight
-        split = self._split_sides(self._split_band, self._most_of(band_in_flight))
-        return [np.minimum(np.where(fits, w, INF), s) for w, s in zip(self.whole_band, split)]
+    def bands_by_end(self, in_flight: np.ndarray, rows: slice = slice(None)) -> list[np.ndarray]:
+        """``bands`` with its own in-flight count for every node end: ``in_flight[s]``; only the
+        nodes starting at ``rows`` (every entry is computed on its own, so a slice of rows is
+        that slice of all of them)."""
+        band_in_flight = in_flight[np.minimum(self.after[rows], len(in_flight) - 1)]
+        fits = self.cap_band[rows] >= band_in_flight
+        split = self._split_sides(tuple(part[rows] for part in self._split_band), self._most_of(band_in_flight))
+        return [np.minimum(np.where(fits, w[rows], INF), s) for w, s in zip(self.whole_band, split)]
 
-    def stage_counts(self, in_flight: np.ndarray) -> np.ndarray:
+    def stage_counts(self, in_flight: np.ndarray, rows: slice = slice(None)) -> np.ndarray:
         """``[x, d]``: the fewest stages node [x, x + d + 1) can have with all under W, its stages
-        keeping >= ``in_flight[end]`` in flight (INF: none)."""
-        band_in_flight = in_flight[np.minimum(self.after, len(in_flight) - 1)]
-        whole = np.isfinite(np.minimum.reduce(self.whole_band)) & (self.cap_band >= band_in_flight)
-        exists = self._split_band[0]
+        keeping >= ``in_flight[end]`` in flight (INF: none); only the nodes starting at ``rows``."""
+        band_in_flight = in_flight[np.minimum(self.after[rows], len(in_flight) - 1)]
+        whole = self._whole_usable[rows] & (self.cap_band[rows] >= band_in_flight)
+        exists = self._split_band[0][rows]
         most = self._most_of(band_in_flight)
         split = np.where(
             exists & (most > 0),
             np.maximum(
                 max(2, self.geometry.stages_per_node),
-                np.ceil(self._split_band[1] / np.maximum(most, BOUND_SLACK) - BOUND_SLACK),
+                np.ceil(self._split_band[1][rows] / np.maximum(most, BOUND_SLACK) - BOUND_SLACK),
             ),
             INF,
         )
@@ -378,16 +381,31 @@ def root_bounds(costs: NodeCosts, max_nodes: int) -> np.ndarray:
     fewest = np.full(L + 2, INF)  # [x]: the fewest stages covering [x, L) with the same nodes
     right[: L + 1], full[: L + 1], fewest[: L + 1] = last_right, last_marker, costs.last_stage_counts()
     bound[1] = full[0]
+    width = costs.width
+    reached = np.isfinite(right) | np.isfinite(full) | np.isfinite(fewest)
+    first = int(np.argmax(reached)) if reached.any() else L + 1  # rows before it are INF
     for u in range(2, max_nodes + 1):
+        # Row x reads rows x + 1 .. x + width of the step before (a node of at most ``width``
+        # layers before the cover of the rest), so rows more than ``width`` before that step's
+        # first are INF; a row past L - u leaves fewer layers than nodes; and a row past
+        # (max_nodes - u) width cannot be reached from layer 0 by the nodes still to come, so it
+        # is never read again. Only the rows between are computed.
+        first, last = max(0, first - width), min(L - u, (max_nodes - u) * width)
+        if first > last:
+            break  # every later bound is INF
+        rows = slice(first, last + 1)
         in_flight = np.where(np.isfinite(fewest), fewest + 1, L + 2).astype(np.int64)
         if np.all(in_flight[np.isfinite(fewest)] <= u):  # (every cover has one stage per node)
-            left_b, right_b, marker_b = costs.bands(u)
+            left_b, right_b, marker_b = (band[rows] for band in costs.bands(u))
         else:
-            left_b, right_b, marker_b = costs.bands_by_end(np.maximum(in_flight, u))
-        next_right, next_full = right[after], full[after]
-        right[: L + 1] = (right_b + next_right).min(axis=1)
-        full[: L + 1] = np.minimum((marker_b + next_right).min(axis=1), (left_b + next_full).min(axis=1))
-        fewest[: L + 1] = (costs.stage_counts(np.maximum(in_flight, u)) + fewest[after]).min(axis=1)
+            left_b, right_b, marker_b = costs.bands_by_end(np.maximum(in_flight, u), rows)
+        step_after = after[rows]
+        next_right, next_full = right[step_after], full[step_after]
+        right, full, fewest_next = np.full(L + 2, INF), np.full(L + 2, INF), np.full(L + 2, INF)
+        right[rows] = (right_b + next_right).min(axis=1)
+        full[rows] = np.minimum((marker_b + next_right).min(axis=1), (left_b + next_full).min(axis=1))
+        fewest_next[rows] = (costs.stage_counts(np.maximum(in_flight, u), rows) + fewest[step_after]).min(axis=1)
+        fewest = fewest_next
         bound[u] = full[0]
     return bound * (1 - BOUND_SLACK)
 
@@ -417,11 +435,17 @@ class PrefixBounds:
             left = np.full((max_nodes + 1, L + 2), INF)
             marked = np.full((max_nodes + 1, L + 2), INF)
             left[0, 0] = 0.0
-            for u in range(1, max_nodes + 1):
-                previous_left = left[u - 1][before]
-                left[u, : L + 1] = (previous_left + left_b).min(axis=1)
-                marked[u, : L + 1] = np.minimum(
-                    (previous_left + marker_b).min(axis=1), (marked[u - 1][before] + right_b).min(axis=1)
+            width = costs.width
+            for u in range(1, min(max_nodes, L) + 1):
+                # u nodes of 1 .. width layers each cover [0, s) only for u <= s <= u width: the
+                # other entries stay INF without being computed.
+                ends = slice(u, min(L, u * width) + 1)
+                step_before = before[ends]
+                previous_left = left[u - 1][step_before]
+                left[u, ends] = (previous_left + left_b[ends]).min(axis=1)
+                marked[u, ends] = np.minimum(
+                    (previous_left + marker_b[ends]).min(axis=1),
+                    (marked[u - 1][step_before] + right_b[ends]).min(axis=1),
                 )
             scale = 1 - BOUND_SLACK
             self._tables[key] = (left[:, : L + 1] * scale, marked[:, : L + 1] * scale)
@@ -452,10 +476,15 @@ class PrefixBounds:
             first = np.searchsorted(compute, compute - room, side="left")  # the first x the node may start at
             last = positions - 1  # it holds at least one layer
             share = compute / free_gpus
-            left_part = _window_min(left - share[None, :], first, last) + share[None, :] + y + r * W
-            right_part = _window_min(marked - 2 * share[None, :], first, last) + 2 * (share[None, :] + y)
+            # The three window minima in one call (one sparse table over the stacked rows).
+            rows = left.shape[0]
+            windows = _window_min(
+                np.concatenate((left - share[None, :], marked - 2 * share[None, :], left)), first, last
+            )
+            left_part = windows[:rows] + share[None, :] + y + r * W
+            right_part = windows[rows : 2 * rows] + 2 * (share[None, :] + y)
             right_part = right_part + (r - 1) * W
-            holding = _window_min(left, first, last) + r * W
+            holding = windows[2 * rows :] + r * W
             scale = 1 - BOUND_SLACK
             self._partial[key] = (
                 (left_part * scale).tolist(),

@@ -102,46 +102,60 @@ def exact_1f1b_makespan(
         return 0.0
     fwd = [w * forward_fraction for w in stage_seconds]
     bwd = [w - f for w, f in zip(stage_seconds, fwd)]
+    # Every operation ends at max(its stage's clock, its dependency's end) + its duration, so the
+    # ends do not depend on the order stages are advanced in: a stage runs until it waits on a
+    # neighbour, and a stage that made progress wakes its neighbours (one pass over the 2 m S
+    # operations, where sweeping every stage until none progresses costs a sweep per step).
+    # Operations are ints: forward j is j, backward j is -(j + 1).
     orders = []
     for i in range(stages):
         warmup = min(stages - i - 1, m)
-        order = [("F", j) for j in range(warmup)]
+        order = list(range(warmup))
         next_f = warmup
         for j in range(m):
             if next_f < m:
-                order.append(("F", next_f))
+                order.append(next_f)
                 next_f += 1
-            order.append(("B", j))
+            order.append(-(j + 1))
         orders.append(order)
     f_end = [[-1.0] * m for _ in range(stages)]
     b_end = [[-1.0] * m for _ in range(stages)]
     position = [0] * stages
     clock = [0.0] * stages
     remaining = 2 * m * stages
-    while remaining:
-        progressed = False
-        for i in range(stages):
-            order = orders[i]
-            while position[i] < len(order):
-                kind, j = order[position[i]]
-                if kind == "F":
-                    ready = 0.0 if i == 0 else f_end[i - 1][j]
-                    if ready < 0:
-                        break
-                    end = max(clock[i], ready) + fwd[i]
-                    f_end[i][j] = end
-                else:
-                    ready = f_end[i][j] if i == stages - 1 else b_end[i + 1][j]
-                    if ready < 0:
-                        break
-                    end = max(clock[i], ready) + bwd[i]
-                    b_end[i][j] = end
-                clock[i] = end
-                position[i] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # cannot happen for a well-formed 1F1B order; guard against a silent loop
-            raise RuntimeError("1F1B schedule deadlocked")
+    last = stages - 1
+    awake = list(range(stages - 1, -1, -1))
+    while awake:
+        i = awake.pop()
+        order, at, now = orders[i], position[i], clock[i]
+        mine_f, mine_b = f_end[i], b_end[i]
+        before = f_end[i - 1] if i else None
+        after = b_end[i + 1] if i < last else mine_f
+        while at < len(order):
+            op = order[at]
+            if op >= 0:
+                ready = 0.0 if before is None else before[op]
+                if ready < 0:
+                    break
+                now = (now if now > ready else ready) + fwd[i]
+                mine_f[op] = now
+            else:
+                j = -op - 1
+                ready = after[j]
+                if ready < 0:
+                    break
+                now = (now if now > ready else ready) + bwd[i]
+                mine_b[j] = now
+            at += 1
+        if at > position[i]:
+            remaining -= at - position[i]
+            position[i], clock[i] = at, now
+            if i < last:
+                awake.append(i + 1)
+            if i:
+                awake.append(i - 1)
+    if remaining:  # cannot happen for a well-formed 1F1B order; guard against a silent hang
+        raise RuntimeError("1F1B schedule deadlocked")
     return max(clock)
 
 

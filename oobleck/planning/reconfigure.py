@@ -29,6 +29,8 @@ Deterministic (every process computes the same plan from the same input), in thi
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 from collections.abc import Container, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -370,16 +372,19 @@ def _copies(
     for comparison)."""
     needed: dict[int, list[Worker]] = {}
     for worker, layers in _held_by_worker(new):
-        have = held.get(worker, ())
-        for layer in layers:
-            if layer not in have:
-                needed.setdefault(layer, []).append(worker)
+        for layer in _missing(layers, held.get(worker, ())):
+            needed.setdefault(layer, []).append(worker)
     load: dict[Worker, int] = {}
     rows = []
     for layer, targets in sorted(needed.items()):
         receiving = set(targets)
-        sources = sorted((w for w in live_holders[layer] if w not in receiving), key=lambda w: (load.get(w, 0), w))
-        sources = sources[:max_sources]
+        # The max_sources least-loaded holders, ties by worker: those that sent nothing yet (most
+        # of them) in worker order, then the loaded ones by (load, worker) if they fall short.
+        candidates = [w for w in live_holders[layer] if w not in receiving]
+        sources = heapq.nsmallest(max_sources, (w for w in candidates if not load.get(w)))
+        if len(sources) < max_sources:
+            loaded = sorted((load[w], w) for w in candidates if load.get(w))
+            sources += [w for _, w in loaded[: max_sources - len(sources)]]
         elements = layer_param_bytes[layer] // 4
         chunks = len(sources)
         chained = relay and len(targets) > chunks
@@ -399,6 +404,17 @@ def _copies(
             for hop, (sender, target) in enumerate(zip((source, *order), order)):
                 rows.append((layer, sender, target, chunk, chunks, nbytes, hop, pieces))
     return rows
+
+
+def _missing(layers: Iterable[int], have: Container[int]) -> Iterable[int]:
+    """The layers of ``layers`` not in ``have``, in order; for two layer ranges (a stage and what
+    the worker held) by their bounds instead of a test per layer."""
+    if isinstance(layers, range) and isinstance(have, range) and layers.step == 1 and have.step == 1:
+        lo, hi = max(layers.start, have.start), min(layers.stop, have.stop)
+        if lo >= hi:
+            return layers
+        return itertools.chain(range(layers.start, lo), range(hi, layers.stop))
+    return [layer for layer in layers if layer not in have]
 
 
 def _held_by_worker(plan: ExecutionPlan) -> Iterable[tuple[Worker, Iterable[int]]]:

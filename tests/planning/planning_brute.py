@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
+
 from oobleck.planning.outputs import StageSpec
 from oobleck.planning.pipeline_cost import pipeline_iteration_time, pipeline_time
 from oobleck.planning.templates import stage_memories_of, stage_seconds_of
@@ -149,3 +151,168 @@ def coverable(templates, alive, microbatches, f):
     kept = min(f, max(max(c, default=0) for c in counts.values()) - 1)
     used = max(n for n, c in counts.items() if any(k >= kept + 1 for k in c))
     return used, kept
+
+
+def sweeping_1f1b_makespan(stage_seconds, microbatches: int, forward_fraction: float) -> float:
+    """The 1F1B makespan by sweeping every stage until none can progress (the planner's earlier
+    implementation; ``exact_1f1b_makespan`` must agree with it to the last bit)."""
+    stages = len(stage_seconds)
+    m = microbatches
+    if m <= 0:
+        return 0.0
+    fwd = [w * forward_fraction for w in stage_seconds]
+    bwd = [w - f for w, f in zip(stage_seconds, fwd)]
+    orders = []
+    for i in range(stages):
+        warmup = min(stages - i - 1, m)
+        order = [("F", j) for j in range(warmup)]
+        next_f = warmup
+        for j in range(m):
+            if next_f < m:
+                order.append(("F", next_f))
+                next_f += 1
+            order.append(("B", j))
+        orders.append(order)
+    f_end = [[-1.0] * m for _ in range(stages)]
+    b_end = [[-1.0] * m for _ in range(stages)]
+    position = [0] * stages
+    clock = [0.0] * stages
+    remaining = 2 * m * stages
+    while remaining:
+        progressed = False
+        for i in range(stages):
+            order = orders[i]
+            while position[i] < len(order):
+                kind, j = order[position[i]]
+                if kind == "F":
+                    ready = 0.0 if i == 0 else f_end[i - 1][j]
+                    if ready < 0:
+                        break
+                    end = max(clock[i], ready) + fwd[i]
+                    f_end[i][j] = end
+                else:
+                    ready = f_end[i][j] if i == stages - 1 else b_end[i + 1][j]
+                    if ready < 0:
+                        break
+                    end = max(clock[i], ready) + bwd[i]
+                    b_end[i][j] = end
+                clock[i] = end
+                position[i] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # cannot happen for a well-formed 1F1B order; guard against a silent loop
+            raise RuntimeError("1F1B schedule deadlocked")
+    return max(clock)
+
+
+def straightforward_copies(new, held, live_holders, layer_param_bytes, max_sources: int, piece_bytes: int):
+    """``reconfigure._copies`` as first written (a membership test per layer, a full sort of the
+    holders per layer): the faster one must return the same rows."""
+    from oobleck.planning.pipeline_cost import MOVED_BYTES_PER_PARAM_BYTE
+    from oobleck.planning.reconfigure import _chain, _held_by_worker
+
+    needed: dict = {}
+    for worker, layers in _held_by_worker(new):
+        have = held.get(worker, ())
+        for layer in layers:
+            if layer not in have:
+                needed.setdefault(layer, []).append(worker)
+    load: dict = {}
+    rows = []
+    for layer, targets in sorted(needed.items()):
+        receiving = set(targets)
+        sources = sorted((w for w in live_holders[layer] if w not in receiving), key=lambda w: (load.get(w, 0), w))
+        sources = sources[:max_sources]
+        elements = layer_param_bytes[layer] // 4
+        chunks = len(sources)
+        chained = len(targets) > chunks
+        for chunk, source in enumerate(sources):
+            count = elements // chunks + (1 if chunk < elements % chunks else 0)
+            nbytes = 4 * count
+            load[source] = load.get(source, 0) + nbytes * (1 if chained else len(targets))
+            if not chained:
+                rows += [(layer, source, target, chunk, chunks, nbytes, 0, 1) for target in targets]
+                continue
+            pieces = max(1, min(count, -(-MOVED_BYTES_PER_PARAM_BYTE * nbytes // piece_bytes)))
+            if chunk == 0:
+                by_node: dict = {}
+                for worker in sorted(targets):
+                    by_node.setdefault(worker[0], []).append(worker)
+            order = _chain(source, by_node, chunk, chunks)
+            for hop, (sender, target) in enumerate(zip((source, *order), order)):
+                rows.append((layer, sender, target, chunk, chunks, nbytes, hop, pieces))
+    return rows
+
+
+def all_rows_root_bounds(costs, max_nodes: int):
+    """``node_bounds.root_bounds`` as first written, every row of every step computed (the
+    faster one skips rows that are INF or never read again and must agree to the last bit)."""
+    bound = np.full(max_nodes + 1, math.inf)
+    if max_nodes < 1:
+        return bound
+    L = costs.geometry.num_layers
+    after = costs.after  # [x, d] -> x + d + 1, or L + 1 (an INF slot) past the end
+    _, last_right, last_marker = costs.last_vectors()
+    right = np.full(L + 2, math.inf)  # [x]: covering [x, L) right of the marker (slot L + 1: nothing)
+    full = np.full(L + 2, math.inf)  # [x]: the same, holding the marker
+    fewest = np.full(L + 2, math.inf)  # [x]: the fewest stages covering [x, L) with the same nodes
+    right[: L + 1], full[: L + 1], fewest[: L + 1] = last_right, last_marker, costs.last_stage_counts()
+    bound[1] = full[0]
+    for u in range(2, max_nodes + 1):
+        in_flight = np.where(np.isfinite(fewest), fewest + 1, L + 2).astype(np.int64)
+        if np.all(in_flight[np.isfinite(fewest)] <= u):  # (every cover has one stage per node)
+            left_b, right_b, marker_b = costs.bands(u)
+        else:
+            left_b, right_b, marker_b = costs.bands_by_end(np.maximum(in_flight, u))
+        next_right, next_full = right[after], full[after]
+        right[: L + 1] = (right_b + next_right).min(axis=1)
+        full[: L + 1] = np.minimum((marker_b + next_right).min(axis=1), (left_b + next_full).min(axis=1))
+        fewest[: L + 1] = (costs.stage_counts(np.maximum(in_flight, u)) + fewest[after]).min(axis=1)
+        bound[u] = full[0]
+    return bound * (1 - 1e-9)
+
+
+def all_columns_prefix_tables(costs, max_nodes: int, in_flight: int):
+    """``PrefixBounds._arrays`` as first written, every prefix end of every node count computed
+    (the faster one only computes the ends u nodes can reach and must agree to the last bit)."""
+    L = costs.geometry.num_layers
+    before = costs.before
+    left_b, right_b, marker_b = costs.by_end(in_flight)
+    left = np.full((max_nodes + 1, L + 2), math.inf)
+    marked = np.full((max_nodes + 1, L + 2), math.inf)
+    left[0, 0] = 0.0
+    for u in range(1, max_nodes + 1):
+        previous_left = left[u - 1][before]
+        left[u, : L + 1] = (previous_left + left_b).min(axis=1)
+        marked[u, : L + 1] = np.minimum(
+            (previous_left + marker_b).min(axis=1), (marked[u - 1][before] + right_b).min(axis=1)
+        )
+    scale = 1 - 1e-9
+    return left[:, : L + 1] * scale, marked[:, : L + 1] * scale
+
+
+def windowed_partial(prefix, in_flight: int, free_gpus: int):
+    """``PrefixBounds.partial`` by a plain minimum over every window (the faster one shares one
+    sparse table between its three minima and must agree to the last bit)."""
+    costs = prefix.costs
+    geometry, W, r = costs.geometry, costs.W, costs.r
+    y, compute = geometry.cheapest_intra, geometry.compute
+    in_flight = 1 << (max(in_flight, 1).bit_length() - 1)
+    left, marked = prefix._arrays(in_flight)
+    room = (W - y) * free_gpus * (1 + 1e-9)
+    first = np.searchsorted(compute, compute - room, side="left")
+    share = compute / free_gpus
+
+    def window_min(values):
+        out = np.full(values.shape, math.inf)
+        for s in range(values.shape[1]):
+            if first[s] <= s - 1:
+                out[:, s] = values[:, first[s] : s].min(axis=1)
+        return out
+
+    left_part = window_min(left - share[None, :]) + share[None, :] + y + r * W
+    right_part = window_min(marked - 2 * share[None, :]) + 2 * (share[None, :] + y)
+    right_part = right_part + (r - 1) * W
+    holding = window_min(left) + r * W
+    scale = 1 - 1e-9
+    return (left_part * scale).tolist(), (np.minimum(right_part, holding) * scale).tolist()

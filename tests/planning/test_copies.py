@@ -133,3 +133,55 @@ def test_copy_seconds_adds_the_fill_of_the_longest_chain():
     direct = [LayerTransfer(0, (0, 0), (n, 0), 0, 1, 8_000_000) for n in (1, 2, 3)]
     assert copy_seconds(direct, 1e6) == pytest.approx(3 * 3 * busiest / 1e6)
     assert copy_seconds([(0, n, 8_000_000) for n in (1, 2, 3)], 1e6) == copy_seconds(direct, 1e6)
+
+
+def test_copies_match_the_straightforward_computation():
+    """Over seeded random plans, failures and re-plans (multi-GPU nodes, few and many sources):
+    ``_copies`` (interval arithmetic on held ranges, least-loaded holders without a full sort)
+    returns exactly the rows of the straightforward computation, with held layers given as ranges
+    and as sets."""
+    import random
+
+    from planning_brute import straightforward_copies
+
+    from oobleck.errors import PlanningError
+    from oobleck.planning.instantiate import instantiate
+    from oobleck.planning.reconfigure import _copies, _held_ranges
+    from oobleck.planning.synthetic import synthetic_profile
+    from oobleck.planning.templates import generate_templates
+
+    rng = random.Random(30)
+    compared = 0
+    while compared < 60:
+        layers, nodes, f, gpus = rng.randint(2, 10), rng.randint(2, 10), rng.randint(0, 2), rng.choice([1, 2, 4])
+        profile = synthetic_profile(layers, seed=rng.randint(0, 10**6), jitter=0.6)
+        try:
+            templates = generate_templates(profile, cluster(nodes, gpus=gpus), f)
+            old = instantiate(templates, range(nodes), rng.choice([4, 16, 64]), 1, f)
+            others = rng.sample(range(nodes + 2), rng.randint(1, nodes + 2))  # other template sizes too
+            new = instantiate(templates, others, old.global_batch_size, 1, rng.randint(0, f))
+        except PlanningError:
+            continue
+        gone = set(rng.sample(old.nodes, rng.randint(0, f)))
+        live = {layer: tuple(w for w in workers if w[0] not in gone) for layer, workers in old.layer_holders().items()}
+        if not all(live.values()):
+            continue
+        held = {w: range(a, b) for w, (a, b) in _held_ranges(old, gone).items()}
+        sources = rng.choice([1, 2, 4])
+        expected = straightforward_copies(new, held, live, templates.layer_param_bytes, sources, 2**20)
+        assert _copies(new, held, live, templates.layer_param_bytes, sources, 2**20) == expected
+        as_sets = {w: set(r) for w, r in held.items()}
+        assert _copies(new, as_sets, live, templates.layer_param_bytes, sources, 2**20) == expected
+        compared += 1
+
+
+def test_missing_layers_of_ranges_are_the_set_difference():
+    from oobleck.planning.reconfigure import _missing
+
+    for a in range(6):
+        for b in range(a, 7):
+            for c in range(6):
+                for d in range(c, 7):
+                    expected = [layer for layer in range(a, b) if layer not in set(range(c, d))]
+                    assert list(_missing(range(a, b), range(c, d))) == expected
+                    assert list(_missing(range(a, b), set(range(c, d)))) == expected

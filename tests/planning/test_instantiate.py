@@ -178,3 +178,45 @@ def test_instantiation_errors(small_templates):
         instantiate(small_templates, range(6), 4, 2, 2)
     with pytest.raises(PlanningError, match="f=3 needs 4 pipelines"):
         instantiate(small_templates, range(3), 32, 2, 3)
+
+
+def test_banded_knapsack_matches_enumeration():
+    """``_Knapsack.total`` keeps only sub-totals that can still be completed: over seeded random
+    sizes and capacities (some unusable) it equals an enumeration of every multiset of exactly
+    ``count`` sizes, the full DP's last total, and its choice attains it."""
+    import importlib
+    import itertools
+    import random
+
+    import numpy as np
+
+    knapsack_of = importlib.import_module("oobleck.planning.instantiate")._Knapsack
+    rng = random.Random(30)
+    compared = 0
+    for _ in range(300):
+        sizes = sorted(rng.sample(range(1, 9), rng.randint(1, 4)))
+        nodes = rng.randint(1, 20)
+        values = np.array(
+            [knapsack_of.NEG if rng.random() < 0.2 else rng.randint(1, 30) for _ in sizes], dtype=np.int64
+        )
+        knapsack = knapsack_of(sizes, nodes)
+        for count in range(1, 6):
+            best = max(
+                (
+                    int(sum(values[i] for i in chosen))
+                    for chosen in itertools.combinations_with_replacement(range(len(sizes)), count)
+                    if sum(sizes[i] for i in chosen) == nodes
+                ),
+                default=None,
+            )
+            total = knapsack.total(values, count)
+            assert total == knapsack.totals(values, count)[-1]
+            if best is None or best <= knapsack_of.NEG // 2:
+                assert total <= knapsack_of.NEG // 2
+                continue
+            compared += 1
+            assert total == best
+            chosen = knapsack.choice(values, count)
+            assert len(chosen) == count and sum(chosen) == nodes
+            assert sum(int(values[sizes.index(n)]) for n in chosen) == best
+    assert compared > 100

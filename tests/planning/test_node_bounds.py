@@ -85,3 +85,47 @@ def test_node_bounds_never_exceed_brute_force(layers, gpus, nodes, seed, memory,
                     assert table_[stage.node][stage.end] <= spent * (1 + 1e-12) or math.isclose(
                         table_[stage.node][stage.end], spent, rel_tol=1e-12
                     )
+
+
+def test_chains_match_the_all_entries_chains():
+    """``root_bounds`` and ``PrefixBounds`` compute only the entries a step can reach (and still
+    needs): over seeded random profiles (jittered, and runs of identical layers), memory limits,
+    r and node counts, at sampled candidate bottlenecks, both equal the chains computed over
+    every entry, and the partial-node tables a plain minimum over every window, to the last bit."""
+    import random
+
+    from planning_brute import all_columns_prefix_tables, all_rows_root_bounds, windowed_partial
+
+    rng = random.Random(30)
+    finite = 0
+    for _ in range(40):
+        layers, gpus = rng.randint(2, 24), rng.choice([1, 2, 4, 8])
+        profile = synthetic_profile(
+            layers,
+            seed=rng.randint(0, 10**6),
+            jitter=rng.choice([0.0, 0.0, 0.6]),  # 0: every block identical (a GPT)
+            param_bytes=rng.choice([50_000_000, 400_000_000, 2_000_000_000]),
+        )
+        spec = cluster(rng.randint(1, 24), gpus, rng.choice([1e13, 8e9, 40e9]))
+        table = _StageTable(profile, spec, rng.choice([gpus, max(1, gpus // 2)]))
+        geometry = NodeGeometry(table, spec)
+        r = rng.choice([1, 2, 4])
+        for W in rng.sample(list(table.candidates), min(12, len(table.candidates))):
+            lo = int(np.searchsorted(table.marker_costs, W, side="left"))
+            hi = int(np.searchsorted(table.marker_costs, W, side="right"))
+            marker = (table.marker_starts[lo:hi], table.marker_ends[lo:hi], table.marker_gpus[lo:hi])
+            max_nodes = rng.randint(1, spec.nodes)
+            fast = root_bounds(NodeCosts(geometry, float(W), r, *marker), max_nodes)
+            expected = all_rows_root_bounds(NodeCosts(geometry, float(W), r, *marker), max_nodes)
+            assert np.array_equal(fast, expected)
+            costs = NodeCosts(geometry, float(W), r, *marker)
+            in_flight = rng.randint(1, layers + 1)
+            tables = PrefixBounds(costs, max_nodes)._arrays(in_flight)
+            for table_, reference in zip(tables, all_columns_prefix_tables(costs, max_nodes, in_flight)):
+                assert np.array_equal(table_, reference)
+            free = rng.randint(1, gpus)
+            assert PrefixBounds(costs, max_nodes).partial(in_flight, free) == windowed_partial(
+                PrefixBounds(costs, max_nodes), in_flight, free
+            )
+            finite += int(np.isfinite(fast[2:]).sum())
+    assert finite > 100

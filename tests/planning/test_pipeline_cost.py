@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from planning_brute import sweeping_1f1b_makespan
 
 from oobleck.planning.pipeline_cost import (
+    DEFAULT_FORWARD_FRACTION,
     exact_1f1b_makespan,
     pipeline_iteration_time,
     pipeline_time,
@@ -86,3 +88,21 @@ def test_memory_counts_state_and_in_flight_activations():
 def test_ring_allreduce():
     assert ring_allreduce_seconds(1e9, 1, 1e9) == 0.0
     assert ring_allreduce_seconds(1e9, 4, 1e9) == pytest.approx(1.5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(stage_times, st.integers(min_value=1, max_value=20), st.sampled_from([1 / 3, 0.5, 0.4]))
+def test_exact_makespan_equals_the_sweeping_schedule(w, m, forward_fraction):
+    """Advancing stages only when a neighbour progressed gives the same ends as sweeping every
+    stage until none progresses: each end is max(clock, dependency) + duration either way."""
+    assert exact_1f1b_makespan(w, m, forward_fraction) == sweeping_1f1b_makespan(w, m, forward_fraction)
+
+
+def test_exact_makespan_equals_the_sweeping_schedule_on_deep_pipelines():
+    import random
+
+    rng = random.Random(30)
+    for _ in range(40):
+        w = [rng.choice([0.1, 0.3, 1 / 3, rng.uniform(0.01, 2.0)]) for _ in range(rng.randint(1, 40))]
+        m = rng.randint(1, 60)
+        assert exact_1f1b_makespan(w, m) == sweeping_1f1b_makespan(w, m, DEFAULT_FORWARD_FRACTION)
