@@ -553,13 +553,6 @@ class _CountSearch:
         values = np.array(caps[: len(self.allowed)], dtype=np.int64)
         return np.where(values >= 1, values, _Knapsack.NEG)
 
-    def _free_totals(self, caps: Sequence[int], count: int) -> list[int]:
-        """Best free capacity for 0..count free pipelines (NEG where none covers the free nodes)."""
-        zero = 0 if self.free == 0 else _Knapsack.NEG
-        if self.knapsack is None or count == 0:
-            return [zero]
-        return [zero, *self.knapsack.totals(self._values(caps), count)]
-
     def feasible(self, caps: Sequence[int], count: int) -> bool:
         fixed = caps[len(self.allowed) :]
         if any(m < 1 for m in fixed):
@@ -571,14 +564,6 @@ class _CountSearch:
         else:
             free_total = self.knapsack.total(self._values(caps), count)
         return free_total + sum(fixed) >= self.M
-
-    def counts_reaching(self, t: float, max_count: int) -> list[bool]:
-        """For every count c <= max_count: can c free templates (and the fixed) take all by t?"""
-        caps = self.capacities(t)
-        fixed = caps[len(self.allowed) :]
-        if any(m < 1 for m in fixed):
-            return [False] * (max_count + 1)
-        return [total + sum(fixed) >= self.M for total in self._free_totals(caps, max_count)]
 
     def relaxed_floor(self, count: int, floor: float, limit: float | None) -> float | None:
         """A lower bound on ``solve``'s t, or None if it shows t > ``limit``: the least t at which
