@@ -1,10 +1,13 @@
-"""Oobleck, Varuna and Bamboo on the same real cluster, model, batches and failure schedules.
+"""Oobleck, Varuna, Bamboo, torchft and ReCycle on the same real cluster, model, batches and failure
+schedules.
 
     python benchmarks/bench_strategies.py [--steps 60] [--repeats 3] [--nodes 6] [--out DIR]
                                           [--faults crash hang none] [--validate]
 
-Local nodes, gpt3_tiny, f=2, each strategy with its own checkpoint interval (conf/strategy/<name>.yaml:
-Oobleck none, Varuna every 10 steps, Bamboo every 100), measured under the protocol of
+Local nodes, gpt3_tiny, f=2, each strategy in its faithful default (conf/strategy/<name>.yaml: Bamboo
+lazy, torchft's asynchronous quorum, ReCycle's re-routes through peer pipelines) with its own
+checkpoint interval (Oobleck and torchft none, Varuna every 10 steps, Bamboo and ReCycle every 100),
+measured under the protocol of
 ``benchmarks/protocol.py``: ``--repeats`` interleaved rounds with the order of the strategies rotated
 per round; per round two failure steps drawn at seeded random offsets (never on a checkpoint
 boundary of any strategy), the same for every strategy; each round once with crashes (SIGKILL),
@@ -34,7 +37,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from protocol import Variant, add_protocol_arguments, protocol_out, run_tiny_protocol  # noqa: E402
 
-STRATEGIES = ("oobleck", "varuna", "bamboo", "recycle")
+STRATEGIES = ("oobleck", "varuna", "bamboo", "torchft", "recycle")
 # The strategies whose runs the simulator predicts (``--validate``): the calibrated ones.
 VALIDATED = ("oobleck", "varuna", "bamboo")
 

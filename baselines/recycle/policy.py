@@ -98,6 +98,9 @@ class ReCycle(FixedDepthPipelines[ReCycleState]):
     def __init__(self, config: ReCycleConfig, context: StrategyContext) -> None:
         super().__init__(config, context, ReCycleState)
         self._layouts: dict[ReCycleState, Layout] = {}
+        # The intact plan's operation-level makespan depends only on the split and the number of
+        # pipelines (its nodes are renumbered), and every gapped state of a run shares it: cost it once.
+        self._intact_makespan: dict[tuple[tuple[tuple[int, int], ...], int, int], float] = {}
 
     # ----- layouts -------------------------------------------------------------------------------
     def partition(self, depth: int) -> tuple[tuple[int, int], ...]:
@@ -146,26 +149,38 @@ class ReCycle(FixedDepthPipelines[ReCycleState]):
         # lost its last stage: the model is still the intact template's.
         return replace(plan, reroutes=tuple(reroutes), num_layers=intact.num_layers)
 
-    def rerouted_extra_s(self, state: ReCycleState) -> float:
-        """Seconds the re-routes add to a step: the operation-level makespan of ``state``'s plan less
-        that of the same pipelines intact (``oobleck.schedules.cost``)."""
+    def rerouted_extra_s(self, state: ReCycleState, plan: ExecutionPlan | None = None) -> float:
+        """Seconds the re-routes add to a step: the operation-level makespan of ``state``'s plan
+        (``plan`` when the caller has it) less that of the same pipelines intact
+        (``oobleck.schedules.cost``)."""
+        rerouted = self.plan(state) if plan is None else plan
+        return max(0.0, self._makespan_s(rerouted) - self.intact_makespan_s(state))
+
+    def intact_makespan_s(self, state: ReCycleState) -> float:
+        """The operation-level makespan of ``state``'s pipelines with no gap, once per
+        (partition, depth, pipeline count)."""
+        key = (state.partition, state.depth, len(state.pipelines))
+        if key not in self._intact_makespan:
+            intact = replace(
+                state,
+                pipelines=tuple(
+                    tuple(range(p * state.depth, (p + 1) * state.depth)) for p in range(len(state.pipelines))
+                ),
+            )
+            self._intact_makespan[key] = self._makespan_s(self.plan(intact))
+        return self._intact_makespan[key]
+
+    def _makespan_s(self, plan: ExecutionPlan) -> float:
         from oobleck.schedules import build_schedule
         from oobleck.schedules.cost import schedule_cost
 
         ctx = self.context
-        intact = replace(
-            state,
-            pipelines=tuple(tuple(range(p * state.depth, (p + 1) * state.depth)) for p in range(len(state.pipelines))),
-        )
-        times = []
-        for variant in (self.plan(state), self.plan(intact)):
-            times.append(schedule_cost(variant, build_schedule(variant), ctx.profile, ctx.cluster).makespan_s)
-        return max(0.0, times[0] - times[1])
+        return schedule_cost(plan, build_schedule(plan), ctx.profile, ctx.cluster).makespan_s
 
     def layout(self, state: ReCycleState) -> Layout:
         if state not in self._layouts:
             plan = self.plan(state)
-            seconds = plan.predicted_iteration_s + (self.rerouted_extra_s(state) if state.gaps else 0.0)
+            seconds = plan.predicted_iteration_s + (self.rerouted_extra_s(state, plan) if state.gaps else 0.0)
             plan = replace(plan, predicted_iteration_s=seconds)
             described = f"D={len(state.pipelines)} x P={state.depth}"
             if state.gaps:

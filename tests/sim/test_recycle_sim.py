@@ -110,3 +110,44 @@ def test_losing_the_last_stage_of_the_first_pipeline_is_rerouted(context):
     assert (reroute.pipeline, reroute.end) == (0, start.plan.num_layers)
     checked_schedule(decision.layout.plan)  # routes and lists build and check
     assert decision.layout.iteration_s > start.iteration_s
+
+
+def _gapped_state(strategy, depth: int, pipelines: int, lost: set[int]):
+    from baselines.recycle.policy import FAILED, ReCycleState
+
+    slots = tuple(
+        tuple(FAILED if n in lost else n for n in range(p * depth, (p + 1) * depth)) for p in range(pipelines)
+    )
+    return ReCycleState(depth, strategy.partition(depth), slots, ())
+
+
+def _uncached_extra_s(context, state) -> float:
+    """The re-routes' cost as a fresh strategy computes it: both plans costed from scratch."""
+    from dataclasses import replace
+
+    fresh = make_strategy(context, "recycle")
+    depth = state.depth
+    intact = replace(
+        state, pipelines=tuple(tuple(range(p * depth, (p + 1) * depth)) for p in range(len(state.pipelines)))
+    )
+    times = []
+    for plan in (fresh.plan(state), fresh.plan(intact)):
+        times.append(schedule_cost(plan, checked_schedule(plan), context.profile, context.cluster).makespan_s)
+    return max(0.0, times[0] - times[1])
+
+
+def test_the_intact_makespan_is_costed_once_per_split_and_pipeline_count_and_changes_no_value():
+    context = make_context(memory_gb=4.0, nodes=12)
+    strategy = make_strategy(context, "recycle")
+    # Same split and count twice (one cost), another count, another depth: three intact plans.
+    states = [
+        _gapped_state(strategy, 4, 3, {5}),
+        _gapped_state(strategy, 4, 3, {1, 10}),
+        _gapped_state(strategy, 4, 2, {6}),
+        _gapped_state(strategy, 3, 4, {0}),
+        _gapped_state(strategy, 3, 4, {4, 11}),
+    ]
+    for state in states:
+        assert strategy.rerouted_extra_s(state) == pytest.approx(_uncached_extra_s(context, state), rel=1e-12)
+        assert strategy.rerouted_extra_s(state) > 0.0
+    assert len(strategy._intact_makespan) == 3
