@@ -31,6 +31,7 @@ would need the range split over several of its stages, each hop a partial range,
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -61,7 +62,8 @@ class _SlotState:
     limit: int  # microbatches that may be in flight (forward done, input gradient not)
     seconds: dict[OpKind, float]
     remaining: int = 0
-    # Tasks whose input is (or will be) there, with when: kind -> [(ready at, microbatch, task)].
+    # Tasks whose input is (or will be) there, with when: kind -> [(ready at, microbatch, task)],
+    # each list sorted (a slot sees a microbatch's task of one kind once, so the order is total).
     eligible: dict[OpKind, list[tuple[float, int, Task]]] = field(default_factory=lambda: {F: [], I: [], W: []})
     order: list[Task] = field(default_factory=list)
     free_at: float = 0.0
@@ -116,7 +118,7 @@ def rerouted_orders(routes: Routes, split: bool = True) -> dict[Slot, list[Task]
                 needs[(slot, task)] = need
                 state.remaining += 1
                 if need.after is None:
-                    state.eligible[F].append((0.0, mb, task))
+                    bisect.insort(state.eligible[F], (0.0, mb, task))
                 else:
                     waiting.setdefault(need.after, []).append((slot, task))
     channels: dict[tuple[Slot, Slot, OpKind], list[int]] = {}  # sent, not yet consumed, in order
@@ -137,7 +139,7 @@ def rerouted_orders(routes: Routes, split: bool = True) -> dict[Slot, list[Task]
             produced = (I if picked.kind is B else picked.kind, picked.microbatch, state.slot)
             for slot, unblocked in waiting.pop(produced, []):
                 kind = I if unblocked.kind is B else unblocked.kind
-                states[slot].eligible[kind].append((end, unblocked.microbatch, unblocked))
+                bisect.insort(states[slot].eligible[kind], (end, unblocked.microbatch, unblocked))
             started = True
         if started:
             continue
@@ -159,17 +161,17 @@ def _pick(
     """The slot's next task at ``now`` by the priorities of the module docstring, or None."""
 
     def best(kind: OpKind) -> tuple[float, int, Task] | None:
-        found = None
-        for entry in state.eligible[kind]:
-            if entry[0] > now or (found is not None and entry[:2] >= found[:2]):
-                continue
+        """The earliest-ready, then lowest-microbatch task of ``kind`` that can start now."""
+        for entry in state.eligible[kind]:  # sorted: the first that can start is the best
+            if entry[0] > now:
+                return None
             channel = needs[(state.slot, entry[2])].channel
             if channel is not None:
                 queue = channels.get(channel)
                 if not queue or queue[0] != entry[1]:
                     continue  # not the oldest message on its channel
-            found = entry
-        return found
+            return entry
+        return None
 
     inputs = best(I)
     if inputs is not None:
@@ -185,7 +187,8 @@ def _pick(
 
 
 def _take(state: _SlotState, kind: OpKind, entry: tuple[float, int, Task]) -> Task:
-    state.eligible[kind].remove(entry)
+    entries = state.eligible[kind]
+    del entries[bisect.bisect_left(entries, entry)]
     return entry[2]
 
 
