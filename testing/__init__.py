@@ -7,17 +7,18 @@ it there themselves). Nothing in ``oobleck``, ``baselines`` or ``analysis`` impo
 
 - ``configs``: ``tiny_config`` (gpt3_tiny, a 4-step job) and ``config_section``;
 - ``plans``: ``template``, ``hand_plan``, ``two_pipelines_of_two_nodes``: plans built by hand;
-- ``checks``: ``assert_matches_reference`` (a real run equals single-process training) and
-  ``tcp_states``.
+- ``checks``: ``assert_matches_reference`` (a real run equals single-process training),
+  ``cached_reference`` (that training, computed once per process for each input) and ``tcp_states``.
 """
 
-from testing.checks import TCP_STATES, assert_matches_reference, tcp_states
+from testing.checks import TCP_STATES, assert_matches_reference, cached_reference, tcp_states
 from testing.configs import config_section, tiny_config
 from testing.plans import hand_plan, template, two_pipelines_of_two_nodes
 
 __all__ = [
     "TCP_STATES",
     "assert_matches_reference",
+    "cached_reference",
     "config_section",
     "hand_plan",
     "tcp_states",

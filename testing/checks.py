@@ -1,25 +1,65 @@
 """Checks real-run tests end with: ``assert_matches_reference``, the exactness check against
-single-process training, and ``tcp_states``, this host's TCP sockets on a port (from /proc)."""
+single-process training (``cached_reference``, that training computed once per process), and
+``tcp_states``, this host's TCP sockets on a port (from /proc)."""
 
 from __future__ import annotations
 
+import copy
+import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+# cached_reference's results, by everything train_reference reads
+_REFERENCES: dict[str, Any] = {}
+
+
+def cached_reference(
+    cfg: Any,
+    steps: int | None = None,
+    *,
+    batches: Sequence[int] | None = None,
+    microbatches: Sequence[Sequence[int]] | None = None,
+) -> Any:
+    """``train_reference(cfg, steps, batches=..., microbatches=...)`` on the CPU, computed once per
+    process (a test session, or one xdist worker) for each distinct input: runs of one job on
+    different clusters, strategies or failures all compare with the same single-process training,
+    which takes as long as a short run. The key is all that training reads: the ``job`` and
+    ``model`` sections, the thread count it trains with (``cluster.torch_threads``, or this
+    process's when 0) and the arguments. Each caller gets its own copy."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from oobleck.runtime.reference import train_reference
+
+    threads = int(cfg.cluster.torch_threads) or torch.get_num_threads()
+    key = json.dumps(
+        {
+            "job": OmegaConf.to_container(cfg.job, resolve=True),
+            "model": OmegaConf.to_container(cfg.model, resolve=True),
+            "threads": threads,
+            "steps": steps,
+            "batches": None if batches is None else [int(b) for b in batches],
+            "microbatches": None if microbatches is None else [[int(m) for m in row] for row in microbatches],
+        },
+        sort_keys=True,
+    )
+    if key not in _REFERENCES:
+        _REFERENCES[key] = train_reference(cfg, steps, batches=batches, microbatches=microbatches)
+    return copy.deepcopy(_REFERENCES[key])
 
 
 def assert_matches_reference(
     cfg: Any, outcome: Any, run_dir: Path, reference: Any = None, *, loss_rtol: float = 1e-5, param_atol: float = 1e-5
 ) -> float:
     """A real run committed steps 0..steps-1 once each, and its losses and final parameters equal
-    single-process training on the same batches (``train_reference``, computed unless given).
+    single-process training on the same batches (``cached_reference`` unless given).
     The default tolerances are justified in tests/runtime/test_exactness.py. Returns the largest
     parameter difference."""
     import torch
 
-    from oobleck.runtime.reference import train_reference
-
-    reference = reference if reference is not None else train_reference(cfg)
+    reference = reference if reference is not None else cached_reference(cfg)
     steps = [row["step"] for row in outcome.steps]
     assert steps == list(range(int(cfg.job.steps))), f"committed steps {steps}: some were skipped or repeated"
     for step, (row, expected) in enumerate(zip(outcome.steps, reference.losses)):

@@ -13,8 +13,7 @@ import pytest
 
 from oobleck.elastic.job import launch
 from oobleck.errors import ConfigError
-from oobleck.runtime.reference import train_reference
-from testing import assert_matches_reference, tiny_config
+from testing import assert_matches_reference, cached_reference, tiny_config
 
 pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
 
@@ -35,7 +34,7 @@ def _config(mode: str):
 
 @pytest.fixture(scope="module")
 def reference():
-    return train_reference(_config("lazy"))
+    return cached_reference(_config("lazy"))
 
 
 @pytest.mark.parametrize("mode", ["eager", "lazy"])

@@ -25,7 +25,7 @@ import torch
 from oobleck.checkpoint import list_checkpoints, read_manifest
 from oobleck.config import compose_config
 from oobleck.elastic.local import run_processes
-from oobleck.runtime.reference import train_reference
+from testing import cached_reference
 
 pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
 
@@ -120,7 +120,7 @@ def test_resume_uses_the_newest_valid_checkpoint_and_says_why(resumed):
 def test_the_union_of_both_runs_is_exact(resumed):
     run_dir, committed, _, done, _ = resumed
     cfg = compose_config(*OVERRIDES)
-    reference = train_reference(cfg)
+    reference = cached_reference(cfg)
     metrics = pd.read_csv(run_dir / "metrics.csv")
     final = metrics.groupby("step").last()  # a step redone after the resume is committed again
     assert list(final.index) == list(range(STEPS))

@@ -20,7 +20,6 @@ import pytest
 from oobleck.elastic.job import launch
 from oobleck.errors import ConfigError, RunError
 from oobleck.runtime.plan_document import PlanDocument
-from oobleck.runtime.reference import train_reference
 from testing import assert_matches_reference, tiny_config
 
 pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
@@ -86,7 +85,7 @@ def test_reroutes_and_a_join_equal_single_process_training(tmp_path):
     run_dir = tmp_path / "run"
     controllers = []
     outcome, _ = launch(cfg, run_dir, on_start=controllers.append)
-    assert_matches_reference(cfg, outcome, run_dir, train_reference(cfg))
+    assert_matches_reference(cfg, outcome, run_dir)
     _each_microbatch_once(cfg, run_dir)
     kinds = [(r["kind"], r["removed"], r["joined"], r["bytes_moved"] > 0) for r in outcome.recoveries]
     assert kinds == [
@@ -110,7 +109,7 @@ def test_losing_every_copy_of_a_stage_falls_back_to_the_checkpoint(tmp_path):
     )
     run_dir = tmp_path / "run"
     outcome, _ = launch(cfg, run_dir)
-    assert_matches_reference(cfg, outcome, run_dir, train_reference(cfg))
+    assert_matches_reference(cfg, outcome, run_dir)
     (restart,) = outcome.recoveries
     assert restart["kind"] == "restart" and restart["resume_step"] == 2 and sorted(restart["removed"]) == [1, 4]
 

@@ -30,23 +30,24 @@ def _pids(outcome) -> dict[tuple[int, int], set[int]]:
 def varuna_run(tmp_path_factory):
     """2 nodes (D=2 x P=1 for this small model), two nodes join at step 1: the cost model finds
     D=4 faster, so Varuna checkpoints the next step boundary and restarts onto 4 nodes (a planned
-    restart: nothing lost). Then a working node is lost in the backward pass of step 100 or later:
+    restart: nothing lost). Then a working node is lost in the backward pass of step 30 or later:
     every worker stops and fresh ones resume from the latest checkpoint (every 5 steps); another
     node dies while that restart is under way (a second restart supersedes it); and a third in the
-    optimizer step of step 115. A new worker takes seconds to boot and steps are short, hence the
-    long run."""
+    optimizer step of step 45. The joiners boot while the 2 nodes train: forked from a fork server
+    that has imported torch (tests/conftest.py shares one), they were up and the morph done by
+    step 8 under a load average of 11 on 2 cores, so step 30 leaves them over three times that."""
     cfg = tiny_config(
         "strategy=varuna",
         **{
             "cluster.nodes": 2,
-            "job.steps": 130,
+            "job.steps": 60,
             "checkpoint.every_steps": 5,
             "failures.kind": "explicit",
             "failures.events": [
                 {"action": "join", "step": 1, "count": 2},
-                {"action": "remove", "step": 100, "nodes": [1], "phase": "backward"},
-                {"action": "remove", "step": 100, "nodes": [2], "phase": "reconfigure"},
-                {"action": "remove", "step": 115, "nodes": [3], "phase": "optimizer"},
+                {"action": "remove", "step": 30, "nodes": [1], "phase": "backward"},
+                {"action": "remove", "step": 30, "nodes": [2], "phase": "reconfigure"},
+                {"action": "remove", "step": 45, "nodes": [3], "phase": "optimizer"},
             ],
         },
     )
@@ -90,16 +91,17 @@ def test_varuna_restart_replaces_every_worker_process(varuna_run):
 def bamboo_run(tmp_path_factory):
     """Two pipelines of depth 2 on 4 nodes: stage 1 of pipeline 0 lost during the all-reduce of
     step 3 (failover), a node joins at step 5 (once it is up it replaces the failed-over stage),
-    then both nodes of pipeline 1 are lost at step 60 or later (a stage and its only copy: global
+    then both nodes of pipeline 1 are lost at step 30 or later (a stage and its only copy: global
     restart from the latest checkpoint; one every 4 steps), then one of the two survivors in the
-    forward pass of step 80 (a failover onto the last node). A new worker takes seconds to boot,
-    and steps are short: the later events leave it that time. Inline redundancy (the redundant
+    forward pass of step 45 (a failover onto the last node). The joiner boots while the others
+    train: forked from a fork server that has imported torch, it replaced the stage at step 9
+    under a load average of 11 on 2 cores, so step 30 leaves it over three times that. Inline redundancy (the redundant
     forward on the critical path; the other modes: tests/elastic/test_bamboo_modes.py)."""
     cfg = tiny_config(
         "strategy=bamboo",
         **{
             "cluster.nodes": 4,
-            "job.steps": 100,
+            "job.steps": 60,
             "strategy.pipeline_depth": 2,
             "strategy.redundancy": "inline",
             "checkpoint.every_steps": 4,
@@ -107,8 +109,8 @@ def bamboo_run(tmp_path_factory):
             "failures.events": [
                 {"action": "remove", "step": 3, "nodes": [1], "phase": "allreduce"},
                 {"action": "join", "step": 5, "count": 1},
-                {"action": "remove", "step": 60, "nodes": [2, 3]},
-                {"action": "remove", "step": 80, "nodes": [4], "phase": "forward"},
+                {"action": "remove", "step": 30, "nodes": [2, 3]},
+                {"action": "remove", "step": 45, "nodes": [4], "phase": "forward"},
             ],
         },
     )

@@ -20,15 +20,14 @@ import pytest
 
 from oobleck.elastic.job import launch
 from oobleck.planning.outputs import Reroute
-from oobleck.runtime.reference import train_reference
-from testing import assert_matches_reference, hand_plan, template, tiny_config
+from testing import assert_matches_reference, cached_reference, hand_plan, template, tiny_config
 
 pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
 
 
 @pytest.fixture(scope="module")
 def reference():
-    return train_reference(tiny_config())
+    return cached_reference(tiny_config())
 
 
 def _last_stage_lost():
