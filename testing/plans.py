@@ -4,7 +4,19 @@ pure data parallelism)."""
 
 from __future__ import annotations
 
+from oobleck.planning.inputs import ClusterSpec
 from oobleck.planning.outputs import ExecutionPlan, PipelineInstance, PipelineTemplate, StageSpec
+
+
+def cluster(nodes: int, gpus: int = 1, memory: float = 1e13, intra: float = 1e10, inter: float = 1e9) -> ClusterSpec:
+    """A planner cluster of ``nodes`` nodes with roomy defaults (memory and bandwidths in bytes)."""
+    return ClusterSpec(
+        nodes=nodes,
+        gpus_per_node=gpus,
+        device_memory_bytes=memory,
+        intra_node_bandwidth=intra,
+        inter_node_bandwidth=inter,
+    )
 
 
 def template(stages: list[tuple[int, int, int, int, int]]) -> PipelineTemplate:

@@ -15,7 +15,6 @@ one (2.96 s against 3.07 s; the audit's 4.109 s against 4.222 s).
 from __future__ import annotations
 
 import pytest
-from conftest import cluster
 
 from oobleck.planning.inputs import LayerProfile, ModelProfile
 from oobleck.planning.instantiate import build_plan
@@ -23,6 +22,7 @@ from oobleck.planning.outputs import LayerTransfer, StageSpec
 from oobleck.planning.pipeline_cost import MOVED_BYTES_PER_PARAM_BYTE, copy_seconds
 from oobleck.planning.reconfigure import plan_transfers, reconfigure
 from oobleck.planning.templates import TemplateSet, make_template
+from testing.plans import cluster
 
 BYTES = (5472, 7888, 23200, 10608000, 4, 4, 129440)
 BANDWIDTH = 8.39e6

@@ -13,7 +13,6 @@ import math
 
 import numpy as np
 import pytest
-from conftest import cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planning_brute import all_layouts, brute_force_template
@@ -22,6 +21,7 @@ from oobleck.errors import PlanningError
 from oobleck.planning.inputs import LayerProfile, ModelProfile
 from oobleck.planning.pipeline_cost import LINK_INTER, LINK_INTRA, LINK_NONE, ProfileArrays
 from oobleck.planning.templates import _fewest_stages, _StageTable, generate_templates, stage_memories_of
+from testing.plans import cluster
 
 # Per-layer forward seconds a run may have: decimals that binary floats do not hold exactly, so
 # prefix sums over different positions of a run round differently.

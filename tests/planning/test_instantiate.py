@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from conftest import cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planning_brute import brute_force_distribution, brute_force_instantiation
@@ -14,6 +13,7 @@ from oobleck.planning.outputs import PipelineTemplate, StageSpec
 from oobleck.planning.pipeline_cost import pipeline_iteration_time, pipeline_time
 from oobleck.planning.synthetic import synthetic_profile
 from oobleck.planning.templates import TemplateSet, generate_templates
+from testing.plans import cluster
 
 pipelines = st.lists(st.lists(st.floats(min_value=0.01, max_value=3.0), min_size=1, max_size=5), min_size=1, max_size=3)
 # Times that are not dyadic fractions (0.1, 0.3, 1/3, ...) make sums round: the planner must agree

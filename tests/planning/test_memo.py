@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import cluster
 
 from oobleck.errors import PlanningError
 from oobleck.faults.trace import load_trace
@@ -21,6 +20,7 @@ from oobleck.planning.instantiate import _best_multiset, _search_multiset, insta
 from oobleck.planning.reconfigure import reconfigure
 from oobleck.planning.synthetic import synthetic_profile
 from oobleck.planning.templates import generate_templates
+from testing.plans import cluster
 
 TRACE = "spot/ec2_p3_scaled"  # the 11 h EC2 trace the simulator benchmark replays
 BATCH, MICROBATCH, F = 64, 1, 1

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from conftest import cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planning_brute import all_layouts
@@ -21,6 +20,7 @@ from oobleck.planning.node_bounds import NodeCosts, NodeGeometry, PrefixBounds, 
 from oobleck.planning.pipeline_cost import bottleneck_index, pipeline_iteration_time
 from oobleck.planning.synthetic import synthetic_profile
 from oobleck.planning.templates import _StageTable, stage_memories_of, stage_seconds_of
+from testing.plans import cluster
 
 
 def _stage_costs(seconds: list[float], r: int) -> list[float]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import cluster
 
 from oobleck.errors import PlanningError
 from oobleck.planning.instantiate import build_plan
@@ -19,6 +18,7 @@ from oobleck.planning.outputs import StageSpec
 from oobleck.planning.sosp23 import reconfigure_sosp23, regroup
 from oobleck.planning.synthetic import synthetic_profile
 from oobleck.planning.templates import TemplateSet, make_template
+from testing.plans import cluster
 
 PAPER_PIPELINES = [[0, 1], [2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12, 13]]
 PAPER_CASES = {

@@ -6,7 +6,6 @@ import math
 from collections.abc import Sequence
 
 import pytest
-from conftest import cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planning_brute import brute_force_min_bytes, coverable
@@ -19,6 +18,7 @@ from oobleck.planning.pipeline_cost import copy_seconds
 from oobleck.planning.reconfigure import check_fault_tolerance, reconfigure
 from oobleck.planning.synthetic import synthetic_profile
 from oobleck.planning.templates import TemplateSet, generate_templates, make_template
+from testing.plans import cluster
 
 # Five layers; n0 = 2. Hand-made layouts so that the heavy-loss cases keep a replica of every layer.
 LAYOUTS = {

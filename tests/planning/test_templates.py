@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planning_brute import brute_force_template
@@ -14,6 +13,7 @@ from oobleck.errors import PlanningError, ProfileError
 from oobleck.planning.inputs import LayerProfile, ModelProfile
 from oobleck.planning.synthetic import synthetic_profile
 from oobleck.planning.templates import TemplateSet, generate_templates, min_nodes
+from testing.plans import cluster
 
 
 def _assert_valid_layout(template, num_layers, gpus):
