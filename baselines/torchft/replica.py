@@ -177,6 +177,7 @@ class PipelineStage:
         group_store: Any,
         pg_timeout_s: float,
         wait_quorum: Callable[[], None],
+        cross_replica_bound_s: float,
     ) -> None:
         job = cfg.job
         self.spec = model_spec(cfg.model, int(job.seed))
@@ -192,6 +193,16 @@ class PipelineStage:
         self.pg: Any = dist.ProcessGroupGloo(
             dist.PrefixStore("torchft/pipeline", group_store), group_rank, group_size, self.timeout
         )
+        # The group's collectives after the quorum and the cross-replica all-reduce (the tied
+        # weight's sum, the gradient norm) wait for peers that may each still be inside those for
+        # up to ``cross_replica_bound_s`` when another replica group fails: a lost peer replica is
+        # torchft's to handle (a failed vote), not a reason for this group to break. A peer of this
+        # group that dies meanwhile is still seen at once (its sockets close) or by the harness's
+        # heartbeats (PeerWatch).
+        self.after_reduce_timeout = timedelta(seconds=pg_timeout_s + cross_replica_bound_s)
+        self.after_reduce_pg: Any = dist.ProcessGroupGloo(
+            dist.PrefixStore("torchft/after_reduce", group_store), group_rank, group_size, self.after_reduce_timeout
+        )
         # The tied weight's two copies (embedding on the first stage, head on the last) are summed
         # over a group of those two stages.
         tied = {i: name for i, name in self.spec.tied_names.items()}
@@ -205,7 +216,7 @@ class PipelineStage:
                 self.tied_param = self.modules[ends[group_rank]].get_parameter(tied[ends[group_rank]])
                 pair_rank = 0 if group_rank == 0 else 1
                 self.tied_pg = dist.ProcessGroupGloo(
-                    dist.PrefixStore("torchft/tied", group_store), pair_rank, 2, self.timeout
+                    dist.PrefixStore("torchft/tied", group_store), pair_rank, 2, self.after_reduce_timeout
                 )
                 if group_rank == group_size - 1:
                     self.skip_in_norm = self.tied_param
@@ -216,9 +227,9 @@ class PipelineStage:
             x = self.modules[i](x)
         return x
 
-    def _wait(self, work: Any, what: str) -> None:
+    def _wait(self, work: Any, what: str, timeout: timedelta | None = None) -> None:
         try:
-            work.wait(self.timeout)
+            work.wait(timeout or self.timeout)
         except Exception as error:  # gloo: the peer died (reset) or never answered (timeout)
             raise GroupLost(f"{what}: {error}") from None
 
@@ -273,14 +284,22 @@ class PipelineStage:
             p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
             offset += p.numel()
         if self.tied_pg is not None and self.tied_param is not None:
-            self._wait(self.tied_pg.allreduce([self.tied_param.grad]), "summing the tied weight's gradient")
+            self._wait(
+                self.tied_pg.allreduce([self.tied_param.grad]),
+                "summing the tied weight's gradient",
+                self.after_reduce_timeout,
+            )
 
     def grad_norm(self) -> float:
         total = torch.zeros(1, dtype=torch.float64)
         for p in self.params:
             if p.grad is not None and p is not self.skip_in_norm:
                 total += p.grad.detach().double().pow(2).sum()
-        self._wait(self.pg.allreduce([total]), "summing the gradient norm over the group")
+        self._wait(
+            self.after_reduce_pg.allreduce([total]),
+            "summing the gradient norm over the group",
+            self.after_reduce_timeout,
+        )
         return float(total.sqrt())
 
     def zero_grad(self) -> None:

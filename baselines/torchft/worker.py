@@ -102,7 +102,12 @@ class TorchftWorker:
         self.micro = int(job.microbatch_size)
         self.dataset = build_dataset(job, self.cfg.model)
         self.sampler = GlobalBatchSampler(len(self.dataset), self.batch, int(job.seed))
-        self.pg_timeout_s = run_detection(self.config, to_container(self.cfg))[0].pg_timeout_s
+        found = run_detection(self.config, to_container(self.cfg))[0]
+        self.pg_timeout_s = found.pg_timeout_s
+        # How long a replica may spend in the quorum and the cross-replica all-reduce when a peer
+        # replica group is lost: the lighthouse drops it after its heartbeat timeout, a collective
+        # it never answers fails after the process-group timeout.
+        self.cross_replica_bound_s = found.heartbeat_timeout_ms / 1000 + found.pg_timeout_s
         self.advertised = cluster.master_addr if single_machine else socket.gethostname()
         # The data position travels with the state when a replica heals.
         self.batches_drawn = 0  # attempts so far: the batch index of the next attempt
@@ -169,7 +174,15 @@ class TorchftWorker:
             self._peer_lost,
         )
         self.replica = PipelineStage(
-            self.cfg, self.manager, stage.layers, rank, k, self.group_store, self.pg_timeout_s, self._wait_quorum
+            self.cfg,
+            self.manager,
+            stage.layers,
+            rank,
+            k,
+            self.group_store,
+            self.pg_timeout_s,
+            self._wait_quorum,
+            self.cross_replica_bound_s,
         )
         return True
 
