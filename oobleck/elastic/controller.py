@@ -127,6 +127,8 @@ class Controller:
         self.checkpoints: CheckpointCoordinator | None = None
         self.firing: FaultFiring | None = None
         self.stops = StopRequests()
+        # When training began, on the monotonic clock: failure schedules fire on training time,
+        # which a step of the wall clock must not advance.
         self.train_started: float | None = None
         self.executor: DecisionExecutor | None = None
         self.finished = False
@@ -208,7 +210,7 @@ class Controller:
     def train_time(self) -> float:
         """Seconds of training in the run so far, earlier attempts' included."""
         started = self.train_started
-        return self.train_time_offset + (time.time() - started if started is not None else 0.0)
+        return self.train_time_offset + (time.monotonic() - started if started is not None else 0.0)
 
     def _start(self) -> None:
         """Host the store, build the parts and the observers, start the services and every node."""
@@ -334,8 +336,8 @@ class Controller:
         self.executor.publish(0, layout, resume_step, checkpoint=checkpoint)
         if checkpoint is not None:
             self.executor.restarting_from(resume_step)  # its workers load it: a change first restarts from it
-        self.train_started = time.time()
-        self.ledger.last_commit_time = self.train_started
+        self.train_started = time.monotonic()
+        self.ledger.last_commit_time = time.time()
 
     # ------------------------------------------------------------------ the loop
     def _run_finished(self) -> bool:

@@ -57,7 +57,10 @@ class NodeState:
     node: int
     channel: Channel | None = None
     pid: int | None = None
-    last_seen: float = 0.0
+    # When the controller last heard from the node's agent, on its monotonic clock: silence is a
+    # duration, and a step of the wall clock (NTP, a VM's clock resynchronised after a pause) must
+    # not make every node look silent at once.
+    heard_at: float = 0.0
     incarnation: int = 0  # worker restarts so far
     up: bool = False  # agent said hello and every worker of this incarnation registered
     was_up: bool = False  # up at some point (a restarted node coming back up is not a join)
@@ -144,7 +147,7 @@ class Membership:
 
     # ------------------------------------------------------------------ nodes
     def start_node(self, node: int) -> None:
-        self.nodes[node] = NodeState(node=node, last_seen=time.time())
+        self.nodes[node] = NodeState(node=node, heard_at=time.monotonic())
         if self.launcher is not None:
             self.launcher.start(node)
 
@@ -224,7 +227,7 @@ class Membership:
                 print(f"oobleck: dropped a second agent for node {node}", file=sys.stderr, flush=True)
                 channel.close()
                 return
-            state.channel, state.pid, state.last_seen = channel, message["pid"], when
+            state.channel, state.pid, state.heard_at = channel, message["pid"], time.monotonic()
             channel.send(
                 {
                     "type": "start",
@@ -245,7 +248,9 @@ class Membership:
             channel, payload = (payload, None) if kind == "lost" else payload
             if channel is not state.channel:
                 return  # a connection that is not the node's agent (one dropped as a second agent)
-        state.last_seen = max(state.last_seen, when)
+        # Heard when handled, not when received: a backlog of the controller's own is not the node's
+        # silence, and ``when`` is a wall-clock time.
+        state.heard_at = time.monotonic()
         if kind == "hb":
             return
         if kind == "registered":
@@ -338,13 +343,15 @@ class Membership:
 
     # ------------------------------------------------------------------ failures
     def check_heartbeats(self) -> None:
-        now = time.time()
+        now = time.monotonic()
         timeout = float(self.cfg.cluster.heartbeat_timeout_s)
         for state in list(self.nodes.values()):
-            if state.failed or state.channel is None or now - state.last_seen <= timeout:
+            silent = now - state.heard_at
+            if state.failed or state.channel is None or silent <= timeout:
                 continue
             # Frozen or cut off: make sure it is gone, then treat it as failed.
-            self.node_failed(state.node, f"no heartbeat for {now - state.last_seen:.1f} s", now, cause=state.last_seen)
+            wall = time.time()
+            self.node_failed(state.node, f"no heartbeat for {silent:.1f} s", wall, cause=wall - silent)
 
     def check_workers(self, generation: int, ranks: dict[tuple[int, int], int]) -> WorkerFindings:
         """Read every worker's heartbeat (each ``cluster.heartbeat_interval_s``): fail the nodes of
@@ -354,7 +361,7 @@ class Membership:
         generation and wait for the next one as long. A worker program that does not beat (its key
         never appears) is watched through its agent only; a beat the run did not write is none."""
         cluster = self.cfg.cluster
-        now = time.time()
+        now = time.monotonic()  # silences are durations (``NodeState.heard_at``)
         if now < self._next_beat_check or self.closing or self.run_finished():
             return WorkerFindings()
         self._next_beat_check = now + float(cluster.heartbeat_interval_s)
@@ -375,8 +382,12 @@ class Membership:
             assert since is not None
             silent = now - since
             if silent > float(cluster.heartbeat_timeout_s):
+                wall = time.time()
                 self.node_failed(
-                    node, f"worker {local_rank} sent no heartbeat for {silent:.1f} s (frozen or hung)", now, cause=since
+                    node,
+                    f"worker {local_rank} sent no heartbeat for {silent:.1f} s (frozen or hung)",
+                    wall,
+                    cause=wall - silent,
                 )
                 continue
             recent = silent <= FRESH_BEATS * float(cluster.heartbeat_interval_s)
