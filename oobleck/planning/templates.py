@@ -395,11 +395,26 @@ def _bottleneck_dp(
     memo: dict[tuple[int, int, int, int], tuple[float, bool]] = {}
     compress: list[int] = []
     bisect_left = bisect.bisect_left
+    widest = table.cap[table.stage_gpu_limit]
+    # fewest[(a, j)]: the fewest stages covering [0, a) when the first of them (from the right)
+    # keeps j + 1 microbatches in flight, by memory alone (``_fewest_stages``: the longest stage
+    # that fits at each step); a stage cap rules out states that would need more.
+    fewest: dict[tuple[int, int], float] = {}
+
+    def fewest_stages(a: int, j: int) -> float:
+        found = fewest.get((a, j))
+        if found is None:
+            start = bisect_left(widest[a], j + 1)
+            found = INF if start >= a else 1 + (fewest_stages(start, j + 1) if start else 0)
+            fewest[(a, j)] = found
+        return found
 
     def best(a: int, j: int, nl: int, h: int, budget: float) -> float:
         if a == 0:
             return 0.0 if nl == 0 and h == G else INF
         if nl + (1 if h < G else 0) > a or j + nl + (1 if h < G else 0) > most_stages:
+            return INF
+        if stage_cap is not None and j + fewest_stages(a, j) > stage_cap:
             return INF
         key = (a, compress[j], nl, h)
         hit = memo.get(key)
