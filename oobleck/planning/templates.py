@@ -373,11 +373,17 @@ def _one_stage_per_node(table: _StageTable, gpus: int, max_nodes: int) -> dict[i
 
 
 def _bottleneck_dp(
-    table: _StageTable, gpus: int, max_nodes: int, only: int | None = None, stage_cap: int | None = None
+    table: _StageTable,
+    gpus: int,
+    max_nodes: int,
+    only: int | None = None,
+    stage_cap: int | None = None,
+    below: float = INF,
 ) -> dict[int, float]:
     """Smallest achievable slowest-stage time for every node count up to ``max_nodes`` (INF where
     nothing fits), or for ``only`` that count; with ``stage_cap``, over layouts of at most that
-    many stages.
+    many stages. Only values under ``below`` are searched for: ``below`` itself means "at least
+    ``below``".
 
     Branch and bound like the main DP: a sub-search only looks for values below its budget and
     is memoised as a lower bound otherwise. The slowest stage of [0, a) is at least its compute
@@ -453,6 +459,7 @@ def _bottleneck_dp(
     result = {}
     for n in range(1, max_nodes + 1) if only is None else (only,):
         bound = max(_layout_seconds(table, seeds[n], G)) if n in seeds and n <= most_stages else INF
+        bound = min(bound, below)
         compress = exact_count or table.compressions_within(bound)
         memo = memos.setdefault(tuple(compress), {})
         # Search strictly below the seed; the seed itself is the answer if nothing beats it.
@@ -820,32 +827,51 @@ def _sweep_thresholds(
         return best[n][0] if n in best else INF
 
     # Feasibility is monotone in the bottleneck: a layout with at most s stages, all at most W,
-    # exists for every W at or above the least slowest stage of such layouts, ``capped[n, s]``
+    # exists for every W at or above the least slowest stage of such layouts, ``capped[n][s]``
     # (``_bottleneck_dp`` with a stage cap), and for no W below it. So a threshold below
-    # ``capped[n, s - 1]`` forces s or more stages on n nodes, and the bound above with s stages
+    # ``capped[n][s - 1]`` forces s or more stages on n nodes, and the bound above with s stages
     # rules it out without any per-threshold search. Each ``capped`` value is one DP, computed
     # when a threshold first asks for it and reused by every later threshold. Only node counts
     # on which memory forces more stages than nodes ask: there several stages share a node, the
     # count of stages a threshold needs varies with it, and most thresholds used to reach the DP;
     # with a stage per node the one-stage node bounds are exact already.
-    capped: dict[tuple[int, int], float] = {}
+    capped: dict[int, dict[int, tuple[float, float]]] = {}  # n -> stages -> (low, high)
 
     def forces_too_many_stages(n: int, W: float, budget: float) -> bool:
         if not stage_caps or r == 1 or budget == INF or stages[n] <= n * table.stages_per_node:
             return False
-        # The fewest stages s at which the bound reaches the budget (the float estimate corrected
-        # by the exact bound), then whether W forces that many.
-        wanted = max(stages[n] + 1, int(min((budget - offset) / slope for slope, offset in terms[n]) / W))
+        # The fewest stages at which the bound reaches the budget (solved for the count, then
+        # corrected by the bound itself), and whether W forces one more than ``most``.
+        estimate = min((budget - 2 * least_sum[n] + W) / ((r - 1) * W), (budget - W) / ((r - 1) * W))
+        if estimate > table.num_layers:
+            return False  # no layout has more stages than layers
+        wanted = max(stages[n] + 1, math.ceil(estimate))
         while wanted > stages[n] + 1 and stage_bound(n, W, wanted - 1) >= budget:
             wanted -= 1
         while stage_bound(n, W, wanted) < budget:
             wanted += 1
-        if wanted - 1 > table.num_layers:
+        most = wanted - 1
+        if most >= table.num_layers:
             return False
-        key = (n, wanted - 1)
-        if key not in capped:
-            capped[key] = _bottleneck_dp(table, gpus, n, only=n, stage_cap=wanted - 1)[n]
-        return W < capped[key]
+        # ``capped[n][s]`` is nonincreasing in s: an upper value known at fewer stages that W
+        # reaches, or a lower value at more stages that W falls short of, answers without a DP.
+        # With as many stages as layers the cap binds no layout: its value is at least the floor
+        # under the least slowest stage of all (``bottleneck``).
+        # A DP searches only up to the largest threshold the budget leaves in this node count's
+        # window (cheaper than the exact value): a result under that is exact, the limit itself
+        # means "above every threshold still to come" and is kept as a lower value.
+        known = capped.setdefault(n, {})
+        if not known:
+            known[table.num_layers] = (bottleneck[n], INF)
+        if any(count <= most and high <= W for count, (_, high) in known.items()):
+            return False
+        if any(count >= most and low > W for count, (low, _) in known.items()):
+            return True
+        last = min((budget - offset) / slope for slope, offset in terms[n] if slope > 0)
+        above = math.nextafter(max(W, last), INF)
+        found = _bottleneck_dp(table, gpus, n, only=n, stage_cap=most, below=above)[n]
+        known[most] = (found, found) if found < above else (above, INF)
+        return W < found
 
     def stage_bound(n: int, W: float, count: int) -> float:
         """``lower_bound`` for layouts of at least ``count`` stages."""

@@ -60,6 +60,11 @@ def test_capped_bottleneck_matches_brute_force(layers, gpus, nodes, seed, memory
             expected = min((w for count, w in least.items() if count <= cap), default=math.inf)
             found = _bottleneck_dp(table, gpus, nodes, only=nodes, stage_cap=cap)[nodes]
             assert found == expected, (cap, found, expected)
+            # Searching only below a limit: the value under it, else the limit ("at least").
+            for below in (expected, math.nextafter(expected, math.inf), 2 * expected, 0.5 * expected):
+                if math.isfinite(below):
+                    limited = _bottleneck_dp(table, gpus, nodes, only=nodes, stage_cap=cap, below=below)[nodes]
+                    assert limited == (expected if expected < below else below), (cap, below, limited)
 
 
 def _sweeps(profile, spec, r):
