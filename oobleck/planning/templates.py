@@ -47,7 +47,11 @@ bound (``_promising_markers``), then, for the few markers of distinct layers, by
 node relaxation (``_marker_bounds``), then by the node-level chain bound of
 ``oobleck.planning.node_bounds`` for every node count at once (``root_bounds``: whole nodes,
 one-stage nodes exact, split nodes bounded by their compute, links and the stages memory forces;
-the one bound that scales when equal layers put a marker at every position). Inside the DP, the
+the one bound that scales when equal layers put a marker at every position). Where memory forces
+more stages than nodes, the sweep also counts the stages a threshold forces: feasibility is
+monotone in the bottleneck, so the least slowest stage of layouts with at most s stages (one
+bottleneck DP with a stage cap, reused by every threshold) tells which thresholds need more than
+s, and ``lower_bound`` with that many stages rules them out. Inside the DP, the
 unexplored prefix [0, a) is bounded by the same node-level tables (``PrefixBounds``: whole nodes,
 or the rest of the current node then whole nodes), and a state that has not placed the marker
 yet is bounded through the markers still ahead of it. The exactness tests compare against brute
@@ -368,9 +372,18 @@ def _one_stage_per_node(table: _StageTable, gpus: int, max_nodes: int) -> dict[i
     return layouts
 
 
-def _bottleneck_dp(table: _StageTable, gpus: int, max_nodes: int, only: int | None = None) -> dict[int, float]:
+def _bottleneck_dp(
+    table: _StageTable,
+    gpus: int,
+    max_nodes: int,
+    only: int | None = None,
+    stage_cap: int | None = None,
+    below: float = INF,
+) -> dict[int, float]:
     """Smallest achievable slowest-stage time for every node count up to ``max_nodes`` (INF where
-    nothing fits), or for ``only`` that count.
+    nothing fits), or for ``only`` that count; with ``stage_cap``, over layouts of at most that
+    many stages. Only values under ``below`` are searched for: ``below`` itself means "at least
+    ``below``".
 
     Branch and bound like the main DP: a sub-search only looks for values below its budget and
     is memoised as a lower bound otherwise. The slowest stage of [0, a) is at least its compute
@@ -379,17 +392,35 @@ def _bottleneck_dp(table: _StageTable, gpus: int, max_nodes: int, only: int | No
     G = gpus
     compute = table.compute_prefix
     cost, cap = table.cost, table.cap
+    # A stage cap needs the exact count of stages placed in the memo key, not its compression.
+    exact_count = list(range(table.num_layers + 2)) if stage_cap is not None else None
+    most_stages = stage_cap if stage_cap is not None else table.num_layers + 1
     # One memo per in-flight compression: a search below budget B only places stages with
     # w < B, so only their memory limits bind (``compressions_within``).
     memos: dict[tuple[int, ...], dict[tuple[int, int, int, int], tuple[float, bool]]] = {}
     memo: dict[tuple[int, int, int, int], tuple[float, bool]] = {}
     compress: list[int] = []
     bisect_left = bisect.bisect_left
+    widest = table.cap[table.stage_gpu_limit]
+    # fewest[(a, j)]: the fewest stages covering [0, a) when the first of them (from the right)
+    # keeps j + 1 microbatches in flight, by memory alone (``_fewest_stages``: the longest stage
+    # that fits at each step); a stage cap rules out states that would need more.
+    fewest: dict[tuple[int, int], float] = {}
+
+    def fewest_stages(a: int, j: int) -> float:
+        found = fewest.get((a, j))
+        if found is None:
+            start = bisect_left(widest[a], j + 1)
+            found = INF if start >= a else 1 + (fewest_stages(start, j + 1) if start else 0)
+            fewest[(a, j)] = found
+        return found
 
     def best(a: int, j: int, nl: int, h: int, budget: float) -> float:
         if a == 0:
             return 0.0 if nl == 0 and h == G else INF
-        if nl + (1 if h < G else 0) > a:
+        if nl + (1 if h < G else 0) > a or j + nl + (1 if h < G else 0) > most_stages:
+            return INF
+        if stage_cap is not None and j + fewest_stages(a, j) > stage_cap:
             return INF
         key = (a, compress[j], nl, h)
         hit = memo.get(key)
@@ -427,8 +458,9 @@ def _bottleneck_dp(table: _StageTable, gpus: int, max_nodes: int, only: int | No
     seeds = _one_stage_per_node(table, G, max_nodes)
     result = {}
     for n in range(1, max_nodes + 1) if only is None else (only,):
-        bound = max(_layout_seconds(table, seeds[n], G)) if n in seeds else INF
-        compress = table.compressions_within(bound)
+        bound = max(_layout_seconds(table, seeds[n], G)) if n in seeds and n <= most_stages else INF
+        bound = min(bound, below)
+        compress = exact_count or table.compressions_within(bound)
         memo = memos.setdefault(tuple(compress), {})
         # Search strictly below the seed; the seed itself is the answer if nothing beats it.
         found = best(table.num_layers, 0, n, G, bound)
@@ -753,8 +785,10 @@ def _sweep_thresholds(
     wanted: Sequence[int],
     bottleneck: dict[int, float],
     progress: Callable[[TemplateProgress], None] | None = None,
+    stage_caps: bool = True,
 ) -> dict[int, tuple[float, list[tuple[int, int, int]]]]:
-    """Try every distinct stage time W as the bottleneck, ascending, until the bound stops it."""
+    """Try every distinct stage time W as the bottleneck, ascending, until the bound stops it.
+    ``stage_caps=False`` skips the stage-count bound (the search before it, for comparison)."""
     candidates = table.candidates
     geometry = NodeGeometry(table, table.cluster)
     total_per_gpu = table.total_compute / gpus
@@ -791,6 +825,57 @@ def _sweep_thresholds(
 
     def target(n: int) -> float:
         return best[n][0] if n in best else INF
+
+    # Feasibility is monotone in the bottleneck: a layout with at most s stages, all at most W,
+    # exists for every W at or above the least slowest stage of such layouts, ``capped[n][s]``
+    # (``_bottleneck_dp`` with a stage cap), and for no W below it. So a threshold below
+    # ``capped[n][s - 1]`` forces s or more stages on n nodes, and the bound above with s stages
+    # rules it out without any per-threshold search. Each ``capped`` value is one DP, computed
+    # when a threshold first asks for it and reused by every later threshold. Only node counts
+    # on which memory forces more stages than nodes ask: there several stages share a node, the
+    # count of stages a threshold needs varies with it, and most thresholds used to reach the DP;
+    # with a stage per node the one-stage node bounds are exact already.
+    capped: dict[int, dict[int, tuple[float, float]]] = {}  # n -> stages -> (low, high)
+
+    def forces_too_many_stages(n: int, W: float, budget: float) -> bool:
+        if not stage_caps or r == 1 or budget == INF or stages[n] <= n * table.stages_per_node:
+            return False
+        # The fewest stages at which the bound reaches the budget (solved for the count, then
+        # corrected by the bound itself), and whether W forces one more than ``most``.
+        estimate = min((budget - 2 * least_sum[n] + W) / ((r - 1) * W), (budget - W) / ((r - 1) * W))
+        if estimate > table.num_layers:
+            return False  # no layout has more stages than layers
+        wanted = max(stages[n] + 1, math.ceil(estimate))
+        while wanted > stages[n] + 1 and stage_bound(n, W, wanted - 1) >= budget:
+            wanted -= 1
+        while stage_bound(n, W, wanted) < budget:
+            wanted += 1
+        most = wanted - 1
+        if most >= table.num_layers:
+            return False
+        # ``capped[n][s]`` is nonincreasing in s: an upper value known at fewer stages that W
+        # reaches, or a lower value at more stages that W falls short of, answers without a DP.
+        # With as many stages as layers the cap binds no layout: its value is at least the floor
+        # under the least slowest stage of all (``bottleneck``).
+        # A DP searches only up to the largest threshold the budget leaves in this node count's
+        # window (cheaper than the exact value): a result under that is exact, the limit itself
+        # means "above every threshold still to come" and is kept as a lower value.
+        known = capped.setdefault(n, {})
+        if not known:
+            known[table.num_layers] = (bottleneck[n], INF)
+        if any(count <= most and high <= W for count, (_, high) in known.items()):
+            return False
+        if any(count >= most and low > W for count, (low, _) in known.items()):
+            return True
+        last = min((budget - offset) / slope for slope, offset in terms[n] if slope > 0)
+        above = math.nextafter(max(W, last), INF)
+        found = _bottleneck_dp(table, gpus, n, only=n, stage_cap=most, below=above)[n]
+        known[most] = (found, found) if found < above else (above, INF)
+        return W < found
+
+    def stage_bound(n: int, W: float, count: int) -> float:
+        """``lower_bound`` for layouts of at least ``count`` stages."""
+        return max(2 * least_sum[n] + ((r - 1) * count - 1) * W, ((r - 1) * count + 1) * W)
 
     def window(n: int) -> tuple[int, int]:
         lo, hi = bottleneck[n], INF
@@ -877,6 +962,7 @@ def _sweep_thresholds(
         W = float(candidates[next_index])
         inside = np.flatnonzero((windows[:, 0] <= next_index) & (next_index < windows[:, 1]))
         budgets = {nodes[i]: target(nodes[i]) for i in inside if lower_bound(nodes[i], W) < target(nodes[i])}
+        budgets = {n: b for n, b in budgets.items() if not forces_too_many_stages(n, W, b)}
         index = next_index + 1
         if not budgets:
             continue

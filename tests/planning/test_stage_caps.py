@@ -1,0 +1,124 @@
+"""The stage-count bound of the template sweep: exact against brute force, and a search that
+skips thresholds by it returns the same templates, bit for bit, as the search without it.
+
+Feasibility is monotone in the bottleneck: a layout of at most s stages, all at most W, exists
+for every W from the least slowest stage of such layouts (``_bottleneck_dp`` with ``stage_cap``)
+on, and for none below it. The sweep uses that to rule out, without a search, thresholds that
+force more stages than a better layout can have (``_sweep_thresholds``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from planning_brute import all_layouts
+from test_identical_layer_runs import runs_profile
+
+import oobleck.planning.templates as templates_module
+from oobleck.errors import PlanningError
+from oobleck.planning.synthetic import synthetic_profile
+from oobleck.planning.templates import (
+    _bottleneck_dp,
+    _DeepRecursion,
+    _feasibility,
+    _StageTable,
+    _sweep_thresholds,
+    stage_memories_of,
+    stage_seconds_of,
+)
+from testing.plans import cluster
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    layers=st.integers(min_value=1, max_value=6),
+    gpus=st.integers(min_value=1, max_value=3),
+    nodes=st.integers(min_value=1, max_value=3),
+    seed=st.integers(min_value=0, max_value=10_000),
+    memory=st.sampled_from([1e13, 0.5e9, 1e9, 1.6e9]),
+    output_bytes=st.sampled_from([0, 4_000_000, 400_000_000]),
+    max_gpus=st.sampled_from([None, 1, 2]),
+    identical=st.booleans(),
+)
+def test_capped_bottleneck_matches_brute_force(layers, gpus, nodes, seed, memory, output_bytes, max_gpus, identical):
+    profile = synthetic_profile(layers, seed=seed, jitter=0.0 if identical else 0.6, output_bytes=output_bytes)
+    spec = cluster(nodes, gpus, memory)
+    limit = min(max_gpus or gpus, gpus)
+    table = _StageTable(profile, spec, limit)
+    # Least slowest stage over every memory-feasible layout on ``nodes`` nodes, by stage count.
+    least: dict[int, float] = {}
+    for stages in all_layouts(layers, nodes, gpus, limit):
+        if any(m > memory for m in stage_memories_of(profile, stages)):
+            continue
+        slowest = max(stage_seconds_of(profile, spec, stages))
+        least[len(stages)] = min(least.get(len(stages), math.inf), slowest)
+    with _DeepRecursion(layers):
+        for cap in range(1, layers * gpus + 2):
+            expected = min((w for count, w in least.items() if count <= cap), default=math.inf)
+            found = _bottleneck_dp(table, gpus, nodes, only=nodes, stage_cap=cap)[nodes]
+            assert found == expected, (cap, found, expected)
+            # Searching only below a limit: the value under it, else the limit ("at least").
+            for below in (expected, math.nextafter(expected, math.inf), 2 * expected, 0.5 * expected):
+                if math.isfinite(below):
+                    limited = _bottleneck_dp(table, gpus, nodes, only=nodes, stage_cap=cap, below=below)[nodes]
+                    assert limited == (expected if expected < below else below), (cap, below, limited)
+
+
+def _sweeps(profile, spec, r):
+    """The sweep's result with the stage-count bound and without it, and how many stage-capped
+    DPs the first ran."""
+    try:
+        table, bottleneck, n0 = _feasibility(profile, spec, spec.gpus_per_node)
+    except PlanningError:
+        return None
+    wanted = [n for n in bottleneck if bottleneck[n] < math.inf]
+    capped = []
+    real = templates_module._bottleneck_dp
+
+    def counting(*args, **kwargs):
+        if kwargs.get("stage_cap") is not None:
+            capped.append(kwargs["stage_cap"])
+        return real(*args, **kwargs)
+
+    with _DeepRecursion(profile.num_layers):
+        templates_module._bottleneck_dp = counting
+        try:
+            fast = _sweep_thresholds(table, spec.gpus_per_node, r, wanted, bottleneck)
+        finally:
+            templates_module._bottleneck_dp = real
+        slow = _sweep_thresholds(table, spec.gpus_per_node, r, wanted, bottleneck, stage_caps=False)
+    return fast, slow, len(capped)
+
+
+def test_stage_caps_change_no_template():
+    """Seeded random profiles where memory puts several stages on a node (jittered layers, and
+    runs of identical layers): the same layouts and values, to the last bit, with and without
+    the bound; and the bound did run."""
+    rng = random.Random(3030)
+    ran = 0
+    for case in range(36):
+        gpus = rng.choice([2, 4, 8])
+        if case % 2:
+            blocks = rng.randint(8, 24)
+            profile = runs_profile([(1, 3, 200, 8, 16), (blocks, rng.randint(0, 4), 800, 400, 16), (1, 4, 800, 440, 0)])
+            memory = rng.choice([4e9, 6e9, 9e9])
+        else:
+            profile = synthetic_profile(
+                rng.randint(8, 24),
+                seed=rng.randint(0, 10**6),
+                jitter=rng.choice([0.0, 0.6]),
+                param_bytes=rng.choice([200_000_000, 400_000_000]),
+                output_bytes=rng.choice([4_000_000, 60_000_000]),
+            )
+            memory = rng.choice([3e9, 5e9, 8e9])
+        spec = cluster(rng.randint(2, 8), gpus, memory, intra=150e9, inter=12.5e9)
+        result = _sweeps(profile, spec, rng.choice([2, 4]))
+        if result is None:
+            continue
+        fast, slow, capped = result
+        assert fast == slow, case
+        ran += capped
+    assert ran >= 10
