@@ -225,6 +225,8 @@ class Simulator:
         self.kept_samples: float | None = None  # at the last membership change
         self.rolled_back: list[tuple[float, float]] = []  # spans whose work was thrown away
         self.first_layout: Layout | None = None  # the layout the job first ran
+        self.opened_s: float | None = None  # when the first nodes existed (the first chance to start)
+        self.first_start_s: float | None = None  # when a layout first started
 
     # ----- output rows -----------------------------------------------------------------------
     def _event(self, time_s: float, kind: str, count: int = 1, **fields: Any) -> None:
@@ -555,6 +557,8 @@ class Simulator:
             decision = Decision(Kind.START, decision.layout, rollback_to_step=rollback, reason=decision.reason)
         run.started = run.started or decision.layout is not None
         self.first_layout = self.first_layout or decision.layout
+        if self.first_start_s is None and decision.layout is not None:
+            self.first_start_s = now
         if not restarting and not self.charge_start and decision.layout is not None:
             run.layout = decision.layout  # already running when the window opens (validation)
             return True
@@ -566,7 +570,7 @@ class Simulator:
         if first.time_s > self.start_s:
             self._advance(self.start_s, min(first.time_s, self.end_s))  # nodes being created
         self.alive = {self._arrive(n) for n in first.added}
-        now = first.time_s
+        now = self.opened_s = first.time_s
         self._start(now, cause="start")
         waiting: list[int] = []  # joined nodes whose change is carried out with the next one
         for index, change in enumerate(rest):
@@ -658,7 +662,11 @@ class Simulator:
         for key in BREAKDOWN:
             summary[f"{key}_node_s"] = ns[key]
             summary[f"{key}_fraction"] = ns[key] / total if total > 0 else 0.0
-        summary["oom"] = self.counts.get("oom", 0) > 0
+        # Out of memory only when it never ran: a strategy that could not lay the model out on the
+        # first nodes and started once more joined (ReCycle needs two pipelines) started late.
+        summary["oom"] = self.counts.get("oom", 0) > 0 and not run.started
+        opened = self.opened_s if self.opened_s is not None else self.start_s
+        summary["start_delay_s"] = self.first_start_s - opened if self.first_start_s is not None else math.nan
         summary.update(self._recovery_cycle())
         return summary
 

@@ -147,6 +147,10 @@ def speedup_ranges(summary: pd.DataFrame, band: pd.DataFrame | None = None) -> p
                 "oobleck_throughput_median": float(ours["throughput"].median()),
                 "baseline_throughput_median": float(theirs["throughput"].median()),
                 "baseline_oom": bool(theirs["oom"].any()),
+                # Started only once more nodes joined (not out of memory): the longest such wait.
+                "baseline_start_delay_s_max": float(theirs["start_delay_s"].max())
+                if "start_delay_s" in theirs
+                else math.nan,
                 "baseline_no_durable_progress_starts": int(theirs["no_durable_progress"].sum()),
                 "oobleck_no_durable_progress_starts": int(ours["no_durable_progress"].sum()),
                 "note": ", ".join(notes),
