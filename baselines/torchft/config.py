@@ -53,9 +53,10 @@ class TorchftConfig(StrategyConfig):
     # trains its own fixed shard of the step's batch; false: the quorum first, then the batch is
     # split over its members (every committed update trains the whole batch).
     async_quorum: bool = True
-    # Nodes of one replica group (a pipeline of that many stages), or "min": the planner's fewest
-    # nodes that hold the model (n0), resolved by the policy (the simulator only: the worker reads
-    # a number, so a real run is refused with n0 named).
+    # Nodes of one replica group (a pipeline of that many stages), "min": the planner's fewest
+    # nodes that hold the model (n0), or "fastest": the template size whose groups train the most
+    # samples per second; resolved by the policy (the simulator only: the worker reads a number,
+    # so a real run is refused with the size named).
     nodes_per_replica: Any = 1
     # harness: what the harness's runtime runs (equal fixed shards; joiners of multi-node groups
     # stand by). torchft: what torchft's own deployment does, for the simulator only (see

@@ -62,6 +62,9 @@ from oobleck.strategy import Decision, Kind, Layout, RunInfo, RunState, Strategy
 
 __all__ = ["Group", "Torchft", "TorchftConfig", "TorchftLayout", "shard_sizes"]
 
+# Values of nodes_per_replica the policy resolves (the simulator only: the worker reads a number).
+NAMED_SIZES = ("min", "fastest")
+
 
 @dataclass(frozen=True)
 class Group:
@@ -121,10 +124,11 @@ class Torchft(Strategy):
                 "see conf/strategy/torchft.yaml"
             )
         k = c.nodes_per_replica
-        if k != "min" and (isinstance(k, bool) or not isinstance(k, int)):
+        if k not in NAMED_SIZES and (isinstance(k, bool) or not isinstance(k, int)):
             raise ConfigError(
-                f"strategy.nodes_per_replica={k!r} must be a number of nodes or min (the planner's fewest "
-                "nodes that hold the model); see conf/strategy/torchft.yaml"
+                f"strategy.nodes_per_replica={k!r} must be a number of nodes, min (the planner's fewest nodes "
+                "that hold the model) or fastest (the group size that trains the most samples per second); "
+                "see conf/strategy/torchft.yaml"
             )
         require_torchft(c.log_level)
         positive: tuple[str, ...] = (
@@ -137,7 +141,7 @@ class Torchft(Strategy):
             "connect_timeout_s",
             "pg_timeout_s",
         )
-        if k != "min":
+        if k not in NAMED_SIZES:
             positive = ("nodes_per_replica", *positive)
         for key in (*positive, "join_timeout_ms"):
             value = getattr(c, key)
@@ -152,9 +156,16 @@ class Torchft(Strategy):
         self._steps: dict[tuple[int, int], float] = {}
 
     # ------------------------------------------------------------------ layouts
-    def group_nodes(self) -> int:
-        """Nodes per replica group: ``strategy.nodes_per_replica``, ``min`` as the planner's n0."""
+    def group_nodes(self, nodes: Sequence[int] | None = None) -> int:
+        """Nodes per replica group: ``strategy.nodes_per_replica``, ``min`` as the planner's n0,
+        ``fastest`` as the group size whose start on ``nodes`` (default: the cluster's most)
+        trains the most samples per second."""
         k = self.config.nodes_per_replica
+        if k == "fastest":
+            decision = self.start(nodes if nodes is not None else range(self.context.cluster.nodes))
+            if decision.layout is not None:
+                return len(decision.layout.plan.pipelines[0].nodes)
+            k = "min"
         return int(self.context.templates(0).min_nodes) if k == "min" else int(k)
 
     def _step_s(self, groups: Sequence[Group], per_group: int) -> float:
@@ -183,12 +194,11 @@ class Torchft(Strategy):
             base, groups=tuple(groups), iteration_s=self._step_s(groups, per_group), description=description, **changes
         )
 
-    def replicas_layout(self, nodes: Sequence[int], shards: tuple[int, ...] = ()) -> TorchftLayout:
-        """One pipeline of ``nodes_per_replica`` nodes per replica group, group i on shard i of
-        ``shards`` (none: the synchronous quorum); leftover nodes stand by."""
+    def replicas_layout(self, nodes: Sequence[int], k: int, shards: tuple[int, ...] = ()) -> TorchftLayout:
+        """One pipeline of ``k`` nodes per replica group, group i on shard i of ``shards`` (none:
+        the synchronous quorum); leftover nodes stand by."""
         ctx = self.context
         ordered = sorted(nodes)
-        k = self.group_nodes()
         members = [tuple(ordered[i : i + k]) for i in range(0, len(ordered) - k + 1, k)]
         plan = build_plan(ctx.templates(0), [k] * len(members), members, ctx.global_batch_size, ctx.microbatch_size, 0)
         groups = [Group(m, i if shards else None) for i, m in enumerate(members)]
@@ -203,6 +213,22 @@ class Torchft(Strategy):
         return self._layout(base, groups)
 
     def start(self, nodes: Sequence[int]) -> Decision:
+        if self.config.nodes_per_replica != "fastest":
+            return self._start(nodes, None)
+        # Every group size the planner has a template for (n0 and up): the one that trains the
+        # most samples per second on these nodes, as Varuna's layout is the planner's fastest.
+        try:
+            sizes = self.context.templates(0).sizes
+        except PlanningError:
+            return self._start(nodes, None)
+        starts = [self._start(nodes, k) for k in sizes if k <= len(nodes)]
+        running = [d for d in starts if d.layout is not None]
+        if not running:
+            return self._start(nodes, None)
+        return max(running, key=lambda d: (d.layout.samples_per_s, -len(d.layout.plan.pipelines[0].nodes)))  # type: ignore[union-attr]
+
+    def _start(self, nodes: Sequence[int], size: int | None) -> Decision:
+        """The start on groups of ``size`` nodes (None: ``group_nodes()``, fastest read as min)."""
         ctx, c = self.context, self.config
         gpus = ctx.cluster.gpus_per_node
         if gpus != 1:
@@ -214,7 +240,13 @@ class Torchft(Strategy):
             templates = ctx.templates(0)
         except PlanningError as error:  # fits on no number of nodes at all
             return Decision(Kind.STOP, reason=str(error), out_of_memory=True)
-        k = self.group_nodes()
+        k = (
+            size
+            if size is not None
+            else int(templates.min_nodes)
+            if c.nodes_per_replica == "fastest"
+            else self.group_nodes()
+        )
         replicas = len(nodes) // k
         if replicas < c.min_replicas:
             return Decision(
@@ -244,7 +276,7 @@ class Torchft(Strategy):
                 f"({batch}); raise job.global_batch_size or lower job.microbatch_size",
             )
         if templates.min_nodes > k:
-            return Decision(Kind.STOP, reason=self._does_not_fit(templates.min_nodes), out_of_memory=True)
+            return Decision(Kind.STOP, reason=self._does_not_fit(templates.min_nodes, k), out_of_memory=True)
         if k not in templates:
             return Decision(
                 Kind.STOP,
@@ -252,11 +284,10 @@ class Torchft(Strategy):
                 f"(templates exist for {list(templates.sizes)}); choose one of those",
             )
         sizes = shard_sizes(microbatches, shards, equal=harness) if shards else ()
-        return Decision(Kind.START, self.replicas_layout(nodes, sizes))
+        return Decision(Kind.START, self.replicas_layout(nodes, k, sizes))
 
-    def _does_not_fit(self, n0: int) -> str:
+    def _does_not_fit(self, n0: int, k: int) -> str:
         profile, cluster = self.context.profile, self.context.cluster
-        k = self.group_nodes()
         # The planner's memory model of the whole model as one stage on one device.
         need = stage_memory_bytes(profile, 0, profile.num_layers, 1, 0, 1)
         return (
@@ -335,12 +366,12 @@ class Torchft(Strategy):
                 f"strategy.deployment={c.deployment} (torchft's own sampler shards and a scheduler relaunching "
                 "replica groups) is modelled by the simulator only; a real run takes strategy.deployment=harness"
             )
-        if c.nodes_per_replica == "min":
+        if c.nodes_per_replica in NAMED_SIZES:
             try:
                 n0 = f"={self.group_nodes()}"
             except PlanningError:
                 n0 = " to a number"
             raise ConfigError(
-                f"strategy.nodes_per_replica=min is resolved by the simulator only (the torchft worker reads a "
-                f"number); set strategy.nodes_per_replica{n0}"
+                f"strategy.nodes_per_replica={c.nodes_per_replica} is resolved by the simulator only (the torchft "
+                f"worker reads a number); set strategy.nodes_per_replica{n0}"
             )

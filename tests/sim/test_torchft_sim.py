@@ -13,7 +13,7 @@ from oobleck.sim.charges import decision_downtime
 from oobleck.sim.engine import BREAKDOWN, simulate
 from oobleck.strategy import Kind, RunInfo, RunState
 
-# torchft's own deployment at the planner's fewest nodes per group (conf/experiment/paper_failure_frequency.yaml).
+# torchft's own deployment at the planner's fewest nodes per group.
 PAPER = {"nodes_per_replica": "min", "deployment": "torchft"}
 
 
@@ -121,11 +121,14 @@ def test_a_real_run_refuses_what_only_the_simulator_models(context, tmp_path):
     run = RunInfo(host="127.0.0.1", store_address="127.0.0.1:1", run_id="r", run_dir=tmp_path)
     with pytest.raises(ConfigError, match="deployment=torchft .* simulator only"):
         make_strategy(context, "torchft", nodes_per_replica=2, deployment="torchft").services(run)
-    with pytest.raises(ConfigError, match="set strategy.nodes_per_replica=2"):
-        make_strategy(context, "torchft", nodes_per_replica="min").services(run)
+    for named in ("min", "fastest"):
+        with pytest.raises(
+            ConfigError, match=f"nodes_per_replica={named} is resolved by the simulator only.*nodes_per_replica=[25]$"
+        ):
+            make_strategy(context, "torchft", nodes_per_replica=named).services(run)
     for key, value, message in (
         ("deployment", "slurm", "must be one of harness, torchft"),
-        ("nodes_per_replica", "max", "must be a number of nodes or min"),
+        ("nodes_per_replica", "max", "must be a number of nodes, min .* or fastest"),
     ):
         with pytest.raises(ConfigError, match=message):
             make_strategy(context, "torchft", **{key: value})
@@ -136,7 +139,7 @@ def test_the_paper_experiments_compare_torchft_in_its_own_deployment(make_config
     for experiment in ("paper_failure_frequency", "paper_spot"):
         cfg = make_config(f"experiment={experiment}")
         assert cfg.sim.strategies == ["oobleck", "varuna", "bamboo", "torchft", "recycle"], experiment
-        assert dict(cfg.sim.params.torchft) == PAPER, experiment
+        assert dict(cfg.sim.params.torchft) == {"nodes_per_replica": "fastest", "deployment": "torchft"}
 
 
 def test_a_small_paper_experiment_gives_torchft_a_ratio_after_recovering_in_place(make_config, tmp_path):
@@ -162,3 +165,21 @@ def test_a_small_paper_experiment_gives_torchft_a_ratio_after_recovering_in_plac
     assert 0 < torchft["throughput"] and torchft["lost_node_s"] > 0
     ratio = result.ratios.set_index("baseline").loc["torchft"]
     assert ratio["note"] == "" and ratio["ratio_median"] > 0 and ratio["ratio_starts"] == 1
+
+
+def test_fastest_groups_train_the_most_samples_per_second_of_every_size():
+    """``fastest``: every template size of n0 nodes or more, the one whose start trains the most
+    samples per second (as Varuna's layout is the planner's fastest)."""
+    context = make_context(memory_gb=4.0, nodes=8, batch=63)  # n0 = 1: the whole model fits a node
+    fastest = make_strategy(context, "torchft", nodes_per_replica="fastest", deployment="torchft")
+    chosen = fastest.start(range(8)).layout
+    rates = {}
+    for k in context.templates(0).sizes:
+        start = make_strategy(context, "torchft", nodes_per_replica=k, deployment="torchft").start(range(8))
+        rates[k] = start.layout.samples_per_s
+    best = max(rates, key=lambda k: (rates[k], -k))
+    assert len(chosen.plan.pipelines[0].nodes) == best == fastest.group_nodes() != context.templates(0).min_nodes
+    assert chosen.samples_per_s == pytest.approx(max(rates.values())) and len(set(rates.values())) > 1
+    # The changes after it keep its groups' size.
+    lost = fastest.on_change(_change(chosen, [n for n in range(8) if n != 0], removed=[0]))
+    assert lost.kind is Kind.CONTINUE and all(len(g.nodes) == best for g in lost.layout.groups)
