@@ -344,6 +344,40 @@ def effective_time_breakdown_figure(summary: pd.DataFrame) -> plt.Figure:
     return fig
 
 
+# A (model, trace) cell no strategy could lay out (Oobleck out of memory too, and no baseline ran).
+NO_LAYOUT = "no layout fits"
+# The fewest labelled ticks a ratio panel shows, however narrow its range.
+MIN_RATIO_TICKS = 3
+
+
+def no_layout_cells(ratios: pd.DataFrame) -> set[tuple[str, str]]:
+    """(model, trace) cells where Oobleck did not fit and no baseline has a ratio either."""
+    if "oobleck_oom" not in ratios:
+        return set()
+    cells = set()
+    for cell, rows in ratios.groupby(["model", "trace"], sort=False):
+        no_ratio = rows["ratio_median"].isna() & (rows["ratio_low"].isna() if "ratio_low" in rows else True)
+        if rows["oobleck_oom"].astype(bool).all() and no_ratio.all():
+            cells.add(cell)
+    return cells
+
+
+def ratio_ticks(low: float, high: float) -> list[float]:
+    """Labelled ticks of a log ratio axis from ``low`` to ``high``: decades over a span of more
+    than 100x, 1-2-5 steps over a middling one, finer log steps over a narrow one, and where those
+    leave fewer than ``MIN_RATIO_TICKS`` inside (Bamboo's ratios of 1-1.07x) evenly spaced round
+    values, which a span that narrow draws evenly on a log axis too."""
+    from matplotlib.ticker import LogLocator, MaxNLocator
+
+    span = high / low
+    subs = (1.0,) if span > 100 else (1.0, 2.0, 5.0) if span > 4 else (1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 7.5)
+    ticks = [float(t) for t in LogLocator(subs=subs).tick_values(low, high) if low <= t <= high]
+    if len(ticks) >= MIN_RATIO_TICKS:
+        return ticks
+    even = MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]).tick_values(low, high)
+    return [float(round(t, 10)) for t in even if low <= t <= high and t > 0]
+
+
 def ratio_bands(ratios: pd.DataFrame, path: Path) -> list[Path]:
     return save(ratio_bands_figure(ratios), path)
 
@@ -352,15 +386,19 @@ def ratio_bands_figure(ratios: pd.DataFrame) -> plt.Figure:
     """Oobleck's speedup over each baseline, one panel per baseline, one row of points per model
     and trace: the median over the starts (dot), their range (thick bar) and the band over the
     uncertain constants (thin line, an arrow where unbounded), cells crossing the cliff marked; a
-    baseline that made no progress at the nominal constants shows its band only."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    baseline that made no progress at the nominal constants shows its band only, one without a
+    ratio says why (OOM, does not run), and a cell no strategy could lay out reads "no layout
+    fits". Every panel has at least ``MIN_RATIO_TICKS`` labelled ticks (``ratio_ticks``)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
     shown = ratios["ratio_median"].notna()
     if "ratio_low" in ratios:
         shown |= ratios["ratio_low"].notna()  # a baseline that stalled at the nominal constants: its band only
     data = ratios[shown]
     baselines = list(dict.fromkeys(ratios["baseline"]))
-    cells = list(dict.fromkeys(zip(data["model"], data["trace"])))
+    # Every cell gets its row: one no strategy could lay out says so rather than going missing.
+    cells = list(dict.fromkeys(zip(ratios["model"], ratios["trace"])))
+    unlaid = no_layout_cells(ratios)
     with sns.axes_style("whitegrid"):
         fig, axes = plt.subplots(
             1, len(baselines), figsize=(4.6 * len(baselines), 0.28 * len(cells) + 1.6), squeeze=False, sharey=True
@@ -377,7 +415,9 @@ def ratio_bands_figure(ratios: pd.DataFrame) -> plt.Figure:
             unshown = ratios[(ratios["baseline"] == baseline) & ~shown].set_index(["model", "trace"])
             for y, cell in enumerate(cells):
                 if cell not in rows.index:
-                    if cell in unshown.index:  # out of memory, does not run: said, not left blank
+                    if cell in unlaid:
+                        ax.text(1.0, y, f" {NO_LAYOUT}", fontsize=7, ha="left", va="center", color="0.1")
+                    elif cell in unshown.index:  # out of memory, does not run: said, not left blank
                         note = unshown.loc[cell].get("note")
                         label = str(note) if isinstance(note, str) and note else "no ratio"
                         ax.text(1.0, y, f" {label}", fontsize=7, ha="left", va="center", color="0.3")
@@ -409,11 +449,7 @@ def ratio_bands_figure(ratios: pd.DataFrame) -> plt.Figure:
             ax.axvline(1.0, color="0.4", linewidth=0.8)
             ax.set_xscale("log")
             low, high = ax.get_xlim()
-            # Decades over a span of more than 100x, 1-2-5 steps over a middling one, finer steps
-            # over a narrow one (Bamboo's ratios all lie between 1x and 2x).
-            span = high / low
-            subs = (1.0,) if span > 100 else (1.0, 2.0, 5.0) if span > 4 else (1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 7.5)
-            ax.xaxis.set_major_locator(LogLocator(subs=subs))
+            ax.xaxis.set_major_locator(FixedLocator(ratio_ticks(low, high)))
             ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}x"))
             ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_title(f"Oobleck / {strategy_label(baseline)}", fontsize=10)

@@ -337,12 +337,17 @@ class RuntimeOverhead:
     A layout's step (commit to commit) takes the longer of its critical path and the CPU it needs
     from the machine's ``cores``:
 
-        critical = planner_s + busiest_microbatches * per_microbatch_s + per_step_s
+        critical = compute_scale * planner_s + busiest_microbatches * per_microbatch_s + per_step_s
         cpu      = (compute_scale * compute_s + stage_microbatches * per_microbatch_s
                     + workers * per_worker_s) / cores
         step     = max(critical, cpu)
 
-    - ``planner_s``: the planner's predicted iteration (per-layer compute from the profile);
+    - ``planner_s``: the planner's predicted iteration (per-layer compute from the profile), scaled
+      like the CPU term's compute: both are the profile's seconds, measured on an idle core, and a
+      loaded host slows the critical path's compute as much as the rest (unscaled, a re-route or a
+      failover that lengthens the critical path without adding CPU work hid below the CPU floor:
+      a re-routed ReCycle step was predicted equal to the intact one, 0.419 s, where it measured
+      2.05x);
     - ``per_microbatch_s``: seconds per microbatch a stage runs that Eq. 1-4 does not see (Python
       per op, point-to-point and launch latency, loss and bookkeeping);
     - ``per_step_s``: seconds per step on the critical path (gradient all-reduce latency,
@@ -436,8 +441,9 @@ class RuntimeOverhead:
 def step_model(
     shape: StepShape, cores: int, per_microbatch_s: float, per_step_s: float, per_worker_s: float, compute_scale: float
 ) -> float:
-    """``RuntimeOverhead``'s step: the longer of the critical path and the CPU floor."""
-    critical = shape.planner_s + shape.busiest_microbatches * per_microbatch_s + per_step_s
+    """``RuntimeOverhead``'s step: the longer of the critical path and the CPU floor, the profile's
+    compute scaled by ``compute_scale`` in both."""
+    critical = compute_scale * shape.planner_s + shape.busiest_microbatches * per_microbatch_s + per_step_s
     cpu = compute_scale * shape.compute_s + shape.stage_microbatches * per_microbatch_s + shape.workers * per_worker_s
     return max(critical, cpu / cores)
 

@@ -16,8 +16,9 @@
 #
 # Throughput against failure frequency, throughput over spot-instance traces, where the node time
 # goes, and Oobleck's speedups with their bands over the constants nobody measured on the modelled
-# hardware, for Oobleck, Varuna and Bamboo, from the outputs of `python -m oobleck.simulate`
-# (`experiment=paper_failure_frequency`, `experiment=paper_spot`, on one testbed). Point
+# hardware, for Oobleck, Varuna, Bamboo, torchft and ReCycle, from the outputs of
+# `python -m oobleck.simulate` (`experiment=paper_failure_frequency`, `experiment=paper_spot`, on
+# one testbed). Point
 # `sim_dirs` at those run dirs; with none, the notebook runs the simulation given by `simulate`.
 
 # %% tags=["parameters"]

@@ -21,6 +21,7 @@ from oobleck.strategy import StrategyConfig
 TORCHFT_VERSION = "0.2.0"
 MB = 1e6  # as oobleck.planning.inputs.GB = 1e9
 LOG_LEVELS = ("error", "warn", "info", "debug")
+DEPLOYMENTS = ("harness", "torchft")
 
 
 def require_torchft(log_level: str = "warn") -> Any:
@@ -52,7 +53,15 @@ class TorchftConfig(StrategyConfig):
     # trains its own fixed shard of the step's batch; false: the quorum first, then the batch is
     # split over its members (every committed update trains the whole batch).
     async_quorum: bool = True
-    nodes_per_replica: int = 1  # nodes of one replica group (a pipeline of that many stages)
+    # Nodes of one replica group (a pipeline of that many stages), "min": the planner's fewest
+    # nodes that hold the model (n0), or "fastest": the template size whose groups train the most
+    # samples per second; resolved by the policy (the simulator only: the worker reads a number,
+    # so a real run is refused with the size named).
+    nodes_per_replica: Any = 1
+    # harness: what the harness's runtime runs (equal fixed shards; joiners of multi-node groups
+    # stand by). torchft: what torchft's own deployment does, for the simulator only (see
+    # conf/strategy/torchft.yaml and baselines.torchft.policy).
+    deployment: str = "harness"
     min_replicas: int = 1  # lighthouse min_replicas and Manager min_replica_size
     join_timeout_ms: int = 10000
     quorum_tick_ms: int = 100

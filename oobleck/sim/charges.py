@@ -12,7 +12,13 @@ engine's time advance):
   on the new plan (``oobleck.recovery_costs.restart_cost``: process start, process groups growing
   with the nodes, building the model state, reading the checkpoint when there is one to read) and
   the warm-up;
-- ``continue`` and ``stop`` cost nothing here (a stop's loss is the engine's rollback).
+- ``continue``: nothing when only idle nodes came or went; when a strategy's own workers absorb a
+  change (torchft's replicas), what they do by themselves, read from the layouts before and
+  after: a working node lost is detected first (the survivors' quorum waits out the detection
+  timeout), nodes that start working heal from a live peer (the layout's largest per-node state
+  over one link: the peer sends it while its step waits for the quorum), and the new quorum's
+  process groups take the first step's warm-up;
+- ``stop`` costs nothing here (a stop's loss is the engine's rollback).
 
 ``CostCache`` keeps the per-plan parts (checkpoint, restart, copies) of one strategy's cost
 constants: plans are frozen, so a plan object always costs the same under the same constants;
@@ -97,6 +103,17 @@ class CostCache:
         """Seconds to read the checkpoint back onto ``layout``."""
         return self.restart(strategy, layout).load_s
 
+    def heal(self, strategy: Strategy, layout: Layout) -> float:
+        """Seconds for a node that starts working in place to receive its layers' state from a live
+        holder: the plan's largest per-node state (``moved_bytes_per_param``) over one link (every
+        group of a torchft layout is the same template, so a new group's nodes hold no more)."""
+        ctx, costs = strategy.context, strategy.config.costs
+        per_param = costs.moved_bytes_per_param
+        held = self.geometry.get(
+            layout.plan, "held", per_param, partial(held_bytes_per_node, layout.plan, ctx.profile, per_param)
+        )
+        return max(held, default=0.0) / ctx.cluster.inter_node_bandwidth
+
     def copy(self, strategy: Strategy, decision: Decision) -> float:
         """Seconds of a reconfiguration's layer copies (``layer_transfer_s``)."""
         hit = self._copies.get(id(decision.transfers))
@@ -167,13 +184,27 @@ def _nothing(decision: Decision, charge: Charge) -> Parts:
     return ()
 
 
+def _continue(decision: Decision, charge: Charge) -> Parts:
+    previous = charge.previous
+    layout = decision.layout if decision.layout is not None else previous
+    if previous is None or layout is None:
+        return ()
+    before, after = set(previous.nodes), set(layout.nodes)
+    if before == after:
+        return ()  # the same nodes work: idle nodes came or went
+    costs = charge.strategy.config.costs
+    detect = (("detect", costs.detect_s),) if charge.failure and before - after else ()
+    heal = charge.cache.heal(charge.strategy, layout) if after - before else 0.0
+    return (*detect, ("state_copy", heal), ("warmup", costs.warmup_s))
+
+
 CHARGES: dict[Kind, Callable[[Decision, Charge], Parts]] = {
     Kind.RECONFIGURE: _in_place,
     Kind.FAILOVER: _in_place,
     Kind.REROUTE: _reroute,
     Kind.RESTART: _fresh_workers,
     Kind.START: _fresh_workers,
-    Kind.CONTINUE: _nothing,
+    Kind.CONTINUE: _continue,
     Kind.STOP: _nothing,
 }
 

@@ -12,7 +12,8 @@ starts only once its nodes exist. The start itself is charged like a restart wit
 checkpoint to read: every strategy pays for its start.
 
 At a change the strategy decides (``Strategy.on_change``, the same decision the real runtime
-executes) and ``oobleck.sim.charges.decision_downtime`` charges it by its kind. A change that took
+executes) and ``oobleck.sim.charges.decision_downtime`` charges it by its kind (a ``continue`` that
+lost a working node or put new nodes to work, torchft's, is a recovery in place). A change that took
 a working node abandons the iteration in flight; one that did not (a join, a standby lost) is
 carried out at the next step boundary: the iteration in flight completes first (a planned
 checkpoint is taken there too). A restart, or a stop (the job dies: nothing fits, or there is
@@ -25,10 +26,11 @@ cluster runs again only when both the old and the new recovery are done (a secon
 starts its full restart time over; training never continues during a restart).
 
 Accounting is in node-seconds of alive nodes, split into useful work, redundant work (Bamboo),
-checkpointing, restart (which includes the start), reconfiguration (incl. failover and re-route), lost work
-and idle nodes; the parts sum to the alive node-seconds (a tested invariant). Throughput counts
-samples of iterations that were never rolled back; ``kept_samples`` counts those done before the
-last membership change that survived it (0 after a start: the strategy kept no durable progress).
+checkpointing, restart (which includes the start), reconfiguration (incl. failover, re-route and
+a continue that recovers in place), lost work and idle nodes; the parts sum to the alive
+node-seconds (a tested invariant). Throughput counts samples of iterations that were never rolled
+back; ``kept_samples`` counts those done before the last membership change that survived it (0
+after a start: the strategy kept no durable progress).
 Running segments carry ``durable``: False for the stretches whose work was later rolled back (or
 abandoned in flight), so a timeline can draw durable progress and discarded work apart.
 """
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from oobleck.faults.trace import Trace, TraceChange
@@ -52,11 +54,13 @@ EVENT_KIND = {
     Kind.REROUTE: "reroute",
     Kind.RESTART: "restart",
     Kind.STOP: "stop",
+    Kind.CONTINUE: "continue",
 }
 # Event kinds that charge downtime (each has ``downtime_s``).
-DOWNTIME_EVENTS = ("start", "reconfiguration", "failover", "reroute", "restart")
+DOWNTIME_EVENTS = ("start", "reconfiguration", "failover", "reroute", "restart", "continue")
 # What a strategy can do about a failure that took a working node (recorded with failure=True).
-REACTIONS = ("reconfiguration", "failover", "reroute", "restart", "stop", "oom")
+# "continue": the strategy's own workers carried on without the lost node (torchft's replicas).
+REACTIONS = ("reconfiguration", "failover", "reroute", "restart", "continue", "stop", "oom")
 
 
 BREAKDOWN = ("useful", "redundant", "checkpoint", "restart", "reconfiguration", "lost", "idle")
@@ -221,6 +225,8 @@ class Simulator:
         self.kept_samples: float | None = None  # at the last membership change
         self.rolled_back: list[tuple[float, float]] = []  # spans whose work was thrown away
         self.first_layout: Layout | None = None  # the layout the job first ran
+        self.opened_s: float | None = None  # when the first nodes existed (the first chance to start)
+        self.first_start_s: float | None = None  # when a layout first started
 
     # ----- output rows -----------------------------------------------------------------------
     def _event(self, time_s: float, kind: str, count: int = 1, **fields: Any) -> None:
@@ -445,10 +451,17 @@ class Simulator:
         step boundary with ``at_boundary``, else ``time_s``)."""
         run, ns = self.run, self.run.node_seconds
         lost_samples = 0.0
-        if decision.kind is Kind.CONTINUE:
-            run.layout = decision.layout if decision.layout is not None else run.layout
-            return time_s
         old = run.layout
+        if decision.kind is Kind.CONTINUE:
+            new = decision.layout if decision.layout is not None else old
+            assert old is not None and new is not None  # on_change is asked only while a layout runs
+            if not (set(old.nodes) - self.alive or set(new.nodes) - set(old.nodes)):
+                run.layout = new  # idle nodes came or went: nothing changes for the workers
+                return time_s
+            # The strategy's workers absorb the change themselves (torchft): a working node lost
+            # fails the step in flight (its vote does not commit), nodes that start working heal
+            # first; both are charged (oobleck.sim.charges) as a recovery in place.
+            decision = replace(decision, layout=new)
         if at_boundary and decision.kind is not Kind.STOP:
             # Nothing was lost: the iteration in flight (or the checkpoint pause) completes first.
             delay = self._to_step_boundary(time_s)
@@ -544,6 +557,8 @@ class Simulator:
             decision = Decision(Kind.START, decision.layout, rollback_to_step=rollback, reason=decision.reason)
         run.started = run.started or decision.layout is not None
         self.first_layout = self.first_layout or decision.layout
+        if self.first_start_s is None and decision.layout is not None:
+            self.first_start_s = now
         if not restarting and not self.charge_start and decision.layout is not None:
             run.layout = decision.layout  # already running when the window opens (validation)
             return True
@@ -555,7 +570,7 @@ class Simulator:
         if first.time_s > self.start_s:
             self._advance(self.start_s, min(first.time_s, self.end_s))  # nodes being created
         self.alive = {self._arrive(n) for n in first.added}
-        now = first.time_s
+        now = self.opened_s = first.time_s
         self._start(now, cause="start")
         waiting: list[int] = []  # joined nodes whose change is carried out with the next one
         for index, change in enumerate(rest):
@@ -636,6 +651,7 @@ class Simulator:
             "failover",
             "reroute",
             "restart",
+            "continue",
             "checkpoint",
             "stop",
             "oom",
@@ -646,7 +662,11 @@ class Simulator:
         for key in BREAKDOWN:
             summary[f"{key}_node_s"] = ns[key]
             summary[f"{key}_fraction"] = ns[key] / total if total > 0 else 0.0
-        summary["oom"] = self.counts.get("oom", 0) > 0
+        # Out of memory only when it never ran: a strategy that could not lay the model out on the
+        # first nodes and started once more joined (ReCycle needs two pipelines) started late.
+        summary["oom"] = self.counts.get("oom", 0) > 0 and not run.started
+        opened = self.opened_s if self.opened_s is not None else self.start_s
+        summary["start_delay_s"] = self.first_start_s - opened if self.first_start_s is not None else math.nan
         summary.update(self._recovery_cycle())
         return summary
 

@@ -145,8 +145,14 @@ def speedup_ranges(summary: pd.DataFrame, band: pd.DataFrame | None = None) -> p
                 "ratio_max": float(ratios.max()) if not ratios.empty else math.nan,
                 "ratio_starts": len(ratios),
                 "oobleck_throughput_median": float(ours["throughput"].median()),
+                # Oobleck never ran either: no strategy laid the model out (a row of its own in a figure).
+                "oobleck_oom": bool(ours["oom"].all()) if "oom" in ours else False,
                 "baseline_throughput_median": float(theirs["throughput"].median()),
                 "baseline_oom": bool(theirs["oom"].any()),
+                # Started only once more nodes joined (not out of memory): the longest such wait.
+                "baseline_start_delay_s_max": float(theirs["start_delay_s"].max())
+                if "start_delay_s" in theirs
+                else math.nan,
                 "baseline_no_durable_progress_starts": int(theirs["no_durable_progress"].sum()),
                 "oobleck_no_durable_progress_starts": int(ours["no_durable_progress"].sum()),
                 "note": ", ".join(notes),

@@ -10,8 +10,11 @@ import pandas as pd
 import pytest
 
 from analysis.figures import (
+    NO_LAYOUT,
     effective_time_breakdown_figure,
+    no_layout_cells,
     ratio_bands_figure,
+    ratio_ticks,
     throughput_over_time_figure,
     throughput_vs_frequency_figure,
     write_figures,
@@ -198,6 +201,49 @@ def test_bands_and_cliffs_are_printed_and_drawn_with_what_they_mean():
     oom = ratios.iloc[:1].assign(baseline="bamboo", note="OOM", ratio_median=math.nan, ratio_low=math.nan)
     fig = ratio_bands_figure(pd.concat([ratios, oom], ignore_index=True))
     assert " OOM" in [t.get_text() for t in fig.axes[1].texts]
+
+
+def test_every_ratio_panel_has_readable_ticks_and_a_model_nothing_lays_out_has_its_row():
+    # A narrow range (Bamboo's 1-1.07x) gets round, evenly spaced ticks, not the 1x tick alone.
+    narrow = ratio_ticks(0.98, 1.1)
+    assert len(narrow) >= 3 and all(0.98 <= t <= 1.1 for t in narrow) and 1.0 in narrow
+    assert ratio_ticks(0.5, 500) == [1.0, 10.0, 100.0]  # decades over a wide one
+    assert ratio_ticks(0.8, 12) == [1.0, 2.0, 5.0, 10.0]
+
+    def row(model, baseline, median, low, high, note="", oobleck_oom=False):
+        return {
+            "model": model,
+            "trace": "synthetic/llama3_rate_1024x8_7d",
+            "baseline": baseline,
+            "ratio_median": median,
+            "ratio_min": low,
+            "ratio_max": high,
+            "note": note,
+            "oobleck_oom": oobleck_oom,
+        }
+
+    nan = math.nan
+    ratios = pd.DataFrame(
+        [
+            row("gpt_70b", "varuna", 4.0, 2.0, 9.0),
+            row("gpt_70b", "bamboo", 1.03, 1.0, 1.07),
+            row("gpt_405b", "varuna", nan, nan, nan, "OOM", True),
+            row("gpt_405b", "bamboo", nan, nan, nan, "OOM", True),
+        ]
+    )
+    assert no_layout_cells(ratios) == {("gpt_405b", "synthetic/llama3_rate_1024x8_7d")}
+    fig = ratio_bands_figure(ratios)
+    trace = trace_label("synthetic/llama3_rate_1024x8_7d", short=True)
+    rows = [f"{model_label(m)}, {trace}" for m in ("gpt_70b", "gpt_405b")]
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == rows  # the panels share the rows
+    for ax in fig.axes:
+        low, high = ax.get_xlim()
+        assert len([t for t in ax.get_xticks() if low <= t <= high]) >= 3, ax.get_title()
+        assert [t.get_text() for t in ax.texts] == [f" {NO_LAYOUT}"]
+    # A model Oobleck fits but a baseline does not: that panel says why, the row is no "no layout".
+    fits = ratios.assign(oobleck_oom=False)
+    assert no_layout_cells(fits) == set()
+    assert [t.get_text() for t in ratio_bands_figure(fits).axes[1].texts] == [" OOM"]
 
 
 def test_every_figure_says_what_its_marks_are():

@@ -68,7 +68,13 @@ def test_paper_figures_notebook_on_a_short_simulation(tmp_path: Path):
         assert (out / f"{stem}.png").stat().st_size > 10_000 and (out / f"{stem}.pdf").is_file()
     table = (out / "paper_table.md").read_text()
     assert "| GPT-2 small | 10m |" in table and "inf" not in table and "{" in table  # ratios with their bands
-    assert set(pd.read_csv(out / "effective_time.csv")["strategy"]) == {"Oobleck", "Varuna", "Bamboo", "ReCycle"}
+    assert set(pd.read_csv(out / "effective_time.csv")["strategy"]) == {
+        "Oobleck",
+        "Varuna",
+        "Bamboo",
+        "torchft",
+        "ReCycle",
+    }
     assert "ReCycle / Oobleck (claimed: up to 1.46x)" in table
 
 

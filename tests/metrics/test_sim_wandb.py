@@ -48,7 +48,7 @@ def simulated(tmp_path_factory):
 
 def test_one_run_per_strategy_grouped_by_experiment(simulated):
     run_dir, trace, runs = simulated
-    assert sorted(runs) == ["bamboo", "figures", "oobleck", "recycle", "varuna"]
+    assert sorted(runs) == ["bamboo", "figures", "oobleck", "recycle", "torchft", "varuna"]
     summary = pd.read_csv(run_dir / "sim_summary.csv").set_index("strategy")
     for strategy in ("oobleck", "varuna", "bamboo", "recycle"):
         run = runs[strategy]

@@ -53,33 +53,34 @@ def test_cli_simulates_every_strategy_on_a_short_trace(tmp_path: Path):
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "run"
     summary = pd.read_csv(run / "sim_summary.csv")
-    strategies = ["bamboo", "oobleck", "recycle", "varuna"]  # ReCycle beside the paper's three
+    strategies = ["bamboo", "oobleck", "recycle", "torchft", "varuna"]  # torchft and ReCycle beside the paper's three
     assert sorted(summary["strategy"]) == sorted(strategies * 2)
     assert sorted(set(summary["start"])) == [0, 1] and sorted(set(summary["start_offset_s"])) == [0.0, 300.0]
     assert (summary["duration_s"] == 5400).all() and (summary["throughput"] > 0).all()
     assert "inf" not in (run / "sim_summary.csv").read_text()
     ratios = pd.read_csv(run / "sim_ratios.csv")
-    assert sorted(ratios["baseline"]) == ["bamboo", "recycle", "varuna"] and (ratios["starts"] == 2).all()
+    assert sorted(ratios["baseline"]) == ["bamboo", "recycle", "torchft", "varuna"] and (ratios["starts"] == 2).all()
     assert (ratios["ratio_min"] <= ratios["ratio_median"]).all() and (
         ratios["ratio_median"] <= ratios["ratio_max"]
     ).all()
     events = pd.read_csv(run / "sim_events.csv")
     failures = events[events["kind"] == "failure"].groupby(["strategy", "start"]).size()
-    assert (failures == 2).all() and len(failures) == 8
+    assert (failures == 2).all() and len(failures) == 10
     assert set(events[events["kind"] == "start"]["time_s"]) == {45.0}  # paper_spot: 45 s to create the nodes
     assert {"reconfiguration"} <= set(events[events["strategy"] == "oobleck"]["kind"])
     assert {"reroute"} <= set(events[events["strategy"] == "recycle"]["kind"])
+    assert {"continue"} <= set(events[events["strategy"] == "torchft"]["kind"])
     metrics = pd.read_csv(run / "sim_metrics.csv")
     assert {"t_start_s", "t_end_s", "phase", "samples_per_s", "nodes_alive"} <= set(metrics.columns)
     payload = json.loads((run / "summary.json").read_text())
-    assert payload["experiment"] == "paper_spot" and len(payload["runs"]) == 8 and len(payload["ratios"]) == 3
+    assert payload["experiment"] == "paper_spot" and len(payload["runs"]) == 10 and len(payload["ratios"]) == 4
     for figure in ("throughput_over_time.png", "effective_time_breakdown.png"):
         assert (run / figure).stat().st_size > 10_000
-    assert "oobleck/varuna" in done.stdout and "oobleck/recycle" in done.stdout
+    assert "oobleck/varuna" in done.stdout and "oobleck/recycle" in done.stdout and "oobleck/torchft" in done.stdout
     # The band over the uncertain constants (conf/testbed/a100_analytic.yaml): 1 nominal + 3 grid
     # points x 1 sample, every start and strategy; the printed ratios carry it in braces.
     band, samples = pd.read_csv(run / "sim_band.csv"), pd.read_csv(run / "sim_samples.csv")
-    assert len(samples) == 4 and len(band) == 4 * 2 * 4 and set(band["testbed"]) == {"a100_analytic"}
+    assert len(samples) == 4 and len(band) == 4 * 2 * 5 and set(band["testbed"]) == {"a100_analytic"}
     assert {"achieved_flop_fraction", "storage_aggregate", "process_start"} <= set(samples.columns)
     assert (ratios["ratio_low"] <= ratios["ratio_min"]).all() and (ratios["band_points"] == 4 * 2).all()
     assert "{" in done.stdout and "the band over the uncertain constants" in done.stdout

@@ -3,6 +3,9 @@ state copy), its layouts timed from the runtime's own operation lists, its decis
 
 from __future__ import annotations
 
+import math
+
+import pandas as pd
 import pytest
 from simhelpers import make_context, make_strategy
 
@@ -151,3 +154,29 @@ def test_the_intact_makespan_is_costed_once_per_split_and_pipeline_count_and_cha
         assert strategy.rerouted_extra_s(state) == pytest.approx(_uncached_extra_s(context, state), rel=1e-12)
         assert strategy.rerouted_extra_s(state) > 0.0
     assert len(strategy._intact_makespan) == 3
+
+
+def test_a_strategy_that_started_once_nodes_joined_is_not_out_of_memory():
+    """ReCycle needs two pipelines: on 3 nodes of n0 = 2 it cannot lay the model out (an out-of-
+    memory stop), and starts when a fourth node joins. It started late; it is not OOM, and its
+    ratio is a number."""
+    from oobleck.sim.ratios import add_speedups, speedup_ranges
+
+    context = make_context(memory_gb=2.0, nodes=4)
+    trace = parse_trace("0,add,n0\n0,add,n1\n0,add,n2\n120000,add,n3\n4000000,remove,n1\n", origin="late.csv")
+    first = make_strategy(context, "recycle").start([0, 1, 2])
+    assert first.kind is Kind.STOP and first.out_of_memory
+    late = simulate(make_strategy(context, "recycle"), trace, labels={"model": "m"})
+    s = late.summary
+    assert s["ran"] and not s["oom"] and s["n_oom"] == 1 and s["start_delay_s"] == pytest.approx(120.0)
+    ours = simulate(make_strategy(context, "oobleck"), trace, labels={"model": "m"}).summary
+    assert ours["start_delay_s"] == pytest.approx(120.0)  # f = 1 needs 4 nodes too (not a memory stop)
+    summary = add_speedups(pd.DataFrame([ours, s]))
+    ratio = speedup_ranges(summary).set_index("baseline").loc["recycle"]
+    assert ratio["note"] == "" and ratio["ratio_median"] > 0 and not ratio["baseline_oom"]
+    assert ratio["baseline_start_delay_s_max"] == pytest.approx(120.0)
+    never = simulate(
+        make_strategy(context, "recycle"),
+        parse_trace("0,add,n0\n0,add,n1\n9000,remove,n1\n", origin="x.csv"),
+    )
+    assert never.summary["oom"] and not never.summary["ran"] and math.isnan(never.summary["start_delay_s"])

@@ -135,8 +135,8 @@ def test_a_short_experiment_reports_bands_around_its_nominal_ratios(make_config)
         "sim.duration_h=1.5",
     )
     result = run_experiment(cfg)
-    strategies = len(cfg.sim.strategies)  # Oobleck, Varuna, Bamboo and ReCycle
-    assert strategies == 4 and len(result.band) == (1 + 3 * 2) * 2 * strategies  # samples x starts x strategies
+    strategies = len(cfg.sim.strategies)  # Oobleck, Varuna, Bamboo, torchft and ReCycle
+    assert strategies == 5 and len(result.band) == (1 + 3 * 2) * 2 * strategies  # samples x starts x strategies
     assert len(result.summary) == 2 * strategies and set(result.samples["sample"]) == set(range(7))
     nominal = result.band[result.band["sample"] == 0].set_index(["start", "strategy"])["throughput"]
     assert nominal.to_dict() == result.summary.set_index(["start", "strategy"])["throughput"].to_dict()

@@ -182,7 +182,7 @@ def test_runtime_overhead_model_and_fit(tmp_path: Path):
 
     # The step is the longer of the critical path and the CPU every worker needs over the cores.
     shape = StepShape(planner_s=0.02, busiest_microbatches=4, stage_microbatches=10, workers=5, compute_s=0.1)
-    critical = 0.02 + 4 * 0.002 + 0.01
+    critical = 1.5 * 0.02 + 4 * 0.002 + 0.01  # the planner's compute slowed by the same scale as the CPU's
     cpu = 1.5 * 0.1 + 10 * 0.002 + 5 * 0.004
     assert step_model(shape, 1000, 0.002, 0.01, 0.004, 1.5) == pytest.approx(critical)  # cores to spare
     assert step_model(shape, 2, 0.002, 0.01, 0.004, 1.5) == pytest.approx(cpu / 2)  # 5 busy workers on 2 cores
@@ -190,6 +190,17 @@ def test_runtime_overhead_model_and_fit(tmp_path: Path):
     # per-worker seconds, not a uniform workers / cores slow-down of the whole step.
     wider = StepShape(planner_s=0.02, busiest_microbatches=4, stage_microbatches=10, workers=6, compute_s=0.1)
     assert step_model(wider, 2, 0.002, 0.01, 0.004, 1.5) == pytest.approx((cpu + 0.004) / 2)
+    # A re-route (ReCycle) or failover lengthens the critical path, not the CPU work: on a loaded host
+    # (compute scale 3.55, two cores) the re-routed step is predicted slower, as it was measured,
+    # where the profile's unscaled critical path hid below the CPU floor.
+    intact = StepShape(planner_s=0.15, busiest_microbatches=8, stage_microbatches=48, workers=6, compute_s=0.5)
+    rerouted = StepShape(planner_s=0.3, busiest_microbatches=16, stage_microbatches=48, workers=5, compute_s=0.5)
+    loaded = (0.0022, 0.106, 0.0, 3.55)
+    floor = (3.55 * 0.5 + 48 * 0.0022) / 2
+    assert step_model(intact, 2, *loaded) == pytest.approx(floor)
+    assert step_model(rerouted, 2, *loaded) == pytest.approx(3.55 * 0.3 + 16 * 0.0022 + 0.106)
+    assert step_model(rerouted, 2, *loaded) > 1.25 * step_model(intact, 2, *loaded)
+    assert 0.3 + 16 * 0.0022 + 0.106 < floor  # unscaled, the re-routed step read as the intact one
 
     # The fit recovers the terms from layouts that tell them apart: some bound by their critical
     # path (one long pipeline), some by the CPU (many workers), with different microbatch counts.
