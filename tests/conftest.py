@@ -78,12 +78,13 @@ def shared_fork_server(request):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    # Multi-process tests (marked slow) wait on their processes' timing: with ``-n 2 --dist
-    # loadgroup`` they run one at a time on one xdist worker, while the other worker runs the
-    # single-process tests, which fill the time the multi-process ones spend waiting.
+    # With ``-n 2 --dist loadgroup`` (the README's test command) every module is one xdist group,
+    # so its module-scoped runs happen once, on one worker; modules that share something beyond
+    # their own processes name a group themselves (``pytest.mark.xdist_group``, e.g. the tests
+    # that give local nodes addresses of their own) and run one after another on one worker.
     # tryfirst: xdist turns the group mark into the item's node id in its own hook of this name,
     # which pytest would otherwise call before this one (a conftest registers before xdist's
     # worker plugin), and the groups would silently not exist.
     for item in items:
-        if item.get_closest_marker("slow") is not None:
-            item.add_marker(pytest.mark.xdist_group("processes"))
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

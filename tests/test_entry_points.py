@@ -19,7 +19,7 @@ import pytest
 from oobleck.cli import Interrupted, console_log
 from oobleck.config import compose_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 BIN = Path(sys.executable).parent
 TIMEOUT_S = 240  # hang guards for the subprocesses; no test relies on them

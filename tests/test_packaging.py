@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300  # a hang guard for pip and the planner; no test relies on it

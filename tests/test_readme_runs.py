@@ -27,7 +27,7 @@ import pytest
 from oobleck.elastic.local import run_processes
 from testing.readme import REPO, SCRIPT, Command, readme_commands, with_overrides
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 COMMANDS = readme_commands()
 ADDED = ("logger.progress_bar=false", "logger.wandb.mode=disabled")

@@ -11,7 +11,7 @@ import pytest
 from analysis.notebooks import HERE, build, execute, names, notebook_path
 from oobleck.errors import ConfigError, RunError
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 CELL_S = 300.0  # per-cell hang guard of the kernel, not a speed target
 TRACE = [f"0,add,n{i}" for i in range(8)] + ["1800000,remove,n2", "2400000,remove,n5", "3000000,add,n9"]

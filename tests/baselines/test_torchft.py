@@ -29,7 +29,7 @@ from oobleck.errors import ConfigError, RunError
 from oobleck.strategy import Kind, RunState
 from testing import assert_matches_reference, cached_reference, tiny_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 # Both runs' lengths only give the joiner (node 4, asked for at step 5) time to boot and heal
 # before the run ends: forked from a fork server that has imported torch (tests/conftest.py

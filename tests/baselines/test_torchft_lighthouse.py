@@ -21,7 +21,7 @@ from oobleck.runtime import keys
 from testing import tiny_config
 from testing.firewall import DropRules, iptables_unusable
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 pytest.importorskip("torchft", reason="strategy=torchft needs pip install -e '.[peers]'")
 

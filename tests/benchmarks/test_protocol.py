@@ -21,7 +21,7 @@ import pytest
 
 from analysis.comparison import fault_type, host_warnings, protocol_summary, protocol_table, strategy_table
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 REPO = Path(__file__).resolve().parents[2]
 

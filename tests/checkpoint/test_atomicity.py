@@ -19,7 +19,7 @@ from ckpthelpers import WAIT_S, save
 from oobleck.checkpoint import latest_valid, list_checkpoints, prepare_step_dir, prune, verify
 from oobleck.checkpoint.durable import durable_write, is_temporary
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 CHILD = textwrap.dedent(
     """

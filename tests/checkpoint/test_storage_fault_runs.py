@@ -23,7 +23,7 @@ from oobleck.elastic.local import run_processes
 from oobleck.errors import ConfigError, RunError
 from testing import assert_matches_reference, tiny_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 STEPS = 12
 FILL_AFTER = 4  # the disk is full (or read-only) from the commit of this step on

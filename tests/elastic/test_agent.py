@@ -11,7 +11,7 @@ import pytest
 
 from oobleck.elastic.protocol import SECRET_ENV, Channel
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 
 def test_agent_does_not_import_torch():

@@ -17,7 +17,7 @@ from oobleck.elastic import agent_port
 from oobleck.elastic.agent_port import MAX_DROP_LINES, MAX_PENDING_HELLOS, AgentPort
 from testing import config_section
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 SECRET = "the run's secret"
 WAIT_S = 30.0  # hang guard

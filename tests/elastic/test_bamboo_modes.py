@@ -15,7 +15,7 @@ from oobleck.elastic.job import launch
 from oobleck.errors import ConfigError
 from testing import assert_matches_reference, cached_reference, tiny_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 
 def _config(mode: str):

@@ -27,7 +27,7 @@ from oobleck.config import compose_config
 from oobleck.elastic.local import run_processes
 from testing import cached_reference
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 40

@@ -16,7 +16,7 @@ from oobleck.strategy import Kind
 from testing import assert_matches_reference, tiny_config
 from testing.launchers import RecordingLauncher
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 REPO = Path(__file__).resolve().parents[2]
 

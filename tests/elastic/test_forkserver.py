@@ -18,7 +18,7 @@ import pytest
 from oobleck.elastic.forkserver import ForkedWorker, ForkServer
 from oobleck.elastic.local import node_processes, run_processes
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 PROGRAMS = Path(__file__).resolve().parent / "forkprogs"
 TIMEOUT_S = 60.0

@@ -13,7 +13,7 @@ from oobleck.elastic.slurm import SlurmLauncher
 from oobleck.errors import ConfigError, RunError
 from oobleck.launcher import Launcher, launcher_class
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 
 @pytest.mark.parametrize(("group", "cls"), [("cluster=local", LocalLauncher), ("cluster=slurm", SlurmLauncher)])

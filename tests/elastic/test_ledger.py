@@ -16,7 +16,7 @@ from oobleck.runtime import keys
 from oobleck.runtime.sealed_store import SealedStore
 from testing import tiny_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 SPACE = keys.KeySpace("run-secret")
 

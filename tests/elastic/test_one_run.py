@@ -20,7 +20,7 @@ from oobleck.elastic.job import launch
 from oobleck.errors import EXIT_REQUEUE, Stopped
 from testing import assert_matches_reference, tiny_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 STEPS = 14
 STOP_AFTER = 6  # the stop is asked for once this step committed; the checkpoint after it follows

@@ -13,7 +13,7 @@ from oobleck.elastic.job import launch, make_strategy
 from oobleck.strategy import Kind, RunState
 from testing import assert_matches_reference, tiny_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 TWO_NODES_PER_PIPELINE = {"cluster.device_memory_gb": 0.006}
 

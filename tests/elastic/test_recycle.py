@@ -22,7 +22,7 @@ from oobleck.errors import ConfigError, RunError
 from oobleck.runtime.plan_document import PlanDocument
 from testing import assert_matches_reference, tiny_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 
 def _config(events, steps: int = 6, **extra):

@@ -22,7 +22,7 @@ import pytest
 from oobleck.elastic.local import run_processes
 from testing.readme import readme_commands
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -15,7 +15,7 @@ from oobleck.elastic.job import launch
 from oobleck.errors import ConfigError, RunError
 from testing import assert_matches_reference, tiny_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 
 def _pids(outcome) -> dict[tuple[int, int], set[int]]:

@@ -19,7 +19,7 @@ from oobleck.errors import ConfigError
 from oobleck.strategy import Kind
 from testing import assert_matches_reference, tiny_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 HALF_THE_MODEL_FITS = {"cluster.device_memory_gb": 0.004}
 

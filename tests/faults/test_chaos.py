@@ -50,7 +50,7 @@ from oobleck.runtime.state import new_layer_state
 from oobleck.runtime.worker import resource_probe
 from testing import tcp_states, tiny_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 SEED = 18
 NODES = 12

@@ -13,7 +13,7 @@ import pytest
 from oobleck.elastic.job import launch
 from testing import assert_matches_reference, tiny_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 
 def test_removal_then_joins_end_bigger_and_exact(tmp_path):

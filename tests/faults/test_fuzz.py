@@ -40,7 +40,7 @@ from oobleck.runtime import keys
 from oobleck.runtime.comm import make_store
 from testing import assert_matches_reference, tcp_states, tiny_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 SEED = 18
 NODES = 3

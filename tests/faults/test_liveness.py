@@ -28,7 +28,7 @@ from oobleck.elastic.job import launch
 from oobleck.elastic.local import node_processes, run_processes
 from testing import assert_matches_reference, tcp_states, tiny_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 VICTIM = 1
 FREEZE_AT_STEP = 3

@@ -20,7 +20,7 @@ from oobleck.faults.kinds import FaultKind
 from oobleck.faults.schedule import FaultEvent, build_schedule
 from testing import assert_matches_reference, config_section, tiny_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 
 def failures(**fields):

@@ -33,7 +33,9 @@ from oobleck.elastic.local import node_processes
 from testing import assert_matches_reference, tiny_config, two_pipelines_of_two_nodes
 from testing.firewall import DropRules, iptables_unusable
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+# Slow: starts processes. One xdist group: both give local nodes addresses of their own (127.0.2.n),
+# which the partition test drops packets of.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("node_addresses")]
 
 BASE = "127.0.2.0"  # node n's workers on 127.0.2.n (tests/elastic/test_node_address.py uses 127.0.1.n)
 VICTIM = 3

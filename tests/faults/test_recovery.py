@@ -26,7 +26,7 @@ from testing import (
     two_pipelines_of_two_nodes,
 )
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 PHASE_EVENTS = [
     {"action": "remove", "step": 2, "nodes": [1], "phase": "forward"},

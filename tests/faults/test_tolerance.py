@@ -18,7 +18,7 @@ import pytest
 from oobleck.elastic.job import launch
 from testing import assert_matches_reference, tiny_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 EVENTS = [
     {"action": "remove", "step": 10, "nodes": [2]},

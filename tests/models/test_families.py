@@ -21,7 +21,7 @@ from oobleck.config import load_model_config, model_names
 from oobleck.errors import ConfigError
 from oobleck.models import FAMILIES, architecture, layer_name, loss_fn, model_spec
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 torch.set_num_threads(1)
 SEED = 1234

@@ -10,7 +10,7 @@ from oobleck.config import load_model_config
 from oobleck.elastic.job import launch
 from testing import assert_matches_reference, tiny_config, two_pipelines_of_two_nodes
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from oobleck.planning.inputs import ModelProfile
 from oobleck.planning.instantiate import MAX_MICROBATCHES, instantiate
 from oobleck.planning.synthetic import synthetic_profile
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from oobleck.planning.outputs import ExecutionPlan
 from oobleck.planning.synthetic import synthetic_profile
 from oobleck.planning.templates import TemplateSet
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240  # a hang guard for the subprocess; no test relies on it

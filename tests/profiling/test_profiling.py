@@ -26,7 +26,7 @@ from oobleck.profiling import (
     resolve_source,
 )
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 torch.set_num_threads(1)
 FAST = ["profile.warmup=1", "profile.repeats=2", "profile.allreduce_group_sizes=[]"]

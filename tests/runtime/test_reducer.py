@@ -21,7 +21,7 @@ from oobleck.models.spec import model_spec
 from oobleck.runtime.executor import StepContext, run_schedule, sync_gradients
 from testing import hand_plan, template, tiny_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 BUCKET_BYTES = 64 << 10  # gpt3_tiny's blocks are ~200 KB: several buckets per group
 

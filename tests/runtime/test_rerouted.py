@@ -22,7 +22,7 @@ from oobleck.elastic.job import launch
 from oobleck.planning.outputs import Reroute
 from testing import assert_matches_reference, cached_reference, hand_plan, template, tiny_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 
 @pytest.fixture(scope="module")

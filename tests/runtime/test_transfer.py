@@ -23,7 +23,7 @@ from oobleck.planning.outputs import LayerTransfer, ReconfigurationPlan
 from oobleck.runtime.transfer import PreparedLayers, incoming_layers, transfer_state
 from testing import hand_plan, template, tiny_config
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 COMMITTED = 3
 

@@ -22,7 +22,7 @@ from oobleck.elastic.local import run_processes
 from oobleck.errors import RunError
 from oobleck.sim.validate import calibrate_runs
 
-pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py groups these on one xdist worker)
+pytestmark = pytest.mark.slow  # starts processes
 
 REPO = Path(__file__).resolve().parents[2]
 
