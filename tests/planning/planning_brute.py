@@ -6,10 +6,24 @@ import itertools
 import math
 
 import numpy as np
+from hypothesis import strategies as st
 
 from oobleck.planning.outputs import StageSpec
 from oobleck.planning.pipeline_cost import pipeline_iteration_time, pipeline_time
 from oobleck.planning.templates import stage_memories_of, stage_seconds_of
+
+# The small planning problems the brute-force tests draw (hypothesis strategies, keyword
+# arguments of ``given``): layer count, GPUs per node, nodes, the synthetic profile's seed, device
+# memory (from unlimited to forcing several stages), a layer's output bytes and a stage's most GPUs.
+SMALL_PROBLEMS = {
+    "layers": st.integers(min_value=1, max_value=6),
+    "gpus": st.integers(min_value=1, max_value=3),
+    "nodes": st.integers(min_value=1, max_value=3),
+    "seed": st.integers(min_value=0, max_value=10_000),
+    "memory": st.sampled_from([1e13, 0.5e9, 1e9, 1.6e9]),
+    "output_bytes": st.sampled_from([0, 4_000_000, 400_000_000]),
+    "max_gpus": st.sampled_from([None, 1, 2]),
+}
 
 
 def compositions(total: int, max_part: int):

@@ -14,7 +14,7 @@ import random
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from planning_brute import all_layouts
+from planning_brute import SMALL_PROBLEMS, all_layouts
 from test_identical_layer_runs import runs_profile
 
 import oobleck.planning.templates as templates_module
@@ -33,16 +33,7 @@ from testing.plans import cluster
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    layers=st.integers(min_value=1, max_value=6),
-    gpus=st.integers(min_value=1, max_value=3),
-    nodes=st.integers(min_value=1, max_value=3),
-    seed=st.integers(min_value=0, max_value=10_000),
-    memory=st.sampled_from([1e13, 0.5e9, 1e9, 1.6e9]),
-    output_bytes=st.sampled_from([0, 4_000_000, 400_000_000]),
-    max_gpus=st.sampled_from([None, 1, 2]),
-    identical=st.booleans(),
-)
+@given(**SMALL_PROBLEMS, identical=st.booleans())
 def test_capped_bottleneck_matches_brute_force(layers, gpus, nodes, seed, memory, output_bytes, max_gpus, identical):
     profile = synthetic_profile(layers, seed=seed, jitter=0.0 if identical else 0.6, output_bytes=output_bytes)
     spec = cluster(nodes, gpus, memory)

@@ -7,7 +7,7 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from planning_brute import brute_force_template
+from planning_brute import SMALL_PROBLEMS, brute_force_template
 
 from oobleck.errors import PlanningError, ProfileError
 from oobleck.planning.inputs import LayerProfile, ModelProfile
@@ -31,16 +31,7 @@ def _assert_valid_layout(template, num_layers, gpus):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    layers=st.integers(min_value=1, max_value=6),
-    gpus=st.integers(min_value=1, max_value=3),
-    nodes=st.integers(min_value=1, max_value=3),
-    seed=st.integers(min_value=0, max_value=10_000),
-    memory=st.sampled_from([1e13, 0.5e9, 1e9, 1.6e9]),
-    r=st.sampled_from([1, 2, 4]),
-    output_bytes=st.sampled_from([0, 4_000_000, 400_000_000]),
-    max_gpus=st.sampled_from([None, 1, 2]),
-)
+@given(**SMALL_PROBLEMS, r=st.sampled_from([1, 2, 4]))
 def test_templates_match_brute_force(layers, gpus, nodes, seed, memory, r, output_bytes, max_gpus):
     profile = synthetic_profile(layers, seed=seed, jitter=0.6, output_bytes=output_bytes)
     spec = cluster(nodes, gpus, memory)
