@@ -68,6 +68,7 @@ class Settings:
     profile_warmup: int
     profile_repeats: int
     restart_probes: int
+    cpu_restart_probes: int  # the rehearsal checks that a probe runs, not the spread of several
     restart_model: tuple[str, tuple[tuple[str, int], ...]]
     cpu_restart_model: tuple[str, tuple[tuple[str, int], ...]]
     first_step_model: str
@@ -110,6 +111,7 @@ QUICK = Settings(
     profile_warmup=1,
     profile_repeats=3,
     restart_probes=2,
+    cpu_restart_probes=1,
     restart_model=("gpt3_medium", ()),
     cpu_restart_model=("gpt3_tiny", (("n_embd", 256), ("n_layer", 2))),
     first_step_model="gpt3_medium",
@@ -151,6 +153,7 @@ FULL = replace(  # longer and repeated measurements where a run is not squeezed 
     profile_warmup=2,
     profile_repeats=5,
     restart_probes=3,
+    cpu_restart_probes=3,
     spin_s=0.5,
     issue_wait_s=2.0,
     experiment_wait_s=10.0,

@@ -72,7 +72,8 @@ def unit_restart(s: Settings, context: dict[str, Any]) -> dict[str, Any]:
             "host_copy_mib": s.host_copy_mib,
         }
         (Path(tmp) / "plan.json").write_text(json.dumps(plan))
-        for probe in range(s.restart_probes):
+        probes_wanted = s.restart_probes if device == "cuda" else s.cpu_restart_probes
+        for probe in range(probes_wanted):
             evict(step_dir)
             out = Path(tmp) / f"probe{probe}.json"
             command = [sys.executable, str(PROBE), "--device", device, "--plan", f"{tmp}/plan.json", "--out", str(out)]
@@ -81,7 +82,7 @@ def unit_restart(s: Settings, context: dict[str, Any]) -> dict[str, Any]:
                 [*command, "--spawned-at", repr(spawned)],
                 capture_output=True,
                 text=True,
-                timeout=s.timeout("restart") / (s.restart_probes + 1),
+                timeout=s.timeout("restart") / (probes_wanted + 1),
             )
             if done.returncode != 0 or not out.exists():
                 logs.append(tail(done.stderr))

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -96,9 +97,12 @@ class Controller:
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         fork_server: Any = None,
         earlier: Outcome | None = None,
+        store_listener: socket.socket | None = None,
     ) -> None:
         """``resume``: the checkpoint to resume from (``oobleck.checkpoint.Checkpoint``); ``earlier``:
-        what the run's earlier attempts did (``oobleck.elastic.accounting.earlier_attempts``)."""
+        what the run's earlier attempts did (``oobleck.elastic.accounting.earlier_attempts``);
+        ``store_listener``: the store's socket, bound before the run started anything
+        (``store_host.bind_listener``), or None to bind it when the run starts."""
         self.cfg = cfg
         self.failure_settle_s = float(cfg.cluster.failure_settle_s)
         self.config_dict = config_dict
@@ -109,6 +113,7 @@ class Controller:
         self.schedule = schedule
         self.resume = resume  # the checkpoint to resume from (oobleck.checkpoint.Checkpoint)
         self.run_id = run_id or new_run_id()
+        self.store_listener = store_listener
         self.fork_server = fork_server  # forks the local workers (Launcher.forks_workers); None: exec them
         self.secret = new_secret()
         self.space = keys.KeySpace(self.secret)
@@ -215,7 +220,7 @@ class Controller:
     def _start(self) -> None:
         """Host the store, build the parts and the observers, start the services and every node."""
         cfg = self.cfg
-        self.store_host = host = StoreHost(cfg.cluster)
+        self.store_host = host = StoreHost(cfg.cluster, self.store_listener)
         self.store = store = SealedStore(host.store, self.space)
         store.set(keys.CONFIG, json.dumps(self.config_dict))
         self.ledger = ledger = StepLedger(

@@ -19,6 +19,7 @@ import io
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -33,6 +34,7 @@ from oobleck.elastic.controller import Controller
 from oobleck.elastic.forkserver import ForkServer, fork_server_for
 from oobleck.elastic.ledger import Outcome
 from oobleck.elastic.protocol import new_run_id
+from oobleck.elastic.store_host import bind_listener
 from oobleck.errors import RunError, unwritable_message
 from oobleck.faults.schedule import FaultEvent, build_schedule
 from oobleck.launcher import launcher_class
@@ -131,15 +133,29 @@ def launch(
     ``fork_server`` (with its ``run_id``): one the caller started early and closes; without it, a
     config that forks workers gets one started here, before planning, and closed at the end."""
     schedule = check_run(cfg)
-    run_id = run_id or new_run_id()
-    own = fork_server_for(cfg, run_id) if fork_server is None else None
+    # The store's port first: one in use is a clear error before any process (fork server, wandb) starts.
+    listener = bind_listener(cfg.cluster)
     try:
-        return _launch(
-            cfg, Path(run_dir), schedule, initial_plan, recorder, handle_signals, on_start, run_id, fork_server or own
-        )
+        run_id = run_id or new_run_id()
+        own = fork_server_for(cfg, run_id) if fork_server is None else None
+        try:
+            return _launch(
+                cfg,
+                Path(run_dir),
+                schedule,
+                initial_plan,
+                recorder,
+                handle_signals,
+                on_start,
+                run_id,
+                fork_server or own,
+                listener,
+            )
+        finally:
+            if own is not None:
+                own.close()
     finally:
-        if own is not None:
-            own.close()
+        listener.close()  # the store's server took it over (detached) once the run started
 
 
 def _launch(
@@ -152,6 +168,7 @@ def _launch(
     on_start: Callable[[Controller], None] | None,
     run_id: str,
     fork_server: ForkServer | None,
+    store_listener: socket.socket,
 ) -> tuple[Outcome, dict[str, Any]]:
     from oobleck.checkpoint import resume_checkpoint
 
@@ -208,6 +225,7 @@ def _launch(
         run_id=run_id,
         fork_server=fork_server,
         earlier=earlier,
+        store_listener=store_listener,
     )
     controller.observers.append(host)
     if on_start is not None:

@@ -19,17 +19,37 @@ from oobleck.errors import RunError
 LISTEN_BACKLOG = 256  # connections waiting to be accepted: every worker of a large run at once
 
 
+def bind_listener(cluster: Any) -> socket.socket:
+    """The store's listening socket, bound and listening on ``cluster.master_addr``:
+    ``master_port`` in use is one clear error, raised before the run starts any process."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((str(cluster.master_addr), int(cluster.master_port)))
+        listener.listen(LISTEN_BACKLOG)
+    except OSError as error:
+        listener.close()
+        raise _cannot_host(cluster, error) from None
+    return listener
+
+
+def _cannot_host(cluster: Any, error: BaseException) -> RunError:
+    return RunError(
+        f"cannot host the store on {cluster.master_addr}:{cluster.master_port} ({error}); "
+        "the port is probably in use: set cluster.master_port=<free port> or 0 to pick one"
+    )
+
+
 class StoreHost:
     """The run's store server (``store``) and where clients reach it (``address``)."""
 
-    def __init__(self, cluster: Any) -> None:
+    def __init__(self, cluster: Any, listener: socket.socket | None = None) -> None:
+        """``listener``: the socket ``bind_listener`` bound earlier (the server takes it over), or
+        None to bind one now."""
         self.host = str(cluster.master_addr)
         self.timeout = timedelta(seconds=float(cluster.startup_timeout_s))
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener = bind_listener(cluster) if listener is None else listener
         try:
-            listener.bind((self.host, int(cluster.master_port)))
-            listener.listen(LISTEN_BACKLOG)
             self.store = dist.TCPStore(
                 self.host,
                 listener.getsockname()[1],
@@ -41,10 +61,7 @@ class StoreHost:
             )
         except Exception as error:
             listener.close()
-            raise RunError(
-                f"cannot host the store on {cluster.master_addr}:{cluster.master_port} ({error}); "
-                "the port is probably in use: set cluster.master_port=<free port> or 0 to pick one"
-            ) from None
+            raise _cannot_host(cluster, error) from None
         listener.detach()  # the server owns the descriptor now (and closes it when the store goes)
 
     @property

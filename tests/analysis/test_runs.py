@@ -17,7 +17,9 @@ from oobleck.metrics.offline import find_offline_runs
 
 # Starts processes: the package's real sweep (tests/analysis/conftest.py), which the notebook tests
 # share; on the grouped xdist worker it runs once per session, not once on each worker.
-pytestmark = pytest.mark.slow
+# Slow: starts processes. One xdist group with the other user of the session's sweep (conftest.py),
+# so the sweep runs once, on one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("analysis_sweep")]
 
 FINISH_S = 60.0  # wandb writes the run file after finish() returns: a hang guard only
 

@@ -142,7 +142,7 @@ def test_per_layer_profiles_by_kind_pass_and_microbatch(report):
 
 def test_a_restarts_parts_are_measured(report):
     restart = report["restart"]
-    assert restart["status"] == "ok" and restart["probes"] == 2
+    assert restart["status"] == "ok" and restart["probes"] == 1  # one on a CPU (cpu_restart_probes)
     for key in ("process_start_s", "torch_import_s", "harness_import_s", "model_build_s"):
         assert restart[key] > 0, key
     assert restart["group_init_s"]["gloo"] > 0 and "nccl" not in restart["group_init_s"]

@@ -80,6 +80,7 @@ def test_cuda_without_cuda_fails_before_launch(tmp_path):
 
 
 def test_busy_port_is_a_clear_error(tmp_path):
+    """A store port in use stops the run with one line, before it plans or starts anything."""
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
@@ -89,6 +90,8 @@ def test_busy_port_is_a_clear_error(tmp_path):
     assert f"cluster.master_port={port}" not in result.stderr or "in use" in result.stderr
     assert "in use" in result.stderr and "Traceback" not in result.stderr.split("error:")[0]
     assert strays == []
+    # Found before anything else starts: no planning, no fork server, no wandb run.
+    assert "planning:" not in result.stderr and not (tmp_path / "wandb").exists(), result.stderr
 
 
 def test_worker_exception_stops_with_its_traceback(tmp_path):
@@ -98,6 +101,7 @@ def test_worker_exception_stops_with_its_traceback(tmp_path):
         "job.steps=6",
         "failures=explicit",
         "failures.events=[{action:raise,step:2,nodes:[1],phase:backward}]",
+        "logger.wandb.mode=disabled",  # the main job's test covers wandb; this one the stop
     )
     assert result.returncode == 2
     assert "worker (node 1, local rank 0) raised an exception" in result.stderr
