@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -77,8 +78,12 @@ def assert_matches_reference(
 TCP_STATES = {"01": "ESTABLISHED", "06": "TIME_WAIT", "08": "CLOSE_WAIT", "0A": "LISTEN"}
 
 
-def tcp_states(port: int) -> list[str]:
-    """The states of this host's TCP sockets whose local port is ``port`` (IPv4 and IPv6)."""
+def tcp_states(port: int, this_process: bool = False) -> list[str]:
+    """The states of this host's TCP sockets whose local port is ``port`` (IPv4 and IPv6);
+    ``this_process``: only sockets this process holds. A run's ports are ephemeral: once closed,
+    the kernel may hand the same number to a process of another test (the suite runs on two
+    workers), so "this run's port no longer listens" asks about this process's sockets."""
+    own = _socket_inodes() if this_process else None
     states = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -87,6 +92,19 @@ def tcp_states(port: int) -> list[str]:
             continue
         for line in lines:
             fields = line.split()
-            if int(fields[1].rsplit(":", 1)[1], 16) == port:
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and (own is None or fields[9] in own):
                 states.append(TCP_STATES.get(fields[3], fields[3]))
     return states
+
+
+def _socket_inodes() -> set[str]:
+    """The inodes of the sockets this process holds (``/proc/self/fd`` links ``socket:[inode]``)."""
+    inodes = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed since the listing
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    return inodes

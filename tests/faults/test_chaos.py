@@ -393,9 +393,9 @@ def test_nothing_is_left_behind(chaos_run):
     # (seen once in a full suite, not reproduced alone): give it a bounded while, then name the
     # threads still alive, so a real leak says who holds the port.
     deadline = time.monotonic() + LEFTOVER_WAIT_S
-    while any("LISTEN" in tcp_states(port) for port in chaos.ports) and time.monotonic() < deadline:
+    while any("LISTEN" in tcp_states(port, this_process=True) for port in chaos.ports) and time.monotonic() < deadline:
         gc.collect()
         time.sleep(0.2)
     threads = sorted(t.name for t in threading.enumerate())
     for port in chaos.ports:
-        assert "LISTEN" not in tcp_states(port), (port, tcp_states(port), threads)
+        assert "LISTEN" not in tcp_states(port, this_process=True), (port, tcp_states(port), threads)

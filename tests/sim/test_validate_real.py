@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -23,8 +21,6 @@ from oobleck.errors import RunError
 from oobleck.sim.validate import calibrate_runs
 
 pytestmark = pytest.mark.slow  # starts processes
-
-REPO = Path(__file__).resolve().parents[2]
 
 # What is asserted here survives other jobs' load on the shared cores: the prediction's accuracy
 # in absolute terms (the issue's 15% / 50%) depends on the calibration and the predicted runs
@@ -63,16 +59,16 @@ def _fixed_profile(path: Path) -> Path:
 
 
 def _run(run_dir: Path, nodes: int, steps: int, failure_step: int | None, *extra: str) -> Path:
+    """A real run as ``python -m oobleck.run`` with these overrides would make it (same composed
+    config, same run dir files), launched in this process (its fork server is the session's)."""
+    from oobleck.config import compose_config
+    from oobleck.elastic.job import launch
+
     profile = run_dir.parent / "profile.json"
     if not profile.is_file():
         _fixed_profile(profile)
     run_id = uuid.uuid4().hex[:12]
-    env = dict(os.environ, OOBLECK_RUN_ID=run_id, WANDB_SILENT="true")
-    command = [
-        sys.executable,
-        "-m",
-        "oobleck.run",
-        f"hydra.run.dir={run_dir}",
+    cfg = compose_config(
         "logger.progress_bar=false",
         "logger.wandb.mode=disabled",
         "profile.source=file",
@@ -85,9 +81,8 @@ def _run(run_dir: Path, nodes: int, steps: int, failure_step: int | None, *extra
             if failure_step is None
             else ("failures=explicit", f"failures.events=[{{action:remove,step:{failure_step},count:1}}]")
         ),
-    ]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    )
+    launch(cfg, run_dir, run_id=run_id)
     assert run_processes(run_id) == []
     return run_dir
 
