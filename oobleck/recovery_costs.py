@@ -43,7 +43,7 @@ same cluster model (never seconds measured on another cluster):
 - ``RuntimeOverhead``: what the real runtime on one machine spends beyond Eq. 1-4 (per microbatch,
   per step, CPU cores shared by the workers, the fixed part of a reconfiguration and the first
   step's warm-up, the fixed part of a restart), measured on calibration runs by
-  ``oobleck.sim.validate.calibrate``.
+  ``oobleck.sim.calibration.calibrate``.
 """
 
 from __future__ import annotations
@@ -321,7 +321,7 @@ def restart_cost(
 
 @dataclass(frozen=True)
 class StepShape:
-    """What the runtime step model needs to know of a layout (``oobleck.sim.validate.step_shape``)."""
+    """What the runtime step model needs to know of a layout (``oobleck.sim.calibration.step_shape``)."""
 
     planner_s: float  # the planner's predicted iteration (Eq. 1-4: its critical path)
     busiest_microbatches: int  # microbatches of the busiest pipeline

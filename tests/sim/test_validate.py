@@ -122,7 +122,7 @@ def test_a_recycle_run_is_validated_on_its_reroute(tmp_path: Path, make_config):
 def test_a_rerouted_layout_counts_the_peers_extra_stage_runs(make_config):
     from simhelpers import make_context, make_strategy
 
-    from oobleck.sim.validate import step_shape
+    from oobleck.sim.calibration import step_shape
     from oobleck.strategy import RunState
 
     context = make_context(memory_gb=4.0, nodes=8)
@@ -145,7 +145,8 @@ def test_a_rerouted_layout_counts_the_peers_extra_stage_runs(make_config):
 def test_bamboo_modes_count_only_the_redundant_work_they_run():
     from simhelpers import make_context, make_strategy
 
-    from oobleck.sim.validate import _measure, redundant_share, step_shape
+    from oobleck.sim.calibration import _measure, step_shape
+    from oobleck.sim.validate import redundant_share
 
     context = make_context(memory_gb=8.0)  # eager keeps every microbatch's redundant activations
     shapes, shares = {}, {}
@@ -261,7 +262,7 @@ def test_bamboo_exposure_is_fitted_where_the_steps_show_it(context):
     from simhelpers import make_strategy
 
     from oobleck.recovery_costs import step_model
-    from oobleck.sim.validate import _fit_exposure, step_shape
+    from oobleck.sim.calibration import _fit_exposure, step_shape
 
     strategy = make_strategy(context, "bamboo", pipeline_depth=4, redundancy="inline")
     layout = strategy.start(list(range(8))).layout
@@ -293,7 +294,8 @@ def test_calibration_fits_the_cadence_and_the_whole_fixed_part(tmp_path: Path, m
     """The step terms are fitted on the commit-to-commit cadence (what the throughput pays), not
     on ``step_time_s`` (which ends at the commit vote); a reconfiguration's fixed part is all of it
     up to the new generation, not only the phases the controller names."""
-    from oobleck.sim.validate import _load, calibrate_runs, step_shape
+    from oobleck.sim.calibration import step_shape
+    from oobleck.sim.validate import _load, calibrate_runs
 
     run = _write_run(make_config(*OVERRIDES), tmp_path / "run", slowdown=1.6, steps=30)
     metrics = pd.read_csv(run / "metrics.csv")
