@@ -52,30 +52,45 @@ class _Pending:
     received: bytearray = field(default_factory=bytearray)
 
 
+def bind_agent_listener(cluster: Any) -> socket.socket:
+    """The agent port's listening socket on ``cluster.master_addr``, one port above the store's
+    (any free port when the store's is picked): a port in use is one clear error."""
+    port = int(cluster.master_port) + 1 if int(cluster.master_port) else 0
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        server.bind((str(cluster.master_addr), port))
+        server.listen(LISTEN_BACKLOG)
+    except OSError as error:
+        server.close()
+        raise RunError(
+            f"cannot open the agent port {cluster.master_addr}:{port} ({error}); "
+            "set cluster.master_port=<free port> (the agent port is the next one) or 0"
+        ) from None
+    return server
+
+
 class AgentPort:
     """The listening socket, the handshake loop, and one reader thread per agent (see the module
     docstring)."""
 
-    def __init__(self, cluster: Any, secret: str, messages: queue.Queue, closing: Callable[[], bool]) -> None:
-        """Listen on ``cluster.master_addr``, one port above the store's (any free port when the
-        store's is picked); ``closing`` says the run is ending (silent closes are then expected)."""
+    def __init__(
+        self,
+        cluster: Any,
+        secret: str,
+        messages: queue.Queue,
+        closing: Callable[[], bool],
+        listener: socket.socket | None = None,
+    ) -> None:
+        """Listen on ``listener`` (``bind_agent_listener``'s, bound before the run started
+        anything), or bind one now; ``closing`` says the run is ending (silent closes are then
+        expected)."""
         self.host = str(cluster.master_addr)
         self.secret = secret
         self.messages = messages
         self.closing = closing
         self.dropped = 0  # connections dropped, logged or not
-        port = int(cluster.master_port) + 1 if int(cluster.master_port) else 0
-        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            server.bind((self.host, port))
-        except OSError as error:
-            server.close()
-            raise RunError(
-                f"cannot open the agent port {cluster.master_addr}:{port} ({error}); "
-                "set cluster.master_port=<free port> (the agent port is the next one) or 0"
-            ) from None
-        server.listen(LISTEN_BACKLOG)
+        server = bind_agent_listener(cluster) if listener is None else listener
         server.setblocking(False)
         self.server = server
         self._closed = threading.Event()

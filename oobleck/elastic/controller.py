@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,7 +51,7 @@ from oobleck.elastic.ledger import DecisionWatch, Outcome, StepLedger
 from oobleck.elastic.membership import Membership
 from oobleck.elastic.protocol import new_run_id, new_secret
 from oobleck.elastic.stopping import StopRequests, send_stop, wind_down
-from oobleck.elastic.store_host import StoreHost
+from oobleck.elastic.store_host import RunPorts, StoreHost
 from oobleck.errors import OobleckError, RunError
 from oobleck.faults.injector import Injector
 from oobleck.faults.schedule import FaultEvent
@@ -97,12 +96,12 @@ class Controller:
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         fork_server: Any = None,
         earlier: Outcome | None = None,
-        store_listener: socket.socket | None = None,
+        ports: RunPorts | None = None,
     ) -> None:
         """``resume``: the checkpoint to resume from (``oobleck.checkpoint.Checkpoint``); ``earlier``:
         what the run's earlier attempts did (``oobleck.elastic.accounting.earlier_attempts``);
-        ``store_listener``: the store's socket, bound before the run started anything
-        (``store_host.bind_listener``), or None to bind it when the run starts."""
+        ``ports``: the store's and the agent port's sockets, bound before the run started anything
+        (``store_host.bind_run_ports``), or None to bind them when the run starts."""
         self.cfg = cfg
         self.failure_settle_s = float(cfg.cluster.failure_settle_s)
         self.config_dict = config_dict
@@ -113,7 +112,7 @@ class Controller:
         self.schedule = schedule
         self.resume = resume  # the checkpoint to resume from (oobleck.checkpoint.Checkpoint)
         self.run_id = run_id or new_run_id()
-        self.store_listener = store_listener
+        self.ports = ports
         self.fork_server = fork_server  # forks the local workers (Launcher.forks_workers); None: exec them
         self.secret = new_secret()
         self.space = keys.KeySpace(self.secret)
@@ -220,7 +219,7 @@ class Controller:
     def _start(self) -> None:
         """Host the store, build the parts and the observers, start the services and every node."""
         cfg = self.cfg
-        self.store_host = host = StoreHost(cfg.cluster, self.store_listener)
+        self.store_host = host = StoreHost(cfg.cluster, self.ports.store if self.ports is not None else None)
         self.store = store = SealedStore(host.store, self.space)
         store.set(keys.CONFIG, json.dumps(self.config_dict))
         self.ledger = ledger = StepLedger(
@@ -236,7 +235,7 @@ class Controller:
             event=self._event,
             run_finished=self._run_finished,
         )
-        membership.listen()
+        membership.listen(self.ports.agent if self.ports is not None else None)
         self.decisions = DecisionWatch(SealedStore(host.client(), self.space), membership.wake, dist.DistStoreError)
         self.checkpoints = CheckpointCoordinator(
             cfg,

@@ -19,7 +19,6 @@ import io
 import json
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -34,7 +33,7 @@ from oobleck.elastic.controller import Controller
 from oobleck.elastic.forkserver import ForkServer, fork_server_for
 from oobleck.elastic.ledger import Outcome
 from oobleck.elastic.protocol import new_run_id
-from oobleck.elastic.store_host import bind_listener
+from oobleck.elastic.store_host import RunPorts, bind_run_ports
 from oobleck.errors import RunError, unwritable_message
 from oobleck.faults.schedule import FaultEvent, build_schedule
 from oobleck.launcher import launcher_class
@@ -133,8 +132,8 @@ def launch(
     ``fork_server`` (with its ``run_id``): one the caller started early and closes; without it, a
     config that forks workers gets one started here, before planning, and closed at the end."""
     schedule = check_run(cfg)
-    # The store's port first: one in use is a clear error before any process (fork server, wandb) starts.
-    listener = bind_listener(cfg.cluster)
+    # The run's ports first: one in use is a clear error before any process (fork server, wandb) starts.
+    ports = bind_run_ports(cfg.cluster)
     try:
         run_id = run_id or new_run_id()
         own = fork_server_for(cfg, run_id) if fork_server is None else None
@@ -149,13 +148,13 @@ def launch(
                 on_start,
                 run_id,
                 fork_server or own,
-                listener,
+                ports,
             )
         finally:
             if own is not None:
                 own.close()
     finally:
-        listener.close()  # the store's server took it over (detached) once the run started
+        ports.close()
 
 
 def _launch(
@@ -168,7 +167,7 @@ def _launch(
     on_start: Callable[[Controller], None] | None,
     run_id: str,
     fork_server: ForkServer | None,
-    store_listener: socket.socket,
+    ports: RunPorts,
 ) -> tuple[Outcome, dict[str, Any]]:
     from oobleck.checkpoint import resume_checkpoint
 
@@ -225,7 +224,7 @@ def _launch(
         run_id=run_id,
         fork_server=fork_server,
         earlier=earlier,
-        store_listener=store_listener,
+        ports=ports,
     )
     controller.observers.append(host)
     if on_start is not None:

@@ -131,9 +131,9 @@ class Membership:
         self._next_beat_check = 0.0
 
     # ------------------------------------------------------------------ agent port
-    def listen(self) -> None:
-        """Open the agent port (``oobleck.elastic.agent_port``)."""
-        self.port = AgentPort(self.cfg.cluster, self.secret, self.messages, lambda: self.closing)
+    def listen(self, listener: socket.socket | None = None) -> None:
+        """Open the agent port (``oobleck.elastic.agent_port``) on ``listener`` if bound already."""
+        self.port = AgentPort(self.cfg.cluster, self.secret, self.messages, lambda: self.closing, listener)
 
     @property
     def server(self) -> socket.socket | None:

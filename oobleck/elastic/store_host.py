@@ -9,11 +9,13 @@ on the store, connects as a client (``client``).
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
+from oobleck.elastic.agent_port import bind_agent_listener
 from oobleck.errors import RunError
 
 LISTEN_BACKLOG = 256  # connections waiting to be accepted: every worker of a large run at once
@@ -31,6 +33,30 @@ def bind_listener(cluster: Any) -> socket.socket:
         listener.close()
         raise _cannot_host(cluster, error) from None
     return listener
+
+
+@dataclass
+class RunPorts:
+    """The run's two listening sockets, bound before it starts any process (``bind_run_ports``):
+    the store's (``StoreHost`` takes it over) and the agent port's (``AgentPort``)."""
+
+    store: socket.socket
+    agent: socket.socket
+
+    def close(self) -> None:
+        """Close what the run did not take over (a socket taken over is closed by its owner)."""
+        self.store.close()
+        self.agent.close()
+
+
+def bind_run_ports(cluster: Any) -> RunPorts:
+    """Both of the run's ports, bound now: one in use is one clear error before anything starts."""
+    store = bind_listener(cluster)
+    try:
+        return RunPorts(store, bind_agent_listener(cluster))
+    except BaseException:
+        store.close()
+        raise
 
 
 def _cannot_host(cluster: Any, error: BaseException) -> RunError:
