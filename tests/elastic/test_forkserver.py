@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -84,6 +85,16 @@ def test_signals_and_failures_give_popens_exit_status(server, tmp_path):
     assert run_processes(RUN_ID) == [server.process.pid]  # nothing of the tests' is left but the server
 
 
+def _agents_line(stdout) -> int:
+    """The worker pid the stand-in agent reports on the pipe it shares with that worker (whose own
+    line may come first, or around it)."""
+    for line in stdout:
+        found = re.search(r"PID (\d+)$", line.rstrip("\n"))
+        if found:
+            return int(found.group(1))
+    raise AssertionError("the stand-in agent reported no worker")
+
+
 def test_a_node_kill_takes_its_forked_workers(tmp_path):
     # A stand-in agent in its own process group asks for a worker; killpg of that group (what a
     # node kill is) takes the worker too, although the worker is the server's child.
@@ -93,11 +104,11 @@ def test_a_node_kill_takes_its_forked_workers(tmp_path):
             "from oobleck.elastic.forkserver import ForkedWorker\n"
             f"argv = ['-m', 'forkprog', 'sleep', '--run-id', {RUN_ID!r}]\n"
             f"w = ForkedWorker({fork_server.address!r}, argv, 60.0, env={{**os.environ, 'PYTHONPATH': {str(PROGRAMS)!r}}})\n"
-            "print(w.pid, flush=True)\n"
+            "os.write(1, f'PID {w.pid}\\n'.encode())\n"  # one write: the worker prints to this pipe too
             "time.sleep(600)\n"
         )
         agent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, process_group=0)
-        worker_pid = int(agent.stdout.readline())
+        worker_pid = _agents_line(agent.stdout)
         assert os.getpgid(worker_pid) == agent.pid
         os.killpg(agent.pid, signal.SIGKILL)
         assert agent.wait(timeout=TIMEOUT_S) == -signal.SIGKILL
