@@ -206,7 +206,8 @@ class NodeCosts:
         # split bounds of the whole band at each level once computed (``_split_entries``).
         flight_most = self._most_of(np.arange(len(geometry._most)))
         self._level_most, self._flight_level = np.unique(flight_most, return_inverse=True)
-        self._level_split: dict[int, tuple[list[np.ndarray], np.ndarray]] = {}
+        self._level_split: dict[int, np.ndarray] = {}
+        self._whole_stack = np.stack(self.whole_band)
         # The bands indexed by node end, [s, d] -> node [s - d - 1, s), in flight >= 1 (prefixes).
         node_starts = positions[:, None] - np.arange(1, width + 1)[None, :]
         exists = node_starts >= 0
@@ -327,9 +328,9 @@ class NodeCosts:
             self._banded[key] = [np.minimum(np.where(fits, w, INF), s) for w, s in zip(self.whole_band, split)]
         return self._banded[key]
 
-    def _split_at_level(self, level: int) -> tuple[list[np.ndarray], np.ndarray]:
-        """The split-node bounds (``_split_sides``) and fewest stages of every band entry, with
-        ``_most`` at ``level``."""
+    def _split_at_level(self, level: int) -> np.ndarray:
+        """The split-node bounds (``_split_sides``: left, right, marker) and fewest stages of
+        every band entry, stacked, with ``_most`` at ``level``."""
         if level not in self._level_split:
             most = self._level_most[level]
             exists, compute = self._split_band[0], self._split_band[1]
@@ -341,10 +342,10 @@ class NodeCosts:
                 ),
                 INF,
             )
-            self._level_split[level] = (self._split_sides(self._split_band, most), counts)
+            self._level_split[level] = np.stack([*self._split_sides(self._split_band, most), counts])
         return self._level_split[level]
 
-    def _split_entries(self, band_in_flight: np.ndarray, rows: slice) -> tuple[list[np.ndarray], np.ndarray]:
+    def _split_entries(self, band_in_flight: np.ndarray, rows: slice) -> np.ndarray:
         """``_split_at_level`` of the nodes starting at ``rows``, each entry at its own in-flight
         count. Every entry is computed on its own (elementwise), so the whole band's arrays at an
         entry's level have its bits: with few levels they are computed once and each entry is
@@ -359,14 +360,10 @@ class NodeCosts:
                 low, high = int(inside_levels.min()), int(inside_levels.max())
             else:
                 low = high = 0
-            sides, counts = self._split_at_level(low)
-            sides, counts = [side[rows] for side in sides], counts[rows]
+            split = self._split_at_level(low)[:, rows]
             for level in range(low + 1, high + 1):
-                chosen = levels == level
-                level_sides, level_counts = self._split_at_level(level)
-                sides = [np.where(chosen, side[rows], kept) for side, kept in zip(level_sides, sides)]
-                counts = np.where(chosen, level_counts[rows], counts)
-            return sides, counts
+                split = np.where(levels == level, self._split_at_level(level)[:, rows], split)
+            return split
         most = self._most_of(band_in_flight)
         exists, compute = self._split_band[0][rows], self._split_band[1][rows]
         counts = np.where(
@@ -377,21 +374,21 @@ class NodeCosts:
             ),
             INF,
         )
-        return self._split_sides(tuple(part[rows] for part in self._split_band), most), counts
+        return np.stack([*self._split_sides(tuple(part[rows] for part in self._split_band), most), counts])
 
-    def by_end_with_counts(
-        self, in_flight: np.ndarray, rows: slice = slice(None)
-    ) -> tuple[list[np.ndarray], np.ndarray]:
-        """``bands`` with its own in-flight count for every node end, ``in_flight[s]``, and the
-        fewest stages of every node: ``[x, d]`` -> node [x, x + d + 1) with all stages under W
-        keeping >= ``in_flight[x + d + 1]`` in flight (INF: none); only the nodes starting at
-        ``rows`` (every entry is computed on its own, so a slice of rows is that slice of all of
-        them)."""
+    def chain_steps(self, in_flight: np.ndarray, rows: slice = slice(None)) -> np.ndarray:
+        """Stacked: ``bands`` (left, right, marker) with its own in-flight count for every node
+        end, ``in_flight[s]``, and the fewest stages of every node: ``[k, x, d]`` -> node
+        [x, x + d + 1) with all stages under W keeping >= ``in_flight[x + d + 1]`` in flight
+        (INF: none); only the nodes starting at ``rows`` (every entry is computed on its own, so
+        a slice of rows is that slice of all of them)."""
         band_in_flight = in_flight[np.minimum(self.after[rows], len(in_flight) - 1)]
         fits = self.cap_band[rows] >= band_in_flight
-        split, split_counts = self._split_entries(band_in_flight, rows)
-        bands = [np.minimum(np.where(fits, w[rows], INF), s) for w, s in zip(self.whole_band, split)]
-        return bands, np.where(self._whole_usable[rows] & fits, 1.0, split_counts)
+        split = self._split_entries(band_in_flight, rows)  # (may be a view of a cached level)
+        steps = np.empty_like(split)
+        np.minimum(np.where(fits, self._whole_stack[:, rows], INF), split[:3], out=steps[:3])
+        steps[3] = np.where(self._whole_usable[rows] & fits, 1.0, split[3])
+        return steps
 
     def last_vectors(self) -> list[np.ndarray]:
         whole, parts = self._last
@@ -426,14 +423,16 @@ def root_bounds(costs: NodeCosts, max_nodes: int) -> np.ndarray:
     L = costs.geometry.num_layers
     after = costs.after  # [x, d] -> x + d + 1, or L + 1 (an INF slot) past the end
     _, last_right, last_marker = costs.last_vectors()
-    right = np.full(L + 2, INF)  # [x]: covering [x, L) right of the marker (slot L + 1: nothing)
-    full = np.full(L + 2, INF)  # [x]: the same, holding the marker
-    fewest = np.full(L + 2, INF)  # [x]: the fewest stages covering [x, L) with the same nodes
-    right[: L + 1], full[: L + 1], fewest[: L + 1] = last_right, last_marker, costs.last_stage_counts()
-    bound[1] = full[0]
+    # Stacked by row: [0, x] covering [x, L) right of the marker, [1, x] the same holding the
+    # marker, [2, x] the fewest stages covering [x, L) with the same nodes (slot L + 1: nothing).
+    state = np.full((3, L + 2), INF)
+    state[0, : L + 1], state[1, : L + 1], state[2, : L + 1] = last_right, last_marker, costs.last_stage_counts()
+    bound[1] = state[1, 0]
     width = costs.width
-    reached = np.isfinite(right) | np.isfinite(full) | np.isfinite(fewest)
+    reached = np.isfinite(state).any(axis=0)
     first = int(np.argmax(reached)) if reached.any() else L + 1  # rows before it are INF
+    # The state row each of ``chain_steps``' rows (left, right, marker, stage counts) adds to.
+    follows = [1, 0, 0, 2]
     for u in range(2, max_nodes + 1):
         # Row x reads rows x + 1 .. x + width of the step before (a node of at most ``width``
         # layers before the cover of the rest), so rows more than ``width`` before that step's
@@ -444,16 +443,15 @@ def root_bounds(costs: NodeCosts, max_nodes: int) -> np.ndarray:
         if first > last:
             break  # every later bound is INF
         rows = slice(first, last + 1)
+        fewest = state[2]
         in_flight = np.where(np.isfinite(fewest), fewest + 1, L + 2).astype(np.int64)
-        (left_b, right_b, marker_b), counts = costs.by_end_with_counts(np.maximum(in_flight, u), rows)
-        step_after = after[rows]
-        next_right, next_full = right[step_after], full[step_after]
-        right, full, fewest_next = np.full(L + 2, INF), np.full(L + 2, INF), np.full(L + 2, INF)
-        right[rows] = (right_b + next_right).min(axis=1)
-        full[rows] = np.minimum((marker_b + next_right).min(axis=1), (left_b + next_full).min(axis=1))
-        fewest_next[rows] = (counts + fewest[step_after]).min(axis=1)
-        fewest = fewest_next
-        bound[u] = full[0]
+        steps = costs.chain_steps(np.maximum(in_flight, u), rows)
+        best = (steps + state[follows][:, after[rows]]).min(axis=2)  # [k, x]
+        state = np.full((3, L + 2), INF)
+        state[0, rows] = best[1]
+        state[1, rows] = np.minimum(best[2], best[0])
+        state[2, rows] = best[3]
+        bound[u] = state[1, 0]
     return bound * (1 - BOUND_SLACK)
 
 

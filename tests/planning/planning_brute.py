@@ -287,7 +287,7 @@ def all_rows_root_bounds(costs, max_nodes: int):
 
 
 def entrywise_bands(costs, in_flight, rows=slice(None)):
-    """``NodeCosts.by_end_with_counts``' bands as first written: every entry's split-node bounds
+    """``NodeCosts.chain_steps``' bands as first written: every entry's split-node bounds
     computed with its own most compute per stage (the faster one takes them from the whole band
     at each of the few distinct values and must agree to the last bit)."""
     band_in_flight = in_flight[np.minimum(costs.after[rows], len(in_flight) - 1)]
@@ -297,7 +297,7 @@ def entrywise_bands(costs, in_flight, rows=slice(None)):
 
 
 def entrywise_stage_counts(costs, in_flight, rows=slice(None)):
-    """``NodeCosts.by_end_with_counts``' stage counts as first written (see ``entrywise_bands``)."""
+    """``NodeCosts.chain_steps``' stage counts as first written (see ``entrywise_bands``)."""
     band_in_flight = in_flight[np.minimum(costs.after[rows], len(in_flight) - 1)]
     whole = costs._whole_usable[rows] & (costs.cap_band[rows] >= band_in_flight)
     exists = costs._split_band[0][rows]

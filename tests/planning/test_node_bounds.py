@@ -140,10 +140,11 @@ def test_chains_match_the_all_entries_chains():
             vector = np.array([rng.randint(1, layers + 2) for _ in range(layers + 2)])
             first = rng.randint(0, layers)
             rows = slice(first, rng.randint(first, layers) + 1)
-            bands, counts = costs.by_end_with_counts(vector, rows)
-            for band, reference in zip(bands, entrywise_bands(costs, vector, rows)):
-                assert np.array_equal(band, reference)
-            assert np.array_equal(counts, entrywise_stage_counts(costs, vector, rows))
+            for _ in range(2):  # (the second time from the levels cached by the first)
+                steps = costs.chain_steps(vector, rows)
+                for band, reference in zip(steps, entrywise_bands(costs, vector, rows)):
+                    assert np.array_equal(band, reference)
+                assert np.array_equal(steps[3], entrywise_stage_counts(costs, vector, rows))
             band_in_flight = vector[np.minimum(costs.after[rows], len(vector) - 1)]
             if len(np.unique(costs._most_of(band_in_flight))) > 1:
                 paths[len(costs._level_most) <= LEVELS_CACHED] += 1  # (levels cached, or entrywise)
