@@ -345,24 +345,28 @@ class NodeCosts:
             self._level_split[level] = np.stack([*self._split_sides(self._split_band, most), counts])
         return self._level_split[level]
 
-    def _split_entries(self, band_in_flight: np.ndarray, rows: slice) -> np.ndarray:
+    def _split_entries(
+        self, in_flight: np.ndarray, band_in_flight: np.ndarray, ends: np.ndarray, rows: slice
+    ) -> np.ndarray:
         """``_split_at_level`` of the nodes starting at ``rows``, each entry at its own in-flight
-        count. Every entry is computed on its own (elementwise), so the whole band's arrays at an
-        entry's level have its bits: with few levels they are computed once and each entry is
-        taken from its level's; with many (a level then rarely serves two steps of a chain) the
-        entries are computed here, each with its own ``_most``. Entries past the last layer are
-        INF at every level (no node there fits or splits), so they take any."""
+        count (``band_in_flight``, read from ``in_flight`` at ``ends``). Every entry is computed
+        on its own (elementwise), so the whole band's arrays at an entry's level have its bits:
+        with few levels they are computed once and each entry is taken from its level's; with
+        many (a level then rarely serves two steps of a chain) the entries are computed here,
+        each with its own ``_most``. Entries past the last layer are INF at every level (no node
+        there fits or splits), so they take any: the levels that matter are those of the ends
+        the rows reach, first + 1 .. last + width (at most L)."""
         if len(self._level_most) <= LEVELS_CACHED:
-            levels = self._flight_level[np.minimum(band_in_flight, len(self._flight_level) - 1)]
-            inside = self.after[rows] <= self.geometry.num_layers
-            if inside.any():
-                inside_levels = levels[inside]
-                low, high = int(inside_levels.min()), int(inside_levels.max())
-            else:
-                low = high = 0
+            L = self.geometry.num_layers
+            level_of_end = self._flight_level[np.minimum(in_flight, len(self._flight_level) - 1)]
+            first, stop, _ = rows.indices(L + 1)
+            reached = level_of_end[first + 1 : min(stop - 1 + self.width, L) + 1]
+            low, high = (int(reached.min()), int(reached.max())) if reached.size else (0, 0)
             split = self._split_at_level(low)[:, rows]
-            for level in range(low + 1, high + 1):
-                split = np.where(levels == level, self._split_at_level(level)[:, rows], split)
+            if high > low:
+                levels = level_of_end[ends]
+                for level in range(low + 1, high + 1):
+                    split = np.where(levels == level, self._split_at_level(level)[:, rows], split)
             return split
         most = self._most_of(band_in_flight)
         exists, compute = self._split_band[0][rows], self._split_band[1][rows]
@@ -382,9 +386,12 @@ class NodeCosts:
         [x, x + d + 1) with all stages under W keeping >= ``in_flight[x + d + 1]`` in flight
         (INF: none); only the nodes starting at ``rows`` (every entry is computed on its own, so
         a slice of rows is that slice of all of them)."""
-        band_in_flight = in_flight[np.minimum(self.after[rows], len(in_flight) - 1)]
+        ends = self.after[rows]
+        if len(in_flight) < self.geometry.num_layers + 2:
+            ends = np.minimum(ends, len(in_flight) - 1)
+        band_in_flight = in_flight[ends]
         fits = self.cap_band[rows] >= band_in_flight
-        split = self._split_entries(band_in_flight, rows)  # (may be a view of a cached level)
+        split = self._split_entries(in_flight, band_in_flight, ends, rows)  # (may view a cached level)
         steps = np.empty_like(split)
         np.minimum(np.where(fits, self._whole_stack[:, rows], INF), split[:3], out=steps[:3])
         steps[3] = np.where(self._whole_usable[rows] & fits, 1.0, split[3])
