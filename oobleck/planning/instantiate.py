@@ -30,6 +30,7 @@ bounds are computed by other float operations than the times, so they carry a re
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Sequence
 from typing import cast
@@ -246,8 +247,21 @@ class _Sync:
         bytes_ = templates.layer_param_bytes or (0,) * templates.num_layers
         self.intra = intra_bandwidth
         self.inter = inter_bandwidth
-        self.intra_of = {n: _intra_sync(t, bytes_, intra_bandwidth) for n, t in templates.templates.items()}
-        self.node_bytes_of = {n: max(_node_param_bytes(t, bytes_)) for n, t in templates.templates.items()}
+        # ``_intra_sync`` and ``_node_param_bytes`` of every template, each stage's bytes taken
+        # from integer prefix sums (the same ints as summing its layers; a cold reconfiguration
+        # builds this for every template size).
+        prefix = list(itertools.accumulate(bytes_, initial=0))
+        self.intra_of: dict[int, float] = {}
+        self.node_bytes_of: dict[int, int] = {}
+        for n, template in templates.templates.items():
+            per_node = [0] * template.num_nodes
+            reduce_s = []
+            for stage in template.stages:
+                held = prefix[stage.end] - prefix[stage.start]
+                per_node[stage.node] += held
+                reduce_s.append(ring_allreduce_seconds(held, stage.gpus, intra_bandwidth))
+            self.intra_of[n] = max(reduce_s)
+            self.node_bytes_of[n] = max(per_node)
 
     def cross(self, pipelines: int, node_bytes: float) -> float:
         return ring_allreduce_seconds(node_bytes, pipelines, self.inter)

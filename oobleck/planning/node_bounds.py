@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 INF = math.inf
 # Bounds are compared with sums the DP adds in another order: keep them below by this much.
 BOUND_SLACK = 1e-9
+# Where the most compute a stage may hold takes at most this many values over the in-flight counts
+# of one threshold (memory limits change at few counts, or W caps them all), the chains take split
+# nodes' bounds from the whole band computed once per value; with more, each step computes its own.
+LEVELS_CACHED = 4
 
 
 class NodeGeometry:
@@ -197,6 +201,13 @@ class NodeCosts:
         self._whole_usable = usable
         self._limits = np.unique(self.cap_band[usable])  # in-flight counts where a whole stage stops fitting
         self._banded: dict[tuple, list[np.ndarray]] = {}
+        # ``_most`` of every in-flight count takes few distinct values (memory limits change at
+        # few counts, and W caps them all when it is low): each in-flight count's level, and the
+        # split bounds of the whole band at each level once computed (``_split_entries``).
+        flight_most = self._most_of(np.arange(len(geometry._most)))
+        self._level_most, self._flight_level = np.unique(flight_most, return_inverse=True)
+        self._level_split: dict[int, np.ndarray] = {}
+        self._whole_stack = np.stack(self.whole_band)
         # The bands indexed by node end, [s, d] -> node [s - d - 1, s), in flight >= 1 (prefixes).
         node_starts = positions[:, None] - np.arange(1, width + 1)[None, :]
         exists = node_starts >= 0
@@ -317,31 +328,74 @@ class NodeCosts:
             self._banded[key] = [np.minimum(np.where(fits, w, INF), s) for w, s in zip(self.whole_band, split)]
         return self._banded[key]
 
-    def bands_by_end(self, in_flight: np.ndarray, rows: slice = slice(None)) -> list[np.ndarray]:
-        """``bands`` with its own in-flight count for every node end: ``in_flight[s]``; only the
-        nodes starting at ``rows`` (every entry is computed on its own, so a slice of rows is
-        that slice of all of them)."""
-        band_in_flight = in_flight[np.minimum(self.after[rows], len(in_flight) - 1)]
-        fits = self.cap_band[rows] >= band_in_flight
-        split = self._split_sides(tuple(part[rows] for part in self._split_band), self._most_of(band_in_flight))
-        return [np.minimum(np.where(fits, w[rows], INF), s) for w, s in zip(self.whole_band, split)]
+    def _split_at_level(self, level: int) -> np.ndarray:
+        """The split-node bounds (``_split_sides``: left, right, marker) and fewest stages of
+        every band entry, stacked, with ``_most`` at ``level``."""
+        if level not in self._level_split:
+            most = self._level_most[level]
+            exists, compute = self._split_band[0], self._split_band[1]
+            counts = np.where(
+                exists & (most > 0),
+                np.maximum(
+                    max(2, self.geometry.stages_per_node),
+                    np.ceil(compute / np.maximum(most, BOUND_SLACK) - BOUND_SLACK),
+                ),
+                INF,
+            )
+            self._level_split[level] = np.stack([*self._split_sides(self._split_band, most), counts])
+        return self._level_split[level]
 
-    def stage_counts(self, in_flight: np.ndarray, rows: slice = slice(None)) -> np.ndarray:
-        """``[x, d]``: the fewest stages node [x, x + d + 1) can have with all under W, its stages
-        keeping >= ``in_flight[end]`` in flight (INF: none); only the nodes starting at ``rows``."""
-        band_in_flight = in_flight[np.minimum(self.after[rows], len(in_flight) - 1)]
-        whole = self._whole_usable[rows] & (self.cap_band[rows] >= band_in_flight)
-        exists = self._split_band[0][rows]
+    def _split_entries(
+        self, in_flight: np.ndarray, band_in_flight: np.ndarray, ends: np.ndarray, rows: slice
+    ) -> np.ndarray:
+        """``_split_at_level`` of the nodes starting at ``rows``, each entry at its own in-flight
+        count (``band_in_flight``, read from ``in_flight`` at ``ends``). Every entry is computed
+        on its own (elementwise), so the whole band's arrays at an entry's level have its bits:
+        with few levels they are computed once and each entry is taken from its level's; with
+        many (a level then rarely serves two steps of a chain) the entries are computed here,
+        each with its own ``_most``. Entries past the last layer are INF at every level (no node
+        there fits or splits), so they take any: the levels that matter are those of the ends
+        the rows reach, first + 1 .. last + width (at most L)."""
+        if len(self._level_most) <= LEVELS_CACHED:
+            L = self.geometry.num_layers
+            level_of_end = self._flight_level[np.minimum(in_flight, len(self._flight_level) - 1)]
+            first, stop, _ = rows.indices(L + 1)
+            reached = level_of_end[first + 1 : min(stop - 1 + self.width, L) + 1]
+            low, high = (int(reached.min()), int(reached.max())) if reached.size else (0, 0)
+            split = self._split_at_level(low)[:, rows]
+            if high > low:
+                levels = level_of_end[ends]
+                for level in range(low + 1, high + 1):
+                    split = np.where(levels == level, self._split_at_level(level)[:, rows], split)
+            return split
         most = self._most_of(band_in_flight)
-        split = np.where(
+        exists, compute = self._split_band[0][rows], self._split_band[1][rows]
+        counts = np.where(
             exists & (most > 0),
             np.maximum(
                 max(2, self.geometry.stages_per_node),
-                np.ceil(self._split_band[1][rows] / np.maximum(most, BOUND_SLACK) - BOUND_SLACK),
+                np.ceil(compute / np.maximum(most, BOUND_SLACK) - BOUND_SLACK),
             ),
             INF,
         )
-        return np.where(whole, 1.0, split)
+        return np.stack([*self._split_sides(tuple(part[rows] for part in self._split_band), most), counts])
+
+    def chain_steps(self, in_flight: np.ndarray, rows: slice = slice(None)) -> np.ndarray:
+        """Stacked: ``bands`` (left, right, marker) with its own in-flight count for every node
+        end, ``in_flight[s]``, and the fewest stages of every node: ``[k, x, d]`` -> node
+        [x, x + d + 1) with all stages under W keeping >= ``in_flight[x + d + 1]`` in flight
+        (INF: none); only the nodes starting at ``rows`` (every entry is computed on its own, so
+        a slice of rows is that slice of all of them)."""
+        ends = self.after[rows]
+        if len(in_flight) < self.geometry.num_layers + 2:
+            ends = np.minimum(ends, len(in_flight) - 1)
+        band_in_flight = in_flight[ends]
+        fits = self.cap_band[rows] >= band_in_flight
+        split = self._split_entries(in_flight, band_in_flight, ends, rows)  # (may view a cached level)
+        steps = np.empty_like(split)
+        np.minimum(np.where(fits, self._whole_stack[:, rows], INF), split[:3], out=steps[:3])
+        steps[3] = np.where(self._whole_usable[rows] & fits, 1.0, split[3])
+        return steps
 
     def last_vectors(self) -> list[np.ndarray]:
         whole, parts = self._last
@@ -376,14 +430,16 @@ def root_bounds(costs: NodeCosts, max_nodes: int) -> np.ndarray:
     L = costs.geometry.num_layers
     after = costs.after  # [x, d] -> x + d + 1, or L + 1 (an INF slot) past the end
     _, last_right, last_marker = costs.last_vectors()
-    right = np.full(L + 2, INF)  # [x]: covering [x, L) right of the marker (slot L + 1: nothing)
-    full = np.full(L + 2, INF)  # [x]: the same, holding the marker
-    fewest = np.full(L + 2, INF)  # [x]: the fewest stages covering [x, L) with the same nodes
-    right[: L + 1], full[: L + 1], fewest[: L + 1] = last_right, last_marker, costs.last_stage_counts()
-    bound[1] = full[0]
+    # Stacked by row: [0, x] covering [x, L) right of the marker, [1, x] the same holding the
+    # marker, [2, x] the fewest stages covering [x, L) with the same nodes (slot L + 1: nothing).
+    state = np.full((3, L + 2), INF)
+    state[0, : L + 1], state[1, : L + 1], state[2, : L + 1] = last_right, last_marker, costs.last_stage_counts()
+    bound[1] = state[1, 0]
     width = costs.width
-    reached = np.isfinite(right) | np.isfinite(full) | np.isfinite(fewest)
+    reached = np.isfinite(state).any(axis=0)
     first = int(np.argmax(reached)) if reached.any() else L + 1  # rows before it are INF
+    # The state row each of ``chain_steps``' rows (left, right, marker, stage counts) adds to.
+    follows = [1, 0, 0, 2]
     for u in range(2, max_nodes + 1):
         # Row x reads rows x + 1 .. x + width of the step before (a node of at most ``width``
         # layers before the cover of the rest), so rows more than ``width`` before that step's
@@ -394,19 +450,15 @@ def root_bounds(costs: NodeCosts, max_nodes: int) -> np.ndarray:
         if first > last:
             break  # every later bound is INF
         rows = slice(first, last + 1)
+        fewest = state[2]
         in_flight = np.where(np.isfinite(fewest), fewest + 1, L + 2).astype(np.int64)
-        if np.all(in_flight[np.isfinite(fewest)] <= u):  # (every cover has one stage per node)
-            left_b, right_b, marker_b = (band[rows] for band in costs.bands(u))
-        else:
-            left_b, right_b, marker_b = costs.bands_by_end(np.maximum(in_flight, u), rows)
-        step_after = after[rows]
-        next_right, next_full = right[step_after], full[step_after]
-        right, full, fewest_next = np.full(L + 2, INF), np.full(L + 2, INF), np.full(L + 2, INF)
-        right[rows] = (right_b + next_right).min(axis=1)
-        full[rows] = np.minimum((marker_b + next_right).min(axis=1), (left_b + next_full).min(axis=1))
-        fewest_next[rows] = (costs.stage_counts(np.maximum(in_flight, u), rows) + fewest[step_after]).min(axis=1)
-        fewest = fewest_next
-        bound[u] = full[0]
+        steps = costs.chain_steps(np.maximum(in_flight, u), rows)
+        best = (steps + state[follows][:, after[rows]]).min(axis=2)  # [k, x]
+        state = np.full((3, L + 2), INF)
+        state[0, rows] = best[1]
+        state[1, rows] = np.minimum(best[2], best[0])
+        state[2, rows] = best[3]
+        bound[u] = state[1, 0]
     return bound * (1 - BOUND_SLACK)
 
 

@@ -23,7 +23,7 @@ Vocabulary:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Any
@@ -285,15 +285,24 @@ class LayerTransfer:
     pieces: int = 1
 
     @classmethod
-    def of_row(cls, row: tuple) -> LayerTransfer:
-        """The transfer whose fields are ``row``, in order: the object ``cls(*row)`` makes, without
-        the frozen ``__init__``'s cost (a reconfiguration builds thousands)."""
-        transfer = object.__new__(cls)
-        transfer.__dict__.update(zip(_TRANSFER_FIELDS, row, strict=True))
-        return transfer
-
-
-_TRANSFER_FIELDS = tuple(LayerTransfer.__dataclass_fields__)
+    def of_rows(cls, rows: Iterable[tuple]) -> tuple[LayerTransfer, ...]:
+        """The transfers whose fields are ``rows``' tuples, in order: the objects ``cls(*row)``
+        makes, without the frozen ``__init__``'s cost (a reconfiguration builds thousands)."""
+        new, made = object.__new__, []
+        for layer, source, target, chunk, chunks, nbytes, hop, pieces in rows:
+            transfer = new(cls)
+            transfer.__dict__.update(
+                layer=layer,
+                source=source,
+                target=target,
+                chunk=chunk,
+                chunks=chunks,
+                nbytes=nbytes,
+                hop=hop,
+                pieces=pieces,
+            )
+            made.append(transfer)
+        return tuple(made)
 
 
 @dataclass(frozen=True)

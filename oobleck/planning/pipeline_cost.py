@@ -102,6 +102,19 @@ def exact_1f1b_makespan(
         return 0.0
     fwd = [w * forward_fraction for w in stage_seconds]
     bwd = [w - f for w, f in zip(stage_seconds, fwd)]
+    if m == 1 and min(fwd) >= 0 and min(bwd) >= 0:
+        # One microbatch goes down and back up with nothing to wait for: each operation starts
+        # when its dependency ends (a stage's clock is its own forward, never later than the
+        # backward it waits on, as no duration is negative), so the loop below would add the
+        # forwards, then the backwards last stage first, one at a time from 0.0. The same
+        # additions in the same order give its result to the last bit (instantiation asks every
+        # template for m = 1 when it tests whether a pipeline can take one microbatch).
+        end = 0.0
+        for duration in fwd:
+            end = end + duration
+        for duration in reversed(bwd):
+            end = end + duration
+        return end
     # Every operation ends at max(its stage's clock, its dependency's end) + its duration, so the
     # ends do not depend on the order stages are advanced in: a stage runs until it waits on a
     # neighbour, and a stage that made progress wakes its neighbours (one pass over the 2 m S

@@ -29,7 +29,6 @@ Deterministic (every process computes the same plan from the same input), in thi
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import itertools
 from collections.abc import Container, Iterable, Mapping, Sequence
 
@@ -68,7 +67,7 @@ class _Candidate:
 
     @property
     def transfers(self) -> tuple[LayerTransfer, ...]:
-        return tuple(LayerTransfer.of_row(row) for row in self.copies)
+        return LayerTransfer.of_rows(self.copies)
 
 
 def reconfigure(
@@ -182,8 +181,19 @@ def _membership(
 
 
 def _check_replicas(plan: ExecutionPlan, removed: set[int]) -> dict[int, tuple[Worker, ...]]:
+    """Every layer's surviving holders, sorted (``_copies`` picks sources in worker order);
+    ``PlanningError`` if a layer has none. Layers between the same stage boundaries of every
+    pipeline have the same holders, so without shadow copies each such segment is filtered and
+    sorted once and its layers share the tuple."""
     holders = plan.layer_holders()
-    live = {layer: tuple(w for w in workers if w[0] not in removed) for layer, workers in holders.items()}
+    if plan.shadows:
+        live = {layer: tuple(sorted(w for w in workers if w[0] not in removed)) for layer, workers in holders.items()}
+    else:
+        cuts = sorted({stage.start for p in plan.pipelines for stage in p.template.stages} | {plan.num_layers})
+        live = {}
+        for start, end in zip(cuts, cuts[1:]):
+            survivors = tuple(sorted(w for w in holders[start] if w[0] not in removed))
+            live.update(dict.fromkeys(range(start, end), survivors))
     lost = sorted(layer for layer, workers in live.items() if not workers)
     if lost:
         held_by = sorted({w[0] for layer in lost for w in holders[layer]})
@@ -374,16 +384,26 @@ def _copies(
     for worker, layers in _held_by_worker(new):
         for layer in _missing(layers, held.get(worker, ())):
             needed.setdefault(layer, []).append(worker)
-    load: dict[Worker, int] = {}
+    load: dict[Worker, int] = {}  # bytes each holder sends, for those that send any
+    ordered: dict[int, list[Worker]] = {}  # a holder tuple's workers sorted, by the tuple's id
     rows = []
     for layer, targets in sorted(needed.items()):
         receiving = set(targets)
         # The max_sources least-loaded holders, ties by worker: those that sent nothing yet (most
         # of them) in worker order, then the loaded ones by (load, worker) if they fall short.
-        candidates = [w for w in live_holders[layer] if w not in receiving]
-        sources = heapq.nsmallest(max_sources, (w for w in candidates if not load.get(w)))
+        # Layers of one stage share their holder tuple (``_check_replicas``): sorted once.
+        holders = live_holders[layer]
+        by_worker = ordered.get(id(holders))
+        if by_worker is None:
+            by_worker = ordered[id(holders)] = sorted(holders)
+        sources = []
+        for w in by_worker:
+            if w not in load and w not in receiving:
+                sources.append(w)
+                if len(sources) == max_sources:
+                    break
         if len(sources) < max_sources:
-            loaded = sorted((load[w], w) for w in candidates if load.get(w))
+            loaded = sorted((load[w], w) for w in by_worker if w in load and w not in receiving)
             sources += [w for _, w in loaded[: max_sources - len(sources)]]
         elements = layer_param_bytes[layer] // 4
         chunks = len(sources)
@@ -391,7 +411,9 @@ def _copies(
         for chunk, source in enumerate(sources):
             count = elements // chunks + (1 if chunk < elements % chunks else 0)
             nbytes = 4 * count
-            load[source] = load.get(source, 0) + nbytes * (1 if chained else len(targets))
+            sent = nbytes * (1 if chained else len(targets))
+            if sent:
+                load[source] = load.get(source, 0) + sent
             if not chained:
                 rows += [(layer, source, target, chunk, chunks, nbytes, 0, 1) for target in targets]
                 continue

@@ -277,13 +277,40 @@ def all_rows_root_bounds(costs, max_nodes: int):
         if np.all(in_flight[np.isfinite(fewest)] <= u):  # (every cover has one stage per node)
             left_b, right_b, marker_b = costs.bands(u)
         else:
-            left_b, right_b, marker_b = costs.bands_by_end(np.maximum(in_flight, u))
+            left_b, right_b, marker_b = entrywise_bands(costs, np.maximum(in_flight, u))
         next_right, next_full = right[after], full[after]
         right[: L + 1] = (right_b + next_right).min(axis=1)
         full[: L + 1] = np.minimum((marker_b + next_right).min(axis=1), (left_b + next_full).min(axis=1))
-        fewest[: L + 1] = (costs.stage_counts(np.maximum(in_flight, u)) + fewest[after]).min(axis=1)
+        fewest[: L + 1] = (entrywise_stage_counts(costs, np.maximum(in_flight, u)) + fewest[after]).min(axis=1)
         bound[u] = full[0]
     return bound * (1 - 1e-9)
+
+
+def entrywise_bands(costs, in_flight, rows=slice(None)):
+    """``NodeCosts.chain_steps``' bands as first written: every entry's split-node bounds
+    computed with its own most compute per stage (the faster one takes them from the whole band
+    at each of the few distinct values and must agree to the last bit)."""
+    band_in_flight = in_flight[np.minimum(costs.after[rows], len(in_flight) - 1)]
+    fits = costs.cap_band[rows] >= band_in_flight
+    split = costs._split_sides(tuple(part[rows] for part in costs._split_band), costs._most_of(band_in_flight))
+    return [np.minimum(np.where(fits, w[rows], math.inf), s) for w, s in zip(costs.whole_band, split)]
+
+
+def entrywise_stage_counts(costs, in_flight, rows=slice(None)):
+    """``NodeCosts.chain_steps``' stage counts as first written (see ``entrywise_bands``)."""
+    band_in_flight = in_flight[np.minimum(costs.after[rows], len(in_flight) - 1)]
+    whole = costs._whole_usable[rows] & (costs.cap_band[rows] >= band_in_flight)
+    exists = costs._split_band[0][rows]
+    most = costs._most_of(band_in_flight)
+    split = np.where(
+        exists & (most > 0),
+        np.maximum(
+            max(2, costs.geometry.stages_per_node),
+            np.ceil(costs._split_band[1][rows] / np.maximum(most, 1e-9) - 1e-9),
+        ),
+        math.inf,
+    )
+    return np.where(whole, 1.0, split)
 
 
 def all_columns_prefix_tables(costs, max_nodes: int, in_flight: int):

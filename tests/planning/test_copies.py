@@ -146,7 +146,7 @@ def test_copies_match_the_straightforward_computation():
 
     from oobleck.errors import PlanningError
     from oobleck.planning.instantiate import instantiate
-    from oobleck.planning.reconfigure import _copies, _held_ranges
+    from oobleck.planning.reconfigure import _check_replicas, _copies, _held_ranges
     from oobleck.planning.synthetic import synthetic_profile
     from oobleck.planning.templates import generate_templates
 
@@ -170,6 +170,12 @@ def test_copies_match_the_straightforward_computation():
         sources = rng.choice([1, 2, 4])
         expected = straightforward_copies(new, held, live, templates.layer_param_bytes, sources, 2**20)
         assert _copies(new, held, live, templates.layer_param_bytes, sources, 2**20) == expected
+        # The surviving holders as reconfiguration finds them: sorted, one tuple per stage segment.
+        shared = _check_replicas(old, gone)
+        assert {layer: tuple(sorted(workers)) for layer, workers in live.items()} == shared
+        assert _copies(new, held, shared, templates.layer_param_bytes, sources, 2**20) == expected
+        shuffled = {layer: tuple(rng.sample(workers, len(workers))) for layer, workers in live.items()}
+        assert _copies(new, held, shuffled, templates.layer_param_bytes, sources, 2**20) == expected
         as_sets = {w: set(r) for w, r in held.items()}
         assert _copies(new, as_sets, live, templates.layer_param_bytes, sources, 2**20) == expected
         compared += 1
@@ -185,3 +191,82 @@ def test_missing_layers_of_ranges_are_the_set_difference():
                     expected = [layer for layer in range(a, b) if layer not in set(range(c, d))]
                     assert list(_missing(range(a, b), range(c, d))) == expected
                     assert list(_missing(range(a, b), set(range(c, d)))) == expected
+
+
+def test_surviving_holders_of_plans_with_shadow_copies():
+    """With shadow copies a layer's holders are no longer those of its stage segment: each layer's
+    own holders, filtered and sorted."""
+    import dataclasses
+
+    from oobleck.planning.instantiate import instantiate
+    from oobleck.planning.outputs import ShadowCopy
+    from oobleck.planning.reconfigure import _check_replicas
+    from oobleck.planning.synthetic import synthetic_profile
+    from oobleck.planning.templates import generate_templates
+
+    templates = generate_templates(synthetic_profile(6, seed=1), cluster(4, gpus=2, memory=1.6e9), 1)
+    plan = instantiate(templates, [5, 1, 3, 0], 8, 1, 1)
+    assert any(len(p.template.stages) > 1 for p in plan.pipelines)
+    shadowed = dataclasses.replace(plan, shadows=(ShadowCopy(pipeline=0, stage=0, layers=(5,)),))
+    for gone in ({1}, {5}, {0, 1}, set()):
+        for subject in (plan, shadowed):
+            expected = {
+                layer: tuple(sorted(w for w in workers if w[0] not in gone))
+                for layer, workers in subject.layer_holders().items()
+            }
+            assert _check_replicas(subject, gone) == expected
+
+
+def test_transfers_of_rows_are_the_dataclass():
+    rows = [(3, (1, 0), (2, 1), 0, 2, 400, 0, 1), (3, (2, 1), (4, 0), 1, 2, 404, 5, 7)]
+    assert LayerTransfer.of_rows(rows) == tuple(LayerTransfer(*row) for row in rows)
+    assert LayerTransfer.of_rows(rows)[1].pieces == 7
+
+
+def test_reconfiguration_equals_the_straightforward_path(monkeypatch):
+    """Over seeded random reconfigurations (failures, joins, re-plans, 1-8 GPUs per node), the
+    plan ``reconfigure`` returns is the one it returns with the straightforward copies, holders
+    filtered per layer and transfers built one ``LayerTransfer(*row)`` at a time, to the last
+    field."""
+    import random
+
+    from planning_brute import straightforward_copies
+
+    from oobleck.errors import PlanningError
+    from oobleck.planning.instantiate import instantiate
+    from oobleck.planning.synthetic import synthetic_profile
+    from oobleck.planning.templates import generate_templates
+
+    module = __import__("oobleck.planning.reconfigure", fromlist=["_copies"])
+    rng = random.Random(3030)
+    cases = []
+    while len(cases) < 40:
+        layers, nodes, f, gpus = rng.randint(2, 12), rng.randint(3, 12), rng.randint(0, 3), rng.choice([1, 2, 4, 8])
+        profile = synthetic_profile(layers, seed=rng.randint(0, 10**6), jitter=0.6)
+        try:
+            templates = generate_templates(profile, cluster(nodes + 2, gpus=gpus), f)
+            old = instantiate(templates, range(nodes), rng.choice([4, 16, 64]), 1, f)
+            removed = rng.sample(old.nodes, rng.randint(0, f))
+            joined = [100 + i for i in range(rng.randint(0, 2))]
+            if not removed and not joined:
+                continue
+            args = dict(removed=removed, joined=joined, max_sources=rng.choice([1, 2, 4]), fault_tolerance=f)
+            fast = reconfigure(old, templates, **args)
+        except PlanningError:
+            continue
+        cases.append((old, templates, args, fast))
+
+    def holders_per_layer(plan, removed):
+        live = {
+            layer: tuple(w for w in workers if w[0] not in removed) for layer, workers in plan.layer_holders().items()
+        }
+        if not all(live.values()):
+            raise PlanningError("a layer lost every replica")
+        return live
+
+    monkeypatch.setattr(module, "_check_replicas", holders_per_layer)
+    monkeypatch.setattr(module, "_copies", lambda *a, relay=True: straightforward_copies(*a))
+    monkeypatch.setattr(LayerTransfer, "of_rows", classmethod(lambda cls, rows: tuple(cls(*row) for row in rows)))
+    for old, templates, args, fast in cases:
+        templates.memo.clear()
+        assert reconfigure(old, templates, **args) == fast

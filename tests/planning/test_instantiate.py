@@ -220,3 +220,29 @@ def test_banded_knapsack_matches_enumeration():
             assert len(chosen) == count and sum(chosen) == nodes
             assert sum(int(values[sizes.index(n)]) for n in chosen) == best
     assert compared > 100
+
+
+def test_sync_figures_equal_the_per_template_sums():
+    """``_Sync`` takes each stage's bytes from prefix sums: the same in-node all-reduce and bytes
+    per node as summing every stage's layers, over seeded generated template sets (several GPUs
+    per node, several stages per node)."""
+    import random
+
+    from oobleck.planning.instantiate import _intra_sync, _node_param_bytes, sync_of
+
+    rng = random.Random(34)
+    checked = 0
+    for _ in range(20):
+        profile = synthetic_profile(rng.randint(4, 14), seed=rng.randint(0, 10**6), jitter=0.6)
+        spec = cluster(rng.randint(2, 8), rng.choice([2, 4]), rng.choice([1e13, 1e9, 1.6e9]))
+        try:
+            templates = generate_templates(profile, spec, 1)
+        except PlanningError:
+            continue
+        sync = sync_of(templates, 1.5e11, 1.25e10)
+        bytes_ = templates.layer_param_bytes
+        for n, template in templates.templates.items():
+            assert sync.intra_of[n] == _intra_sync(template, bytes_, 1.5e11)
+            assert sync.node_bytes_of[n] == max(_node_param_bytes(template, bytes_))
+            checked += len(template.stages) > template.num_nodes  # (nodes of several stages)
+    assert checked > 5

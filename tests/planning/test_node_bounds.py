@@ -16,7 +16,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planning_brute import SMALL_PROBLEMS, all_layouts
 
-from oobleck.planning.node_bounds import NodeCosts, NodeGeometry, PrefixBounds, bottleneck_floor, root_bounds
+from oobleck.planning.node_bounds import (
+    LEVELS_CACHED,
+    NodeCosts,
+    NodeGeometry,
+    PrefixBounds,
+    bottleneck_floor,
+    root_bounds,
+)
 from oobleck.planning.pipeline_cost import bottleneck_index, pipeline_iteration_time
 from oobleck.planning.synthetic import synthetic_profile
 from oobleck.planning.templates import _StageTable, stage_memories_of, stage_seconds_of
@@ -85,10 +92,17 @@ def test_chains_match_the_all_entries_chains():
     every entry, and the partial-node tables a plain minimum over every window, to the last bit."""
     import random
 
-    from planning_brute import all_columns_prefix_tables, all_rows_root_bounds, windowed_partial
+    from planning_brute import (
+        all_columns_prefix_tables,
+        all_rows_root_bounds,
+        entrywise_bands,
+        entrywise_stage_counts,
+        windowed_partial,
+    )
 
     rng = random.Random(30)
     finite = 0
+    paths = {True: 0, False: 0}
     for _ in range(40):
         layers, gpus = rng.randint(2, 24), rng.choice([1, 2, 4, 8])
         profile = synthetic_profile(
@@ -96,6 +110,8 @@ def test_chains_match_the_all_entries_chains():
             seed=rng.randint(0, 10**6),
             jitter=rng.choice([0.0, 0.0, 0.6]),  # 0: every block identical (a GPT)
             param_bytes=rng.choice([50_000_000, 400_000_000, 2_000_000_000]),
+            # Large activations: memory binds at many in-flight counts (many split-node levels).
+            activation_bytes=rng.choice([20_000_000, 20_000_000, 1_000_000_000]),
         )
         spec = cluster(rng.randint(1, 24), gpus, rng.choice([1e13, 8e9, 40e9]))
         table = _StageTable(profile, spec, rng.choice([gpus, max(1, gpus // 2)]))
@@ -119,4 +135,18 @@ def test_chains_match_the_all_entries_chains():
                 PrefixBounds(costs, max_nodes), in_flight, free
             )
             finite += int(np.isfinite(fast[2:]).sum())
+            # The bands of entries at their own in-flight counts, taken from the whole band at each
+            # distinct most compute per stage: the entrywise computation's bits.
+            vector = np.array([rng.randint(1, layers + 2) for _ in range(layers + 2)])
+            first = rng.randint(0, layers)
+            rows = slice(first, rng.randint(first, layers) + 1)
+            for _ in range(2):  # (the second time from the levels cached by the first)
+                steps = costs.chain_steps(vector, rows)
+                for band, reference in zip(steps, entrywise_bands(costs, vector, rows)):
+                    assert np.array_equal(band, reference)
+                assert np.array_equal(steps[3], entrywise_stage_counts(costs, vector, rows))
+            band_in_flight = vector[np.minimum(costs.after[rows], len(vector) - 1)]
+            if len(np.unique(costs._most_of(band_in_flight))) > 1:
+                paths[len(costs._level_most) <= LEVELS_CACHED] += 1  # (levels cached, or entrywise)
     assert finite > 100
+    assert min(paths.values()) > 10, paths

@@ -106,3 +106,15 @@ def test_exact_makespan_equals_the_sweeping_schedule_on_deep_pipelines():
         w = [rng.choice([0.1, 0.3, 1 / 3, rng.uniform(0.01, 2.0)]) for _ in range(rng.randint(1, 40))]
         m = rng.randint(1, 60)
         assert exact_1f1b_makespan(w, m) == sweeping_1f1b_makespan(w, m, DEFAULT_FORWARD_FRACTION)
+
+
+def test_one_microbatch_equals_the_sweeping_schedule():
+    """One microbatch takes a shortcut (the forwards, then the backwards, added in the schedule's
+    order): the same bits as sweeping the schedule, on deep pipelines and with zero-time stages."""
+    import random
+
+    rng = random.Random(301)
+    for _ in range(300):
+        w = [rng.choice([0.0, 0.1, 0.3, 1 / 3, 1e-9, rng.uniform(0.001, 3.0)]) for _ in range(rng.randint(1, 70))]
+        fraction = rng.choice([DEFAULT_FORWARD_FRACTION, 0.5, 0.4, 0.37, 1.0])
+        assert exact_1f1b_makespan(w, 1, fraction) == sweeping_1f1b_makespan(w, 1, fraction)
