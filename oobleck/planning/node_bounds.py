@@ -333,17 +333,21 @@ class NodeCosts:
         every band entry, stacked, with ``_most`` at ``level``."""
         if level not in self._level_split:
             most = self._level_most[level]
-            exists, compute = self._split_band[0], self._split_band[1]
-            counts = np.where(
-                exists & (most > 0),
-                np.maximum(
-                    max(2, self.geometry.stages_per_node),
-                    np.ceil(compute / np.maximum(most, BOUND_SLACK) - BOUND_SLACK),
-                ),
-                INF,
-            )
+            counts = self._split_stage_counts(self._split_band[0], self._split_band[1], most)
             self._level_split[level] = np.stack([*self._split_sides(self._split_band, most), counts])
         return self._level_split[level]
+
+    def _split_stage_counts(self, exists: np.ndarray, compute: np.ndarray, most: float | np.ndarray) -> np.ndarray:
+        """The fewest stages a split node holding ``compute`` needs when no stage may hold more
+        than ``most`` (at least two, and the node's own minimum); INF where no such node exists."""
+        return np.where(
+            exists & (most > 0),
+            np.maximum(
+                max(2, self.geometry.stages_per_node),
+                np.ceil(compute / np.maximum(most, BOUND_SLACK) - BOUND_SLACK),
+            ),
+            INF,
+        )
 
     def _split_entries(
         self, in_flight: np.ndarray, band_in_flight: np.ndarray, ends: np.ndarray, rows: slice
@@ -369,15 +373,7 @@ class NodeCosts:
                     split = np.where(levels == level, self._split_at_level(level)[:, rows], split)
             return split
         most = self._most_of(band_in_flight)
-        exists, compute = self._split_band[0][rows], self._split_band[1][rows]
-        counts = np.where(
-            exists & (most > 0),
-            np.maximum(
-                max(2, self.geometry.stages_per_node),
-                np.ceil(compute / np.maximum(most, BOUND_SLACK) - BOUND_SLACK),
-            ),
-            INF,
-        )
+        counts = self._split_stage_counts(self._split_band[0][rows], self._split_band[1][rows], most)
         return np.stack([*self._split_sides(tuple(part[rows] for part in self._split_band), most), counts])
 
     def chain_steps(self, in_flight: np.ndarray, rows: slice = slice(None)) -> np.ndarray:
