@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -77,28 +76,6 @@ def shared_fork_server(request):
             shared.shutdown()
 
 
-# Each module's seconds in a measured run (.ci/module_seconds.py writes it): the order below.
-MODULE_SECONDS_FILE = Path(__file__).with_name("module_seconds.json")
-
-
-def pytest_configure(config):
-    # xdist hands out groups in the collection's order, or by test count unless told not to:
-    # keep the longest-first order made below (a one-test module of a minute sent last would run
-    # alone at the end while the other worker idles).
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
-
-
-def _longest_first(items) -> None:
-    """Sort modules by their measured seconds, longest first (a greedy longest-processing-time
-    schedule over the workers); a module not measured yet counts as the median one. The sort is
-    stable and by module, so each module's tests stay together and in their order."""
-    seconds = json.loads(MODULE_SECONDS_FILE.read_text()) if MODULE_SECONDS_FILE.is_file() else {}
-    known = sorted(seconds.values())
-    unmeasured = known[len(known) // 2] if known else 0
-    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::", 1)[0], unmeasured))
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     # With ``-n 2 --dist loadgroup`` (the README's test command) every module is one xdist group,
@@ -111,4 +88,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
-    _longest_first(items)

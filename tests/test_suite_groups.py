@@ -3,13 +3,11 @@ xdist group, so its module-scoped runs happen once, on one worker, and modules t
 themselves share it.
 
 A pytest session with two xdist workers runs, in a scratch directory, this suite's conftest over
-three modules; xdist names a grouped test ``<node id>@<group>``. The modules go to the workers
-longest first by their measured seconds (``tests/module_seconds.json``).
+three modules; xdist names a grouped test ``<node id>@<group>``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -65,23 +63,3 @@ def test_each_module_is_a_group_and_named_groups_are_shared(tmp_path):
     shared = {name: worker for name, worker in ran.items() if not name.startswith("test_module.py::")}
     assert set(shared) == {"test_first.py::test_first@shared", "test_second.py::test_second@shared"}, done.stdout
     assert len(set(shared.values())) == 1
-
-
-def test_modules_go_to_the_workers_longest_first(tmp_path):
-    """One worker runs the modules in the order it is handed them: by their seconds in
-    module_seconds.json, a module not listed counting as the median one (here 20 s), ties in the
-    collection's order."""
-    (tmp_path / "conftest.py").write_text((REPO / "tests" / "conftest.py").read_text())
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: multi-process tests\n")
-    seconds = {"test_heavy.py": 50, "test_light.py": 1, "test_mid.py": 20}
-    (tmp_path / "module_seconds.json").write_text(json.dumps(seconds))
-    for name in ("heavy", "light", "mid", "new"):
-        (tmp_path / f"test_{name}.py").write_text(
-            f"def test_{name}_1():\n    pass\n\n\ndef test_{name}_2():\n    pass\n"
-        )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "pytest", "-n", "1", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider"]
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    order = re.findall(r"PASSED test_\w+\.py::(test_\w+)@", done.stdout)
-    assert order == [f"test_{m}_{i}" for m in ("heavy", "mid", "new", "light") for i in (1, 2)], done.stdout
