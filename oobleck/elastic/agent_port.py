@@ -52,22 +52,31 @@ class _Pending:
     received: bytearray = field(default_factory=bytearray)
 
 
+def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (0: any free port) and listening with ``backlog``;
+    ``OSError`` if it cannot be (the port in use), with nothing left open."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        server.bind((host, port))
+        server.listen(backlog)
+    except OSError:
+        server.close()
+        raise
+    return server
+
+
 def bind_agent_listener(cluster: Any) -> socket.socket:
     """The agent port's listening socket on ``cluster.master_addr``, one port above the store's
     (any free port when the store's is picked): a port in use is one clear error."""
     port = int(cluster.master_port) + 1 if int(cluster.master_port) else 0
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        server.bind((str(cluster.master_addr), port))
-        server.listen(LISTEN_BACKLOG)
+        return listening_socket(str(cluster.master_addr), port, LISTEN_BACKLOG)
     except OSError as error:
-        server.close()
         raise RunError(
             f"cannot open the agent port {cluster.master_addr}:{port} ({error}); "
             "set cluster.master_port=<free port> (the agent port is the next one) or 0"
         ) from None
-    return server
 
 
 class AgentPort:

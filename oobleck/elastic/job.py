@@ -133,8 +133,7 @@ def launch(
     config that forks workers gets one started here, before planning, and closed at the end."""
     schedule = check_run(cfg)
     # The run's ports first: one in use is a clear error before any process (fork server, wandb) starts.
-    ports = bind_run_ports(cfg.cluster)
-    try:
+    with bind_run_ports(cfg.cluster) as ports:
         run_id = run_id or new_run_id()
         own = fork_server_for(cfg, run_id) if fork_server is None else None
         try:
@@ -153,8 +152,6 @@ def launch(
         finally:
             if own is not None:
                 own.close()
-    finally:
-        ports.close()
 
 
 def _launch(

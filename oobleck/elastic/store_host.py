@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from oobleck.elastic.agent_port import bind_agent_listener
+from oobleck.elastic.agent_port import bind_agent_listener, listening_socket
 from oobleck.errors import RunError
 
 LISTEN_BACKLOG = 256  # connections waiting to be accepted: every worker of a large run at once
@@ -24,15 +24,10 @@ LISTEN_BACKLOG = 256  # connections waiting to be accepted: every worker of a la
 def bind_listener(cluster: Any) -> socket.socket:
     """The store's listening socket, bound and listening on ``cluster.master_addr``:
     ``master_port`` in use is one clear error, raised before the run starts any process."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        listener.bind((str(cluster.master_addr), int(cluster.master_port)))
-        listener.listen(LISTEN_BACKLOG)
+        return listening_socket(str(cluster.master_addr), int(cluster.master_port), LISTEN_BACKLOG)
     except OSError as error:
-        listener.close()
         raise _cannot_host(cluster, error) from None
-    return listener
 
 
 @dataclass
@@ -47,6 +42,12 @@ class RunPorts:
         """Close what the run did not take over (a socket taken over is closed by its owner)."""
         self.store.close()
         self.agent.close()
+
+    def __enter__(self) -> RunPorts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def bind_run_ports(cluster: Any) -> RunPorts:
