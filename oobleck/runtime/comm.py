@@ -162,6 +162,16 @@ class Reaper:
         with self._lock:
             return self._dropping
 
+    def overdue_s(self) -> float:
+        """How long past its deadline the longest-waiting parked item is (0.0: none is late).
+
+        How many items are parked follows the pace of failures (a frozen peer keeps a group's
+        works pending until the group timeout); an item left here long past its deadline is what
+        a leak looks like."""
+        now = time.monotonic()
+        with self._lock:
+            return max([0.0, *(now - deadline for deadline, _, _ in self._parked)])
+
     def _run(self) -> None:
         while True:
             time.sleep(self.poll_s)

@@ -318,6 +318,7 @@ class Worker:
                         "groups": len(comm.groups),
                         "parked": self.reaper.parked(),
                         "dropping": self.reaper.dropping(),
+                        "parked_overdue_s": round(self.reaper.overdue_s(), 3),
                         "layers": len(self.layers),
                     }
                 )

@@ -60,6 +60,11 @@ NODES = 12
 JOINS, JOIN_SIZE = 9, 1
 LEFTOVER_WAIT_S = 10.0  # how long the run's ports may take to close after it returned
 CLOSE_WAIT_GRACE_S = 2.0  # how long a dead agent's socket may stay in CLOSE-WAIT after a recovery
+# How far the floor of the groups a generation holds may move with its plans (pipelines, stages).
+GROUPS_SLACK = 4
+# How long past its deadline a parked group may wait for the reaper's next pass (its thread may
+# be inside gloo destructors of the groups dropped before it).
+OVERDUE_GRACE_S = 10.0
 STEPS = 1500  # a bound only (~450 are needed): the loop stops the run once it has its generations
 GENERATIONS = 25
 GAP = 3  # steps committed after a recovery before the next fault
@@ -368,14 +373,23 @@ def test_resources_stay_flat(chaos_run):
             assert min(map(net, late)) <= min(map(net, early)) + slack, (name, key, brief(early), brief(late))
         assert max(p["rss_kb"] for p in late) - max(p["rss_kb"] for p in early) < 40_000, (name, early, late)
 
-    # Abandoned groups wait in the reaper until their peers release them or the group timeout
-    # passes, so compare window means: a leak of one group per generation adds 15 to the late one.
-    # Groups being destroyed (``dropping``) are not held: under load their destructors can queue
-    # in the reaper's one thread (the gloo counts above net them out).
-    def mean_held(window):
-        return sum(p["groups"] + p["parked"] for p in window) / len(window)
-
-    assert mean_held(survivor[-7:]) <= mean_held(survivor[2:9]) + 8, (survivor[2:9], survivor[-7:])
+    # How many groups are parked follows the pace of faults, not a leak: a frozen peer keeps a
+    # group's works pending until the group timeout, so a few freezes in the last generations
+    # park a few of them each. A leak is a group the worker keeps holding after its generation
+    # (it raises the floor of every later sample: one per generation adds 15 between the windows;
+    # the plan alone moves a generation's count, by 6 in one case seen) or one the reaper does
+    # not drop by its deadline (its lateness grows for the rest of the run).
+    assert min(p["groups"] for p in survivor[-7:]) <= min(p["groups"] for p in survivor[2:9]) + GROUPS_SLACK, (
+        [p["groups"] for p in survivor[2:9]],
+        [p["groups"] for p in survivor[-7:]],
+    )
+    print(
+        f"survivor: at most {max(p['parked'] for p in survivor)} groups parked, "
+        f"at most {max(p['parked_overdue_s'] for p in survivor):.2f} s past a deadline"
+    )
+    assert max(p["parked_overdue_s"] for p in survivor) <= OVERDUE_GRACE_S, [
+        (p["parked"], p["parked_overdue_s"]) for p in survivor
+    ]
     # A socket whose agent just died is in CLOSE-WAIT until the membership handles its EOF; one
     # still there CLOSE_WAIT_GRACE_S later was left behind.
     time.sleep(CLOSE_WAIT_GRACE_S if any(s["close_wait"] for s in chaos.samples) else 0)
