@@ -187,6 +187,9 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, sig, code):
         "failures=none",
         "cluster.nodes=2",
         "job.steps=100000",
+        # Ctrl-C reaches the terminal's whole process group, wandb's service too: that case keeps
+        # wandb's default (offline); a SIGTERM reaches only the launcher.
+        *(["logger.wandb.mode=disabled"] if sig == signal.SIGTERM else []),
     ]
     process = subprocess.Popen(
         command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True

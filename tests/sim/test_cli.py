@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _simulate(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [
             sys.executable,
@@ -25,6 +25,9 @@ def _simulate(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
             "oobleck.simulate",
             f"hydra.run.dir={tmp_path / 'run'}",
             "logger.progress_bar=false",
+            # wandb's runs of a simulation are tests/metrics/test_sim_wandb.py's (each costs a
+            # second or more and a wandb service process)
+            "logger.wandb.mode=disabled",
             *overrides,
         ],
         cwd=REPO,
