@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from oobleck.config import compose_config
+from testing.configs import composed
 
 REPO = Path(__file__).resolve().parents[1]
 # Measured profiles of the test runs stay in the checkout (gitignored) rather than in the user's
@@ -17,7 +17,8 @@ os.environ.setdefault("OOBLECK_CACHE_DIR", str(REPO / ".oobleck_cache"))
 
 @pytest.fixture
 def make_config():
-    return compose_config
+    """``compose_config``, each distinct composition done once per test process (``composed``)."""
+    return composed
 
 
 class _SharedForkServer:
