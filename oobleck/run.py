@@ -90,7 +90,7 @@ def check_where_nodes_start(arguments: Sequence[str]) -> None:
     if any(a.startswith("-") for a in arguments):
         return  # --help, --cfg, -m (a sweep checks every point in its first job), shell completion
     overrides = [a for a in arguments if not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
-    if not any(a.lstrip("+~").startswith(("cluster", "experiment")) for a in overrides):
+    if not any(_may_change_launcher(a) for a in overrides):
         return  # the default cluster (local) starts nodes anywhere: no composing on every run's start
     try:
         cfg = compose_config(*overrides)
@@ -100,6 +100,17 @@ def check_where_nodes_start(arguments: Sequence[str]) -> None:
         launcher_class(cfg.cluster).check_environment(cfg.cluster)
     except OobleckError as error:
         exit_with(f"{PROGRAM}: error: {error}", EXIT_USER_ERROR)
+
+
+# The keys that can change which launcher a run gets (``launcher_class``: ``cluster._target_``,
+# else ``cluster.kind``): the cluster group, those two keys, and an experiment (which may choose a
+# cluster). Other cluster keys (``cluster.nodes``...) leave the launcher and where it may start.
+LAUNCHER_KEYS = ("cluster", "cluster.kind", "cluster._target_")
+
+
+def _may_change_launcher(override: str) -> bool:
+    key = override.lstrip("+~").split("=", 1)[0]
+    return key in LAUNCHER_KEYS or key == "experiment" or key.startswith("experiment/")
 
 
 def cli() -> None:

@@ -116,6 +116,31 @@ def test_slurm_outside_an_allocation_is_refused_before_the_run_dir_exists(tmp_pa
     assert not run_dir.exists()  # nothing was created: no run dir, no wandb run
 
 
+@pytest.mark.parametrize(
+    ("override", "checked"),
+    [
+        ("cluster=slurm", True),
+        ("+cluster=slurm", True),
+        ("cluster.kind=slurm", True),
+        ("cluster._target_=oobleck.elastic.slurm.SlurmLauncher", True),
+        ("experiment=paper_spot", True),
+        ("cluster.nodes=2", False),
+        ("cluster.gpus_per_node=4", False),
+        ("job.steps=3", False),
+    ],
+)
+def test_only_overrides_that_can_change_the_launcher_are_composed_before_hydra(override, checked):
+    """``check_where_nodes_start`` composes the config (a second compose, about a second) only
+    when an override can change which launcher runs; the launcher class is what it checks."""
+    from oobleck.config import compose_config
+    from oobleck.launcher import launcher_class
+    from oobleck.run import _may_change_launcher
+
+    assert _may_change_launcher(override) is checked
+    if not checked and override.startswith("cluster."):
+        assert launcher_class(compose_config(override).cluster) is launcher_class(compose_config().cluster)
+
+
 def test_ctrl_c_while_profiling_is_one_line_even_pressed_twice(tmp_path):
     run_dir = tmp_path / "run"
     command = [
