@@ -330,8 +330,8 @@ class _StageTable:
         flight, each within memory (node boundaries and time ignored); INF where none fits.
         Where GPUs are few, memory forces narrow stages of few layers: many more stages than on
         the widest GPUs (``memory_stage_counts``). Fewer layers to cover never need more
-        stages, so for each width of the next stage its longest that fits is best. Exact where
-        j + s <= L (``memory_stage_counts``)."""
+        stages, so for each width of the next stage its longest that fits is best. Computed,
+        and exact, where j + s <= L (``memory_stage_counts``); INF beyond."""
         if self._gpu_counts is None or len(self._gpu_counts[0]) <= most_gpus:
             L, U = self.num_layers, most_gpus
             positions = np.arange(L + 1)
@@ -339,13 +339,15 @@ class _StageTable:
             counts[:, :, 0] = 0.0
             widths = range(1, min(self.stage_gpu_limit, U) + 1)
             firsts = {g: self._first_starts_keeping(g) for g in widths}
-            for j in range(L + 1, -1, -1):
-                row, following = counts[j], counts[j + 1]
+            for j in range(L - 1, -1, -1):
+                # Only s <= L - j: the entries those read lie in the same triangle.
+                row, following, most = counts[j], counts[j + 1], L - j
                 for g in widths:
-                    reach = firsts[g][j]
-                    fits = reach < positions
+                    reach = firsts[g][j, : most + 1]
+                    fits = reach < positions[: most + 1]
                     taken = 1 + following[: U + 1 - g][:, reach[fits]]
-                    row[g:, fits] = np.minimum(row[g:, fits], taken)
+                    part = row[g:, : most + 1]
+                    part[:, fits] = np.minimum(part[:, fits], taken)
             self._gpu_counts = counts[: L + 2].tolist()
         return self._gpu_counts
 
