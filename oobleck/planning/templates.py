@@ -276,6 +276,7 @@ class _StageTable:
         self.candidates = np.unique(self.marker_costs)
         self._memory_counts: tuple[np.ndarray, np.ndarray, list[list[float]]] | None = None
         self._gpu_counts: list[list[list[float]]] | None = None
+        self._marker_counts: tuple[np.ndarray, np.ndarray] | None = None
         self.total_compute = float(arrays.compute[-1])
         self.compute_prefix: list[float] = arrays.compute.tolist()  # compute of layers [0, i)
         # Every node boundary costs at least this much (the cheapest boundary tensor, cross-node).
@@ -323,6 +324,21 @@ class _StageTable:
                 end = start
             self._memory_counts = (after, before[: L + 2], before[: L + 2].tolist())
         return self._memory_counts
+
+    def marker_stage_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """For every marker (in the order of ``marker_costs``), what memory forces around it as
+        the bottleneck: ``after``, the fewest stages following it (``memory_stage_counts``); it
+        keeps one more in flight than those, and the stage before it one more again, so
+        ``before``, the fewest stages before it; INF where its memory cannot keep that many in
+        flight or nothing can cover what lies before it."""
+        if self._marker_counts is None:
+            after, before, _ = self.memory_stage_counts()
+            following = after[self.marker_ends]
+            fits = self.marker_caps >= following + 1
+            rows = np.where(fits, following + 1, 0).astype(np.int64)
+            preceding = np.where(fits, before[rows, self.marker_starts], INF)
+            self._marker_counts = (following, preceding)
+        return self._marker_counts
 
     def gpu_stage_counts(self, most_gpus: int) -> list[list[list[float]]]:
         """``[j][u][s]`` (u = 0 .. ``most_gpus``): the fewest stages covering layers [0, s) on at
@@ -1118,28 +1134,20 @@ def _promising_markers(
     right = total_compute - compute[ends]
     widths = table.marker_gpus[lo:hi]
     k_min = np.maximum(np.ceil(left / (W * gpus) - 1e-9), (starts > 0).astype(float))
-    # Memory: at least ``after[e]`` stages follow the marker, so it keeps at least one more in
-    # flight (a marker whose memory does not allow that is never one), and the stage before it
-    # one more again, which bounds k from below by ``before``.
-    after, before, _ = table.memory_stage_counts()
-    right_stages = after[ends] if in_flight else np.zeros(hi - lo)
-    fits = table.marker_caps[lo:hi] >= right_stages + 1
-    following = np.where(fits, right_stages + 1, 0).astype(np.int64)
-    if in_flight:
-        k_min = np.maximum(k_min, before[following, starts])
-    else:
-        fits[:] = True
     # A marker narrower than a node shares it with another stage: one stage more than nodes;
-    # and there are at least as many stages as memory forces (``fewest_stages``), and as the
-    # marker, the k before it and those after it.
+    # and there are at least as many stages as memory forces (``fewest_stages``), and, with
+    # ``in_flight``, as the marker, the k before it and those after it
+    # (``_StageTable.marker_stage_counts``; INF: it is never the bottleneck).
+    least: float | np.ndarray = fewest_stages
+    if in_flight:
+        after, before = table.marker_stage_counts()
+        k_min = np.maximum(k_min, before[lo:hi])
+        least = np.maximum(fewest_stages, k_min + 1 + after[lo:hi])
     extra_stages = (widths < gpus).astype(float)
-    least = np.maximum(fewest_stages, k_min + 1 + right_stages) if in_flight else np.full(hi - lo, fewest_stages)
     base = (k_min + 1) * W + left / gpus + 2 * right / gpus
-    keep = fits & np.isfinite(k_min)
-    passes = np.zeros(hi - lo, dtype=bool)
+    keep = np.zeros(hi - lo, dtype=bool)
     for n, budget in budgets.items():
-        passes |= base + (r - 1) * np.maximum(n + extra_stages, least) * W < budget
-    keep &= passes
+        keep |= base + (r - 1) * np.maximum(n + extra_stages, least) * W < budget
     links = table.marker_links[lo:hi]
     return [
         (int(a), int(b), int(g), int(link))
