@@ -670,6 +670,7 @@ def _solve_for_threshold(
     few_gpus = STAGE_COUNT_NODES * G
     by_gpus = table.gpu_stage_counts(few_gpus) if in_flight else []
     by_memory = table.memory_stage_counts()[2]
+    no_count = [0.0] * (table.num_layers + 1)  # (in_flight=False)
 
     def prefix_at(j: int, h: int) -> Any:
         """(left, marked) bounds of [0, start) after a stage that is the j-th from the right and
@@ -711,6 +712,14 @@ def _solve_for_threshold(
                 continue
             costs = cost[g][link][a]
             min_stages = nl2 + (1 if h2 < G else 0)
+            # The stages memory forces on [0, start), by start (0 at start 0).
+            free = nl2 * G + G - h2
+            if not in_flight:
+                needs = no_count
+            elif free <= few_gpus:
+                needs = by_gpus[j1][free]
+            else:
+                needs = by_memory[j1]
             links_left = nl2 * cross
             links_but_one = links_left - cross if nl2 else 0.0  # one may be the marker's, inside W
             for start in range(lo, hi):
@@ -727,13 +736,11 @@ def _solve_for_threshold(
                 stages = least_stages[start]
                 if stages < min_stages:
                     stages = min_stages
-                if start and in_flight:
-                    free = nl2 * G + G - h2
-                    needed = by_gpus[j1][free][start] if free <= few_gpus else by_memory[j1][start]
-                    if needed > stages:
-                        if needed == INF:
-                            continue
-                        stages = int(needed)
+                needed = needs[start]
+                if needed > stages:
+                    if needed == INF:
+                        continue
+                    stages = int(needed)
                 if p2:
                     lower = compute_per_gpu[start] + links_left + stages * rW
                 else:
