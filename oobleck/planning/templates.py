@@ -58,7 +58,11 @@ yet is bounded through the markers still ahead of it. The exactness tests compar
 force over every layout (the bounds themselves too: ``tests/planning/test_node_bounds.py``), and
 medium cases against slower searches of earlier versions; benchmarks/bench_planner.py measures
 the speed. Where memory forces several narrow stages per node (few nodes for a large model), the
-node-level bounds are loosest and most of the time goes there. With r = 1 extra stages cost
+node-level bounds are loosest and most of the time goes there; what memory forces at the
+stages' in-flight counts narrows it (``_StageTable.memory_stage_counts`` and, where few GPUs
+are left, ``gpu_stage_counts``: narrow stages keep few layers): the rest of a state needs at least
+that many stages, each costing (r-1)W or more, and the marker keeps at most its own memory limit
+in flight, so it lies within that many stages of the pipeline's end. With r = 1 extra stages cost
 nothing in Eq. 1-4 (the (r-1) W per stage vanishes), the bounds lose most of their grip and the
 search takes seconds where r = 4 takes a fraction of one.
 """
@@ -103,6 +107,11 @@ MARKER_BOUND_LIMIT = 4
 # most PROBE_ATTEMPTS).
 PROBE_THRESHOLDS = 64
 PROBE_ATTEMPTS = 8
+# Stage counts forced by memory on the GPUs left (``_StageTable.gpu_stage_counts``) are kept for
+# up to this many nodes' GPUs (the table grows with it): memory forces narrow stages of few layers
+# where few nodes hold a large model, the searches that find nothing there are what they prune,
+# and with more GPUs left the count on the widest stages (``memory_stage_counts``) is as good.
+STAGE_COUNT_NODES = 4
 
 
 @dataclass(frozen=True)
@@ -206,7 +215,7 @@ class _StageTable:
         self.cost: list[list[list[list[float]]]] = [[] for _ in range(max_gpus + 1)]
         self.cap: list[list[list[float]]] = [[] for _ in range(max_gpus + 1)]
         memory = cluster.device_memory_bytes
-        values, starts, stage_ends, widths, links = [], [], [], [], []
+        values, starts, stage_ends, widths, links, limits = [], [], [], [], [], []
         # cost_stack[g, link, start, end]: the same w for vectorised threshold counts; -inf where
         # start >= end (no stage), so it never counts as slower than a threshold.
         self.cost_stack = np.full((max_gpus + 1, 3, L + 1, L + 1), -INF)
@@ -247,6 +256,7 @@ class _StageTable:
                 stage_ends.append(upper[1][keep])
                 widths.append(np.full(int(keep.sum()), g))
                 links.append(np.full(int(keep.sum()), link))
+                limits.append(cap[upper][keep])
         # Stages whose memory limit binds (1 <= limit < L in-flight microbatches), sorted by
         # their fastest time, with a running maximum of their limits: ``compressions_within``.
         costs, caps = np.concatenate(binding_costs), np.concatenate(binding_caps)
@@ -262,7 +272,11 @@ class _StageTable:
         self.marker_ends = np.concatenate(stage_ends)[order]
         self.marker_gpus = np.concatenate(widths)[order]
         self.marker_links = np.concatenate(links)[order]
+        self.marker_caps = np.concatenate(limits)[order]  # the most in flight each keeps
         self.candidates = np.unique(self.marker_costs)
+        self._memory_counts: tuple[np.ndarray, np.ndarray, list[list[float]]] | None = None
+        self._gpu_counts: list[list[list[float]]] | None = None
+        self._marker_counts: tuple[np.ndarray, np.ndarray] | None = None
         self.total_compute = float(arrays.compute[-1])
         self.compute_prefix: list[float] = arrays.compute.tolist()  # compute of layers [0, i)
         # Every node boundary costs at least this much (the cheapest boundary tensor, cross-node).
@@ -274,6 +288,94 @@ class _StageTable:
             if boundaries.size
             else 0.0
         )
+
+    def memory_stage_counts(self) -> tuple[np.ndarray, np.ndarray, list[list[float]]]:
+        """How many stages memory alone forces, on as many GPUs as a stage may have (stage i of S
+        keeps S - i microbatches in flight; a stage of fewer layers needs less memory, so the
+        longest stage that fits at each step covers with fewest, as in ``_fewest_stages``):
+
+        - ``after[e]``: the fewest stages covering layers [e, L) as the last stages of a layout
+          (the j-th from the right keeps j in flight); INF where none fits;
+        - ``before[j, s]`` (j = 0 .. L + 1): the fewest stages covering [0, s) when the first of
+          them from the right keeps j + 1 in flight; INF where none fits; and the same as lists.
+
+        Exact where j + s <= L, the only states a layout reaches (j stages hold j layers or
+        more); beyond, a count may be INF where very many stages would fit.
+        """
+        if self._memory_counts is None:
+            L = self.num_layers
+            first = self._first_starts_keeping(self.stage_gpu_limit)
+            positions = np.arange(L + 1)
+            before = np.full((L + 3, L + 1), INF)  # row L + 2: past any layout (INF but at 0)
+            before[:, 0] = 0.0
+            for j in range(L + 1, -1, -1):
+                reach = first[j]
+                fits = reach < positions
+                before[j, 1:] = np.where(fits, 1 + before[j + 1][np.where(fits, reach, 0)], INF)[1:]
+            after = np.full(L + 1, INF)
+            after[L] = 0.0
+            end, count = L, 0
+            while end > 0:
+                start = int(first[count, end])
+                if start >= end:
+                    break
+                count += 1
+                after[start:end] = count
+                end = start
+            self._memory_counts = (after, before[: L + 2], before[: L + 2].tolist())
+        return self._memory_counts
+
+    def marker_stage_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """For every marker (in the order of ``marker_costs``), what memory forces around it as
+        the bottleneck: ``after``, the fewest stages following it (``memory_stage_counts``); it
+        keeps one more in flight than those, and the stage before it one more again, so
+        ``before``, the fewest stages before it; INF where its memory cannot keep that many in
+        flight or nothing can cover what lies before it."""
+        if self._marker_counts is None:
+            after, before, _ = self.memory_stage_counts()
+            following = after[self.marker_ends]
+            fits = self.marker_caps >= following + 1
+            rows = np.where(fits, following + 1, 0).astype(np.int64)
+            preceding = np.where(fits, before[rows, self.marker_starts], INF)
+            self._marker_counts = (following, preceding)
+        return self._marker_counts
+
+    def gpu_stage_counts(self, most_gpus: int) -> list[list[list[float]]]:
+        """``[j][u][s]`` (u = 0 .. ``most_gpus``): the fewest stages covering layers [0, s) on at
+        most u GPUs in all when the first of them from the right keeps j + 1 microbatches in
+        flight, each within memory (node boundaries and time ignored); INF where none fits.
+        Where GPUs are few, memory forces narrow stages of few layers: many more stages than on
+        the widest GPUs (``memory_stage_counts``). Fewer layers to cover never need more
+        stages, so for each width of the next stage its longest that fits is best. Computed,
+        and exact, where j + s <= L (``memory_stage_counts``); INF beyond."""
+        if self._gpu_counts is None or len(self._gpu_counts[0]) <= most_gpus:
+            L, U = self.num_layers, most_gpus
+            positions = np.arange(L + 1)
+            counts = np.full((L + 3, U + 1, L + 1), INF)  # row L + 2: past any layout
+            counts[:, :, 0] = 0.0
+            widths = range(1, min(self.stage_gpu_limit, U) + 1)
+            firsts = {g: self._first_starts_keeping(g) for g in widths}
+            for j in range(L - 1, -1, -1):
+                # Only s <= L - j: the entries those read lie in the same triangle.
+                row, following, most = counts[j], counts[j + 1], L - j
+                for g in widths:
+                    reach = firsts[g][j, : most + 1]
+                    fits = reach < positions[: most + 1]
+                    taken = 1 + following[: U + 1 - g][:, reach[fits]]
+                    part = row[g:, : most + 1]
+                    part[:, fits] = np.minimum(part[:, fits], taken)
+            self._gpu_counts = counts[: L + 2].tolist()
+        return self._gpu_counts
+
+    def _first_starts_keeping(self, gpus: int) -> np.ndarray:
+        """``[j, end]`` (j = 0 .. L + 1): the first start of a stage ending at ``end`` on ``gpus``
+        GPUs that keeps j + 1 microbatches in flight within memory (``end`` where none does)."""
+        L = self.num_layers
+        first = np.zeros((L + 2, L + 1), dtype=np.int64)
+        wanted = np.arange(1, L + 3)
+        for end in range(1, L + 1):
+            first[:, end] = np.searchsorted(np.asarray(self.cap[gpus][end], dtype=float), wanted, side="left")
+        return first
 
     def first_starts_within(self, limit: float) -> list[list[list[int]]]:
         """``[g][link][end]``: the smallest start with w(start, end) <= limit, for every stage end
@@ -379,6 +481,7 @@ def _bottleneck_dp(
     only: int | None = None,
     stage_cap: int | None = None,
     below: float = INF,
+    in_flight: bool = True,
 ) -> dict[int, float]:
     """Smallest achievable slowest-stage time for every node count up to ``max_nodes`` (INF where
     nothing fits), or for ``only`` that count; with ``stage_cap``, over layouts of at most that
@@ -387,7 +490,9 @@ def _bottleneck_dp(
 
     Branch and bound like the main DP: a sub-search only looks for values below its budget and
     is memoised as a lower bound otherwise. The slowest stage of [0, a) is at least its compute
-    spread over the GPUs still free (a stage of g GPUs needs w >= compute / g).
+    spread over the GPUs still free (a stage of g GPUs needs w >= compute / g), and a state whose
+    rest memory cannot cover on the GPUs still free is ruled out (``in_flight=False``: only the
+    stage cap uses that count, on any GPUs, as the search before it did).
     """
     G = gpus
     compute = table.compute_prefix
@@ -401,26 +506,22 @@ def _bottleneck_dp(
     memo: dict[tuple[int, int, int, int], tuple[float, bool]] = {}
     compress: list[int] = []
     bisect_left = bisect.bisect_left
-    widest = table.cap[table.stage_gpu_limit]
-    # fewest[(a, j)]: the fewest stages covering [0, a) when the first of them (from the right)
-    # keeps j + 1 microbatches in flight, by memory alone (``_fewest_stages``: the longest stage
-    # that fits at each step); a stage cap rules out states that would need more.
-    fewest: dict[tuple[int, int], float] = {}
-
-    def fewest_stages(a: int, j: int) -> float:
-        found = fewest.get((a, j))
-        if found is None:
-            start = bisect_left(widest[a], j + 1)
-            found = INF if start >= a else 1 + (fewest_stages(start, j + 1) if start else 0)
-            fewest[(a, j)] = found
-        return found
+    # The fewest stages covering [0, a) when the first of them (from the right) keeps j + 1
+    # microbatches in flight, by memory, on the GPUs left (``by_gpus[j][u][a]``, where at most
+    # ``few_gpus`` are) or on any (``by_memory[j][a]``): INF rules a state out, and so does a
+    # stage cap it would exceed.
+    few_gpus = STAGE_COUNT_NODES * G if in_flight else -1  # (-1: every state counts by memory)
+    by_gpus = table.gpu_stage_counts(few_gpus) if in_flight else []
+    by_memory = table.memory_stage_counts()[2]
 
     def best(a: int, j: int, nl: int, h: int, budget: float) -> float:
         if a == 0:
             return 0.0 if nl == 0 and h == G else INF
         if nl + (1 if h < G else 0) > a or j + nl + (1 if h < G else 0) > most_stages:
             return INF
-        if stage_cap is not None and j + fewest_stages(a, j) > stage_cap:
+        free = nl * G + G - h  # GPUs for [0, a): the nodes still to open and the current one's rest
+        needed = by_gpus[j][free][a] if free <= few_gpus else by_memory[j][a]
+        if (needed == INF and in_flight) or (stage_cap is not None and j + needed > stage_cap):
             return INF
         key = (a, compress[j], nl, h)
         hit = memo.get(key)
@@ -483,6 +584,7 @@ def _solve_for_threshold(
     budgets: dict[int, float],
     markers: set[tuple[int, int, int]] | None = None,
     prefix: PrefixBounds | None = None,
+    in_flight: bool = True,
 ) -> dict[int, tuple[float, list[tuple[int, int, int]]]]:
     """Exact DP for one bottleneck value W: the best T among layouts whose slowest stage is W.
 
@@ -491,7 +593,9 @@ def _solve_for_threshold(
     stops and is memoised as a lower bound, re-searched only if a larger budget asks again.
     ``markers`` (start, end, gpus), if given, are the only stages allowed as the bottleneck.
     Layouts are returned right to left as (start, end, gpus); node changes follow from the GPU
-    counts (a node closes when its GPUs are used up).
+    counts (a node closes when its GPUs are used up). ``in_flight=False`` leaves out the bounds
+    from what memory forces at the in-flight counts of the stages still to place (the search
+    before them, for comparison).
     """
     G = gpus
     # key -> (value, exact, choice); inexact values are lower bounds.
@@ -551,6 +655,22 @@ def _solve_for_threshold(
     else:
         before_marker[:] = -INF
     before_marker_list: list[float] = before_marker.tolist()
+    # The marker is stage k of S and keeps S - k microbatches in flight, at most what its memory
+    # allows: a state with j stages right of the marker still needs a marker ending at or before
+    # its start that keeps j + 1 in flight. ``marker_room[start]``: the most any marker ending
+    # at or before ``start`` keeps (0 where none ends there).
+    marker_room = np.full(len(compute), INF)
+    if markers is not None and in_flight:
+        marker_room[:] = 0.0
+        for m_start, m_end, m_gpus in markers:
+            marker_room[m_end:] = np.maximum(marker_room[m_end:], cap[m_gpus][m_end][m_start])
+    marker_room_list: list[float] = marker_room.tolist()
+    # Memory forces at least so many stages on [0, start) (``_bottleneck_dp``), each costing at
+    # least (r-1)W: ``by_gpus`` where few GPUs are left, ``by_memory`` otherwise.
+    few_gpus = STAGE_COUNT_NODES * G
+    by_gpus = table.gpu_stage_counts(few_gpus) if in_flight else []
+    by_memory = table.memory_stage_counts()[2]
+    no_count = [0.0] * (table.num_layers + 1)  # (in_flight=False)
 
     def prefix_at(j: int, h: int) -> Any:
         """(left, marked) bounds of [0, start) after a stage that is the j-th from the right and
@@ -592,6 +712,14 @@ def _solve_for_threshold(
                 continue
             costs = cost[g][link][a]
             min_stages = nl2 + (1 if h2 < G else 0)
+            # The stages memory forces on [0, start), by start (0 at start 0).
+            free = nl2 * G + G - h2
+            if not in_flight:
+                needs = no_count
+            elif free <= few_gpus:
+                needs = by_gpus[j1][free]
+            else:
+                needs = by_memory[j1]
             links_left = nl2 * cross
             links_but_one = links_left - cross if nl2 else 0.0  # one may be the marker's, inside W
             for start in range(lo, hi):
@@ -608,10 +736,17 @@ def _solve_for_threshold(
                 stages = least_stages[start]
                 if stages < min_stages:
                     stages = min_stages
+                needed = needs[start]
+                if needed > stages:
+                    if needed == INF:
+                        continue
+                    stages = int(needed)
                 if p2:
                     lower = compute_per_gpu[start] + links_left + stages * rW
                 else:
                     lower = 2 * (compute_per_gpu[start] + links_left) + stages * r1W - W
+                    if j1 >= marker_room_list[start]:
+                        continue  # every marker left of here keeps fewer than j1 + 1 in flight
                     marked = before_marker_list[start] + links_but_one + stages * r1W
                     if marked > lower:
                         lower = marked
@@ -786,9 +921,11 @@ def _sweep_thresholds(
     bottleneck: dict[int, float],
     progress: Callable[[TemplateProgress], None] | None = None,
     stage_caps: bool = True,
+    in_flight: bool = True,
 ) -> dict[int, tuple[float, list[tuple[int, int, int]]]]:
     """Try every distinct stage time W as the bottleneck, ascending, until the bound stops it.
-    ``stage_caps=False`` skips the stage-count bound (the search before it, for comparison)."""
+    ``stage_caps=False`` skips the stage-count bound, ``in_flight=False`` the bounds from what
+    memory forces at the stages' in-flight counts (the searches before them, for comparison)."""
     candidates = table.candidates
     geometry = NodeGeometry(table, table.cluster)
     total_per_gpu = table.total_compute / gpus
@@ -869,7 +1006,7 @@ def _sweep_thresholds(
             return True
         last = min((budget - offset) / slope for slope, offset in terms[n] if slope > 0)
         above = math.nextafter(max(W, last), INF)
-        found = _bottleneck_dp(table, gpus, n, only=n, stage_cap=most, below=above)[n]
+        found = _bottleneck_dp(table, gpus, n, only=n, stage_cap=most, below=above, in_flight=in_flight)[n]
         known[most] = (found, found) if found < above else (above, INF)
         return W < found
 
@@ -895,7 +1032,7 @@ def _sweep_thresholds(
     def attempt(W: float, budgets: dict[int, float]) -> None:
         """Search the layouts whose bottleneck is W for every n in ``budgets`` (only those below
         its budget matter), after the bounds that may rule W out without the DP."""
-        promising = _promising_markers(table, W, r, budgets, total_per_gpu * gpus, gpus, fewest)
+        promising = _promising_markers(table, W, r, budgets, total_per_gpu * gpus, gpus, fewest, in_flight)
         if not promising:
             return
         if len(promising) <= MARKER_BOUND_LIMIT:
@@ -920,7 +1057,8 @@ def _sweep_thresholds(
         if not budgets:
             return
         prefix = PrefixBounds(costs, max(budgets))
-        for n, (value, layout) in _solve_for_threshold(table, gpus, W, r, budgets, markers, prefix).items():
+        found = _solve_for_threshold(table, gpus, W, r, budgets, markers, prefix, in_flight)
+        for n, (value, layout) in found.items():
             if n not in best or value < best[n][0]:
                 best[n] = (value, layout)
 
@@ -982,6 +1120,7 @@ def _promising_markers(
     total_compute: float,
     gpus: int,
     fewest_stages: int = 0,
+    in_flight: bool = True,
 ) -> list[tuple[int, int, int, int]]:
     """Stages (start, end, gpus, link) of time exactly W that could still be the bottleneck of a
     better layout.
@@ -1003,12 +1142,19 @@ def _promising_markers(
     widths = table.marker_gpus[lo:hi]
     k_min = np.maximum(np.ceil(left / (W * gpus) - 1e-9), (starts > 0).astype(float))
     # A marker narrower than a node shares it with another stage: one stage more than nodes;
-    # and there are at least as many stages as memory forces (``fewest_stages``).
+    # and there are at least as many stages as memory forces (``fewest_stages``), and, with
+    # ``in_flight``, as the marker, the k before it and those after it
+    # (``_StageTable.marker_stage_counts``; INF: it is never the bottleneck).
+    least: float | np.ndarray = fewest_stages
+    if in_flight:
+        after, before = table.marker_stage_counts()
+        k_min = np.maximum(k_min, before[lo:hi])
+        least = np.maximum(fewest_stages, k_min + 1 + after[lo:hi])
     extra_stages = (widths < gpus).astype(float)
     base = (k_min + 1) * W + left / gpus + 2 * right / gpus
     keep = np.zeros(hi - lo, dtype=bool)
     for n, budget in budgets.items():
-        keep |= base + (r - 1) * np.maximum(n + extra_stages, fewest_stages) * W < budget
+        keep |= base + (r - 1) * np.maximum(n + extra_stages, least) * W < budget
     links = table.marker_links[lo:hi]
     return [
         (int(a), int(b), int(g), int(link))
