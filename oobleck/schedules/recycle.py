@@ -187,8 +187,8 @@ def rerouted_orders(routes: Routes, split: bool = True) -> dict[Slot, list[Task]
                     heapq.heappush(offer, j)
                 else:
                     pending.append(j)
-        if started:
-            continue
+        if started and pending:
+            continue  # (a pass offering no slot would start nothing: move on at once)
         if times:
             now = heapq.heappop(times)
             pending = wake.pop(now)

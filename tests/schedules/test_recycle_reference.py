@@ -2,10 +2,10 @@
 
 ``oobleck.schedules.recycle.rerouted_orders`` offers a slot a task only when its pick can have
 changed; ``reference_recycle`` is the same scheduler written plainly, offering every free slot in
-every pass.
-Both must return the same tasks in the same order on every slot, or fail with the same error, on
-any re-routed plan: seeded random ones (several pipelines, depths, uneven layer splits, one or
-more gaps per pipeline, microbatch counts below and above the depth, stage times with ties and
+every pass. Both must return the same tasks in the same order on every slot, or fail with the same
+error, on any routes that pass each slot at most once (every plan's do: a route's hops are distinct
+stages): seeded random re-routed plans (several pipelines, depths, uneven layer splits, one or more
+gaps per pipeline, microbatch counts below and above the depth, stage times with ties and
 zero-second stages, whose tasks end when they start), routes no plan makes (slots at different
 positions on different routes, where the in-flight limits hold every slot and are relaxed), the
 schedule tests' plans, split and not.
