@@ -23,8 +23,8 @@ from oobleck.schedules.ops import COMPUTE, OpKind
 from oobleck.schedules.recycle import rerouted_orders
 from oobleck.schedules.routes import Routes
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-SEEDS = 60
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SEEDS = 25
 
 
 def one_f_one_b_orders(plan: ExecutionPlan) -> dict[tuple[int, int], list[Task]]:

@@ -35,8 +35,8 @@ from oobleck.schedules import plan_routes
 from oobleck.schedules.recycle import rerouted_orders
 from oobleck.schedules.routes import Routes
 
-SEEDS = 100
-CRAFTED = 150
+SEEDS = 60
+CRAFTED = 100
 
 
 def assert_same_orders(plan: ExecutionPlan | Routes) -> None:
@@ -67,20 +67,19 @@ def test_crafted_routes_get_the_reference_orders():
 
 def test_a_large_plan_gets_the_reference_orders():
     """Simulator scale: 8 stages, 4 pipelines of 32 microbatches, two gaps."""
-    for seed in range(2):
-        rng = random.Random(seed)
-        bounds = even_bounds(24, 8)
-        full = make_template(
-            [(bounds[i], bounds[i + 1], i, 0, 1) for i in range(8)], [rng.choice([1.0, 1.1]) for _ in range(8)]
-        )
-        lost = make_template([(bounds[i], bounds[i + 1], n, 0, 1) for n, i in enumerate([0, 1, 2, 4, 5, 6, 7])])
-        other = make_template([(bounds[i], bounds[i + 1], n, 0, 1) for n, i in enumerate([0, 1, 2, 3, 4, 5, 6])])
-        plan = make_plan([(lost, 32), (full, 32), (other, 32), (full, 32)], layers=24, micro=2, gpus=1)
-        reroutes = (
-            Reroute(0, bounds[3], bounds[4], tuple(rng.choice([1, 2, 3]) for _ in range(32))),
-            Reroute(2, bounds[7], bounds[8], tuple((1, 3)[k % 2] for k in range(32))),
-        )
-        assert_same_orders(replace(plan, reroutes=reroutes))
+    rng = random.Random(0)
+    bounds = even_bounds(24, 8)
+    full = make_template(
+        [(bounds[i], bounds[i + 1], i, 0, 1) for i in range(8)], [rng.choice([1.0, 1.1]) for _ in range(8)]
+    )
+    lost = make_template([(bounds[i], bounds[i + 1], n, 0, 1) for n, i in enumerate([0, 1, 2, 4, 5, 6, 7])])
+    other = make_template([(bounds[i], bounds[i + 1], n, 0, 1) for n, i in enumerate([0, 1, 2, 3, 4, 5, 6])])
+    plan = make_plan([(lost, 32), (full, 32), (other, 32), (full, 32)], layers=24, micro=2, gpus=1)
+    reroutes = (
+        Reroute(0, bounds[3], bounds[4], tuple(rng.choice([1, 2, 3]) for _ in range(32))),
+        Reroute(2, bounds[7], bounds[8], tuple((1, 3)[k % 2] for k in range(32))),
+    )
+    assert_same_orders(replace(plan, reroutes=reroutes))
 
 
 def test_the_cost_tests_plan_gets_the_reference_orders():
