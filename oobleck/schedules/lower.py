@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from oobleck.schedules.ops import GRADIENT, Op, OpKind
-from oobleck.schedules.routes import Hop, Routes, rows
+from oobleck.schedules.routes import Hop, Route, Routes, rows
 
 
 @dataclass(frozen=True)
@@ -28,52 +28,74 @@ class Task:
 Slot = tuple[int, int]  # (pipeline, stage)
 
 
-def position(routes: Routes, slot: Slot, microbatch: int) -> int:
-    """Where ``slot`` is on ``microbatch``'s route."""
-    for index, hop in enumerate(routes.by_microbatch[microbatch].hops):
-        if (hop.pipeline, hop.stage) == slot:
-            return index
-    raise ValueError(f"microbatch {microbatch} does not pass stage {slot[1]} of pipeline {slot[0]}")
+def positions(routes: Routes) -> dict[int, dict[Slot, int]]:
+    """For each microbatch, where each slot is on its route (the first hop of that slot)."""
+    result: dict[int, dict[Slot, int]] = {}
+    for microbatch, route in routes.by_microbatch.items():
+        where: dict[Slot, int] = {}
+        for index, hop in enumerate(route.hops):
+            where.setdefault((hop.pipeline, hop.stage), index)
+        result[microbatch] = where
+    return result
 
 
 def lower(routes: Routes, orders: dict[Slot, list[Task]]) -> list[list[Op]]:
     """Every rank's op list (indexed by rank) for the compute orders of every slot."""
     b = routes.microbatch_size
     result: list[list[Op]] = [[] for _ in routes.plan.assignments()]
+    where = positions(routes)
     for slot, hop in routes.slots.items():
         for shard, rank in enumerate(hop.ranks):
             lo, hi = rows(b, len(hop.ranks), shard)
             ops = result[rank]
             if hi > lo:
+                shard_ops = _ShardLowering(routes, where, slot, hop, rank, (lo, hi))
                 for task in orders.get(slot, []):
-                    ops += _lower_task(routes, hop, rank, (lo, hi), task)
+                    ops += shard_ops.of(task)
             result[rank] = _mark_final(ops)
             result[rank].append(Op(OpKind.REDUCE_GRAD, start=hop.start, end=hop.end))
     return result
 
 
-def _lower_task(routes: Routes, hop: Hop, rank: int, mine: tuple[int, int], task: Task) -> list[Op]:
-    route = routes.by_microbatch[task.microbatch]
-    at = position(routes, (hop.pipeline, hop.stage), task.microbatch)
-    last = len(route.hops) - 1
-    mb, lo, hi = task.microbatch, mine[0], mine[1]
-    compute = Op(task.kind, mb, hop.start, hop.end, lo, hi)
+class _ShardLowering:
+    """The ops of one shard (``rank``, rows ``mine``) of a slot's tasks. Which shards of a
+    neighbouring hop it exchanges rows with depends only on that hop, so each is worked out once."""
 
-    def comm(kind: OpKind, offset: int) -> list[Op]:
-        return [
-            Op(kind, mb, hop.start, hop.end, a, c, peer=peer)
-            for peer, (a, c) in routes.neighbours(hop, rank, route, at, offset)
-        ]
+    def __init__(
+        self, routes: Routes, where: dict[int, dict[Slot, int]], slot: Slot, hop: Hop, rank: int, mine: tuple[int, int]
+    ) -> None:
+        self.routes, self.where, self.slot, self.hop, self.rank = routes, where, slot, hop, rank
+        self.by_microbatch = routes.by_microbatch
+        self.start, self.end, self.lo, self.hi = hop.start, hop.end, mine[0], mine[1]
+        # id of the neighbouring hop -> (peer, rows) pairs; the hops live in ``routes``, so ids are stable.
+        self.peers: dict[int, list[tuple[int, tuple[int, int]]]] = {}
 
-    if task.kind is OpKind.FORWARD:
-        before = comm(OpKind.RECV_F, -1) if at > 0 else []
-        after = comm(OpKind.SEND_F, +1) if at < last else []
-    elif task.kind in (OpKind.BACKWARD, OpKind.BACKWARD_INPUT):
-        before = comm(OpKind.RECV_B, +1) if at < last else []
-        after = comm(OpKind.SEND_B, -1) if at > 0 else []
-    else:
-        before, after = [], []
-    return [*before, compute, *after]
+    def of(self, task: Task) -> list[Op]:
+        mb, kind = task.microbatch, task.kind
+        route = self.by_microbatch[mb]
+        at = self.where[mb].get(self.slot)
+        if at is None:
+            raise ValueError(f"microbatch {mb} does not pass stage {self.slot[1]} of pipeline {self.slot[0]}")
+        last = len(route.hops) - 1
+        compute = Op(kind, mb, self.start, self.end, self.lo, self.hi)
+        if kind is OpKind.FORWARD:
+            before = self._comm(OpKind.RECV_F, mb, route, at, -1) if at > 0 else []
+            after = self._comm(OpKind.SEND_F, mb, route, at, +1) if at < last else []
+        elif kind in (OpKind.BACKWARD, OpKind.BACKWARD_INPUT):
+            before = self._comm(OpKind.RECV_B, mb, route, at, +1) if at < last else []
+            after = self._comm(OpKind.SEND_B, mb, route, at, -1) if at > 0 else []
+        else:
+            return [compute]
+        return [*before, compute, *after]
+
+    def _comm(self, kind: OpKind, mb: int, route: Route, at: int, offset: int) -> list[Op]:
+        """``kind`` ops of microbatch ``mb`` with the shards of the hop ``offset`` away on its route."""
+        other = route.hops[at + offset]
+        peers = self.peers.get(id(other))
+        if peers is None:
+            peers = self.peers[id(other)] = self.routes.neighbours(self.hop, self.rank, route, at, offset)
+        start, end = self.start, self.end
+        return [Op(kind, mb, start, end, a, c, peer=peer) for peer, (a, c) in peers]
 
 
 def _mark_final(ops: list[Op]) -> list[Op]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from oobleck.errors import PlanningError
@@ -46,14 +47,19 @@ from oobleck.schedules.routes import Routes
 F, I, W, B = OpKind.FORWARD, OpKind.BACKWARD_INPUT, OpKind.BACKWARD_WEIGHT, OpKind.BACKWARD
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Need:
     """What a task of a slot waits for: the task (kind, microbatch, slot) whose end makes its input
-    (None: none, a first stage's forward), and the channel its message arrives on."""
+    (None: none, a first stage's forward), and the queue of the channel its message arrives on."""
 
     after: tuple[OpKind, int, Slot] | None
-    channel: tuple[Slot, Slot, OpKind] | None
-    sends: tuple[Slot, Slot, OpKind] | None  # the channel this task's own output leaves on
+    channel: deque[int] | None
+    sends: deque[int] | None  # the queue of the channel this task's own output leaves on
+
+
+# An eligible task: (ready at, microbatch, task, what it needs). A slot sees a microbatch's task of
+# one kind once, so (ready at, microbatch) orders the entries totally and the rest is never compared.
+_Entry = tuple[float, int, Task, _Need]
 
 
 @dataclass
@@ -62,9 +68,8 @@ class _SlotState:
     limit: int  # microbatches that may be in flight (forward done, input gradient not)
     seconds: dict[OpKind, float]
     remaining: int = 0
-    # Tasks whose input is (or will be) there, with when: kind -> [(ready at, microbatch, task)],
-    # each list sorted (a slot sees a microbatch's task of one kind once, so the order is total).
-    eligible: dict[OpKind, list[tuple[float, int, Task]]] = field(default_factory=lambda: {F: [], I: [], W: []})
+    # Tasks whose input is (or will be) there: kind -> entries, each list sorted.
+    eligible: dict[OpKind, list[_Entry]] = field(default_factory=lambda: {F: [], I: [], W: []})
     order: list[Task] = field(default_factory=list)
     free_at: float = 0.0
     in_flight: int = 0
@@ -84,124 +89,171 @@ def task_seconds(routes: Routes, slot: Slot) -> dict[OpKind, float]:
 def rerouted_orders(routes: Routes, split: bool = True) -> dict[Slot, list[Task]]:
     """Every slot's compute order, list-scheduled (see the module docstring): F, I and W tasks, or
     with ``split`` false F and whole-backward B tasks (ReCycle without decoupled back-propagation,
-    to measure what the split buys)."""
-    states: dict[Slot, _SlotState] = {
-        slot: _SlotState(slot, 0, task_seconds(routes, slot)) for slot in sorted(routes.slots)
-    }
+    to measure what the split buys).
+
+    The schedule is made in passes at one time ``now``: each pass offers every free slot, in slot
+    order, one task by the priorities; when a pass starts nothing, ``now`` moves to the next end of
+    a started task (or, once, the in-flight limits are relaxed). A slot's pick depends only on
+    ``now``, its own state, its eligible tasks and the heads of the channels they read, so a pass
+    offers only the slots where one of those changed since the slot was last offered (a slot whose
+    pick came out empty stays empty until then). The orders are those of offering every slot in
+    every pass, which the tests check against a copy of that simpler loop."""
+    slots = sorted(routes.slots)
+    states = [_SlotState(slot, 0, task_seconds(routes, slot)) for slot in slots]
+    index = {slot: i for i, slot in enumerate(slots)}
     backward = I if split else B
-    needs: dict[tuple[Slot, Task], _Need] = {}
-    waiting: dict[tuple[OpKind, int, Slot], list[tuple[Slot, Task]]] = {}  # a task's end -> who it unblocks
+    queues: dict[tuple[Slot, Slot, OpKind], deque[int]] = {}  # sent, not yet consumed, in order
+
+    def queue(channel: tuple[Slot, Slot, OpKind] | None) -> deque[int] | None:
+        return None if channel is None else queues.setdefault(channel, deque())
+
+    # a task's end -> the tasks it unblocks (slot index, task, need)
+    waiting: dict[tuple[OpKind, int, Slot], list[tuple[int, Task, _Need]]] = {}
     for route in routes.routes:
         mb, hops = route.microbatch, route.hops
-        slots = [(hop.pipeline, hop.stage) for hop in hops]
-        for at, slot in enumerate(slots):
-            state = states[slot]
+        path = [(hop.pipeline, hop.stage) for hop in hops]
+        for at, slot in enumerate(path):
+            i = index[slot]
+            state = states[i]
             state.limit = max(state.limit, len(hops) - at)
-            before = slots[at - 1] if at > 0 else None
-            after = slots[at + 1] if at < len(hops) - 1 else None
+            before = path[at - 1] if at > 0 else None
+            after = path[at + 1] if at < len(hops) - 1 else None
             kinds = {
                 F: _Need(
                     (F, mb, before) if before else None,
-                    (before, slot, F) if before else None,
-                    (slot, after, F) if after else None,
+                    queue((before, slot, F) if before else None),
+                    queue((slot, after, F) if after else None),
                 ),
                 backward: _Need(
                     (I, mb, after) if after else (F, mb, slot),
-                    (after, slot, I) if after else None,
-                    (slot, before, I) if before else None,
+                    queue((after, slot, I) if after else None),
+                    queue((slot, before, I) if before else None),
                 ),
             }
             if split:
                 kinds[W] = _Need((I, mb, slot), None, None)
             for kind, need in kinds.items():
                 task = Task(kind, mb)
-                needs[(slot, task)] = need
                 state.remaining += 1
                 if need.after is None:
-                    bisect.insort(state.eligible[F], (0.0, mb, task))
+                    bisect.insort(state.eligible[F], (0.0, mb, task, need))
                 else:
-                    waiting.setdefault(need.after, []).append((slot, task))
-    channels: dict[tuple[Slot, Slot, OpKind], list[int]] = {}  # sent, not yet consumed, in order
-    events: list[float] = []  # end times of started tasks (a heap): when something may change
+                    waiting.setdefault(need.after, []).append((i, task, need))
+    left = sum(state.remaining for state in states)
+    # Slots whose pick may change when ``now`` reaches a time (a task ends there: its slot becomes
+    # free and the tasks it unblocks become ready), and those times (a heap).
+    wake: dict[float, list[int]] = {}
+    times: list[float] = []
+    pending = list(range(len(states)))  # slots to offer in the next pass (repeats allowed)
     relaxed = False
     now = 0.0
-    while any(state.remaining for state in states.values()):
+    while left:
+        offer = pending  # a heap: slot order
+        heapq.heapify(offer)
+        pending = []
         started = False
-        for state in states.values():
+        last = -1
+        while offer:
+            i = heapq.heappop(offer)
+            if i == last:
+                continue  # offered already in this pass
+            last = i
+            state = states[i]
             if state.free_at > now or not state.remaining:
                 continue
-            picked = _pick(state, now, needs, channels, relaxed)
+            picked = _pick(state, now, relaxed)
             if picked is None:
                 continue
-            end = _start(state, picked, now, needs[(state.slot, picked)], channels)
-            heapq.heappush(events, end)
-            # a B gives the input gradient
-            produced = (I if picked.kind is B else picked.kind, picked.microbatch, state.slot)
-            for slot, unblocked in waiting.pop(produced, []):
-                kind = I if unblocked.kind is B else unblocked.kind
-                bisect.insort(states[slot].eligible[kind], (end, unblocked.microbatch, unblocked))
+            task, need = picked
+            end = _start(state, task, now, need)
+            left -= 1
             started = True
-        if started:
-            continue
-        while events and events[0] <= now:
-            heapq.heappop(events)
-        if events:
-            now = heapq.heappop(events)
+            # Who may pick differently now: this slot (at once if the task took no time) and the
+            # slots of the tasks it unblocks (at once if they are ready now). A message it sends is
+            # read only by a task it unblocks, so a new channel head is among these. "At once": a
+            # slot after this one in this pass, one before it (or this one) in the next.
+            if end > now:
+                _wake_at(wake, times, end, i)
+            else:
+                pending.append(i)
+            # a B gives the input gradient
+            produced = (I if task.kind is B else task.kind, task.microbatch, state.slot)
+            for j, unblocked, needed in waiting.pop(produced, ()):
+                kind = I if unblocked.kind is B else unblocked.kind
+                bisect.insort(states[j].eligible[kind], (end, unblocked.microbatch, unblocked, needed))
+                if end > now:
+                    _wake_at(wake, times, end, j)
+                elif j > i:
+                    heapq.heappush(offer, j)
+                else:
+                    pending.append(j)
+        if started and pending:
+            continue  # (a pass offering no slot would start nothing: move on at once)
+        if times:
+            now = heapq.heappop(times)
+            pending = wake.pop(now)
         elif not relaxed:
             relaxed = True  # in-flight limits held every slot: let forwards run past them
+            pending = list(range(len(states)))
         else:
-            stuck = {s.slot: s.remaining for s in states.values() if s.remaining}
+            stuck = {s.slot: s.remaining for s in states if s.remaining}
             raise PlanningError(f"the re-routed schedule cannot be ordered; tasks left per (pipeline, stage): {stuck}")
-    return {slot: state.order for slot, state in states.items()}
+    return {state.slot: state.order for state in states}
 
 
-def _pick(
-    state: _SlotState, now: float, needs: dict[tuple[Slot, Task], _Need], channels: dict, relaxed: bool
-) -> Task | None:
+def _wake_at(wake: dict[float, list[int]], times: list[float], at: float, slot: int) -> None:
+    woken = wake.get(at)
+    if woken is None:
+        wake[at] = [slot]
+        heapq.heappush(times, at)
+    else:
+        woken.append(slot)
+
+
+def _best(entries: list[_Entry], now: float) -> int:
+    """Where in ``entries`` the earliest-ready, then lowest-microbatch task that can start at
+    ``now`` is (sorted: the first that can start is the best), or -1."""
+    for at, entry in enumerate(entries):
+        if entry[0] > now:
+            return -1
+        channel = entry[3].channel
+        if channel is not None and (not channel or channel[0] != entry[1]):
+            continue  # not the oldest message on its channel
+        return at
+    return -1
+
+
+def _pick(state: _SlotState, now: float, relaxed: bool) -> tuple[Task, _Need] | None:
     """The slot's next task at ``now`` by the priorities of the module docstring, or None."""
-
-    def best(kind: OpKind) -> tuple[float, int, Task] | None:
-        """The earliest-ready, then lowest-microbatch task of ``kind`` that can start now."""
-        for entry in state.eligible[kind]:  # sorted: the first that can start is the best
-            if entry[0] > now:
-                return None
-            channel = needs[(state.slot, entry[2])].channel
-            if channel is not None:
-                queue = channels.get(channel)
-                if not queue or queue[0] != entry[1]:
-                    continue  # not the oldest message on its channel
-            return entry
-        return None
-
-    inputs = best(I)
-    if inputs is not None:
-        return _take(state, I, inputs)
+    eligible = state.eligible
+    inputs = _best(eligible[I], now)
+    if inputs >= 0:
+        return _take(eligible[I], inputs)
     limit = math.inf if relaxed else state.limit
-    forward = best(F) if state.in_flight < limit else None
-    weights = best(W)
-    if weights is not None and (state.deferred >= state.limit or forward is None):
-        return _take(state, W, weights)
-    if forward is not None:
-        return _take(state, F, forward)
+    forward = _best(eligible[F], now) if state.in_flight < limit else -1
+    weights = _best(eligible[W], now)
+    if weights >= 0 and (state.deferred >= state.limit or forward < 0):
+        return _take(eligible[W], weights)
+    if forward >= 0:
+        return _take(eligible[F], forward)
     return None
 
 
-def _take(state: _SlotState, kind: OpKind, entry: tuple[float, int, Task]) -> Task:
-    entries = state.eligible[kind]
-    del entries[bisect.bisect_left(entries, entry)]
-    return entry[2]
+def _take(entries: list[_Entry], at: int) -> tuple[Task, _Need]:
+    entry = entries.pop(at)
+    return entry[2], entry[3]
 
 
-def _start(state: _SlotState, task: Task, now: float, need: _Need, channels: dict) -> float:
+def _start(state: _SlotState, task: Task, now: float, need: _Need) -> float:
     """Start ``task`` at ``now``; returns when it ends."""
     state.remaining -= 1
     state.order.append(task)
     end = now + state.seconds[task.kind]
     state.free_at = end
     if need.channel is not None:
-        channels[need.channel].pop(0)
+        need.channel.popleft()
     if need.sends is not None:
-        channels.setdefault(need.sends, []).append(task.microbatch)
+        need.sends.append(task.microbatch)
     if task.kind is F:
         state.in_flight += 1
     elif task.kind in (I, B):

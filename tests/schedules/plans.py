@@ -3,11 +3,14 @@
 ``random_plan`` draws heterogeneous pipelines (different depths and layer splits, stages sharded
 over up to 3 devices, two stages sharing a node, microbatch counts below and above the depth);
 ``bamboo_plan`` a D x P layout whose stages also hold their successor's layers; ``rerouted_plan``
-a D x P layout where some pipelines lost stages and send those microbatches through peers.
+a D x P layout where some pipelines lost stages and send those microbatches through peers
+(``seeded_rerouted_plan`` the same from a seeded ``random.Random``, with uneven layer splits and
+per-pipeline stage times); ``crafted_routes`` routes no plan makes.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 from hypothesis import strategies as st
@@ -20,6 +23,7 @@ from oobleck.planning.outputs import (
     ShadowCopy,
     StageSpec,
 )
+from oobleck.schedules.routes import Route, Routes, plan_routes
 
 
 def make_template(stages: list[tuple[int, int, int, int, int]], seconds: list[float] | None = None) -> PipelineTemplate:
@@ -122,3 +126,62 @@ def rerouted_plan(draw) -> ExecutionPlan:
         via = tuple(draw(st.sampled_from(keepers)) for _ in range(pipelines[p][1]))
         reroutes.append(Reroute(p, bounds[s], bounds[s + 1], via))
     return replace(plan, reroutes=tuple(reroutes))
+
+
+def seeded_rerouted_plan(rng: random.Random, max_depth: int = 6, max_pipelines: int = 5) -> ExecutionPlan:
+    """A D x P layout with an uneven layer split where some pipelines lost stages (every stage
+    keeps a holder, every pipeline a stage); each pipeline has its own stage times."""
+    depth = rng.randint(2, max_depth)
+    count = rng.randint(2, max_pipelines)
+    layers = rng.randint(depth, depth + 4)
+    bounds = [0, *sorted(rng.sample(range(1, layers), depth - 1)), layers]
+    lost = {(rng.randrange(count), rng.randrange(depth)) for _ in range(rng.randint(1, 2 * count))}
+    lost = {(p, s) for p, s in lost if sum((q, s) in lost for q in range(count)) < count}
+    lost = {(p, s) for p, s in lost if sum((p, t) in lost for t in range(depth)) < depth}
+    if not lost:
+        lost = {(0, rng.randrange(depth))}
+    times = rng.choice([[1.0], [0.5, 1.0, 2.0], [0.0, 1.0, 1.5], [0.0, 0.25, 3.0]])
+    gpus = rng.randint(1, 2)
+    pipelines = []
+    for p in range(count):
+        kept = [s for s in range(depth) if (p, s) not in lost]
+        stages = [(bounds[s], bounds[s + 1], node, 0, gpus) for node, s in enumerate(kept)]
+        seconds = [rng.choice(times) for _ in kept]
+        pipelines.append((make_template(stages, seconds), rng.randint(1, 3 * depth)))
+    plan = make_plan(pipelines, layers=layers, micro=rng.randint(1, 3), gpus=gpus)
+    reroutes = []
+    for p, s in sorted(lost):
+        keepers = [q for q in range(count) if (q, s) not in lost]
+        m = pipelines[p][1]
+        if rng.random() < 0.5:
+            via = tuple(keepers[k % len(keepers)] for k in range(m))
+        else:
+            via = tuple(rng.choice(keepers) for _ in range(m))
+        reroutes.append(Reroute(p, bounds[s], bounds[s + 1], via))
+    return replace(plan, reroutes=tuple(reroutes))
+
+
+def crafted_routes(rng: random.Random, repeats: bool = False) -> Routes:
+    """Routes no plan makes: each microbatch visits random distinct slots of a D x P layout in a
+    random order, so slots sit at different positions on different routes (the in-flight limits
+    then hold every slot at times, and the scheduler relaxes them); with ``repeats``, a route may
+    visit a slot more than once (for lowering arbitrary orders)."""
+    depth, count = rng.randint(1, 4), rng.randint(1, 4)
+    template = dxp_template(even_bounds(depth, depth), 1)
+    pipelines = [
+        (
+            replace(template, stage_seconds=tuple(rng.choice([0.0, 0.5, 1.0, 2.0]) for _ in range(depth))),
+            rng.randint(1, 8),
+        )
+        for _ in range(count)
+    ]
+    plan = make_plan(pipelines, layers=depth, micro=1, gpus=1)
+    slots = plan_routes(plan).slots
+    keys = sorted(slots)
+    routes = []
+    for pipeline in plan.pipelines:
+        for k in range(pipeline.microbatches):
+            length = rng.randint(1, min(len(keys), depth + 2))
+            path = rng.choices(keys, k=length) if repeats else rng.sample(keys, length)
+            routes.append(Route(pipeline.index, pipeline.first_microbatch + k, tuple(slots[s] for s in path)))
+    return Routes(plan, tuple(routes), slots)
