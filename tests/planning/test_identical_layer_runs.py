@@ -48,6 +48,30 @@ def runs_profile(runs: list[tuple[int, int, int, int, int]]) -> ModelProfile:
     return ModelProfile(model="runs", microbatch_size=1, device="synthetic", layers=tuple(layers))
 
 
+def memory_tight_case(rng, gpt_shaped, blocks, block_activation_mb, memories, synthetic_memories, activations=None):
+    """A seeded random (profile, cluster) where memory puts several stages on a node: a GPT shape
+    (embedding, ``blocks`` (low, high) identical blocks of ``block_activation_mb``, head, device
+    memory from ``memories``) or jittered synthetic layers (activation bytes from ``activations``
+    when given, memory from ``synthetic_memories``)."""
+    from oobleck.planning.synthetic import synthetic_profile
+
+    gpus = rng.choice([2, 4, 8])
+    if gpt_shaped:
+        count = rng.randint(*blocks)
+        body = (count, rng.randint(0, 4), 800, block_activation_mb, 16)
+        profile = runs_profile([(1, 3, 200, 8, 16), body, (1, 4, 800, 440, 0)])
+        memory = rng.choice(memories)
+    else:
+        sizes = {"layers": rng.randint(8, 24), "seed": rng.randint(0, 10**6), "jitter": rng.choice([0.0, 0.6])}
+        sizes["param_bytes"] = rng.choice([200_000_000, 400_000_000])
+        if activations is not None:
+            sizes["activation_bytes"] = rng.choice(activations)
+        sizes["output_bytes"] = rng.choice([4_000_000, 60_000_000])
+        profile = synthetic_profile(sizes.pop("layers"), **sizes)
+        memory = rng.choice(synthetic_memories)
+    return profile, cluster(rng.randint(2, 8), gpus, memory, intra=150e9, inter=12.5e9)
+
+
 def transformer(blocks: int) -> ModelProfile:
     """An embedding, ``blocks`` identical decoder layers and a head (the shape of a GPT)."""
     return runs_profile([(1, 3, 200, 8, 16), (blocks, 0, 800, 950, 16), (1, 4, 800, 440, 0)])

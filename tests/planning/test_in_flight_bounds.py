@@ -17,7 +17,7 @@ from functools import cache
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planning_brute import SMALL_PROBLEMS
-from test_identical_layer_runs import runs_profile
+from test_identical_layer_runs import memory_tight_case
 
 import oobleck.planning.templates as templates_module
 from oobleck.errors import PlanningError
@@ -119,22 +119,9 @@ def test_in_flight_bounds_change_no_template():
     rng = random.Random(5050)
     saved = 0
     for case in range(30):
-        gpus = rng.choice([2, 4, 8])
-        if case % 3:
-            blocks = rng.randint(10, 28)
-            profile = runs_profile([(1, 3, 200, 8, 16), (blocks, rng.randint(0, 4), 800, 950, 16), (1, 4, 800, 440, 0)])
-            memory = rng.choice([5e9, 8e9, 12e9])
-        else:
-            profile = synthetic_profile(
-                rng.randint(8, 24),
-                seed=rng.randint(0, 10**6),
-                jitter=rng.choice([0.0, 0.6]),
-                param_bytes=rng.choice([200_000_000, 400_000_000]),
-                activation_bytes=rng.choice([100_000_000, 400_000_000]),
-                output_bytes=rng.choice([4_000_000, 60_000_000]),
-            )
-            memory = rng.choice([3e9, 5e9, 8e9])
-        spec = cluster(rng.randint(2, 8), gpus, memory, intra=150e9, inter=12.5e9)
+        profile, spec = memory_tight_case(
+            rng, case % 3 != 0, (10, 28), 950, [5e9, 8e9, 12e9], [3e9, 5e9, 8e9], [100_000_000, 400_000_000]
+        )
         result = _sweeps(profile, spec, rng.choice([1, 2, 4]))
         if result is None:
             continue

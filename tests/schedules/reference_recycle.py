@@ -13,10 +13,9 @@ import math
 from dataclasses import dataclass, field
 
 from oobleck.errors import PlanningError
-from oobleck.planning.inputs import DEFAULT_BACKWARD_INPUT_FRACTION
-from oobleck.planning.pipeline_cost import DEFAULT_FORWARD_FRACTION
 from oobleck.schedules.lower import Slot, Task
 from oobleck.schedules.ops import OpKind
+from oobleck.schedules.recycle import task_seconds  # the inputs: the same for both loops
 from oobleck.schedules.routes import Routes
 
 F, I, W, B = OpKind.FORWARD, OpKind.BACKWARD_INPUT, OpKind.BACKWARD_WEIGHT, OpKind.BACKWARD
@@ -45,16 +44,6 @@ class _SlotState:
     free_at: float = 0.0
     in_flight: int = 0
     deferred: int = 0  # W tasks whose I ran
-
-
-def task_seconds(routes: Routes, slot: Slot) -> dict[OpKind, float]:
-    """F, I, W (and whole-backward B) seconds per microbatch of ``slot`` (see the module docstring)."""
-    pipeline = next(p for p in routes.plan.pipelines if p.index == slot[0])
-    w = float(pipeline.template.stage_seconds[slot[1]])
-    forward = w * DEFAULT_FORWARD_FRACTION
-    backward = w - forward
-    inputs = 0.0 if routes.slots[slot].start == 0 else backward * DEFAULT_BACKWARD_INPUT_FRACTION
-    return {F: forward, I: inputs, W: backward - inputs, B: backward}
 
 
 def rerouted_orders(routes: Routes, split: bool = True) -> dict[Slot, list[Task]]:
