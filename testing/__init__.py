@@ -11,7 +11,7 @@ it there themselves). Nothing in ``oobleck``, ``baselines`` or ``analysis`` impo
   ``cached_reference`` (that training, computed once per process for each input) and ``tcp_states``.
 """
 
-from testing.checks import TCP_STATES, assert_matches_reference, cached_reference, tcp_states
+from testing.checks import TCP_STATES, assert_matches_reference, cached_reference, ports_still_listening, tcp_states
 from testing.configs import config_section, tiny_config
 from testing.plans import hand_plan, template, two_pipelines_of_two_nodes
 
@@ -21,6 +21,7 @@ __all__ = [
     "cached_reference",
     "config_section",
     "hand_plan",
+    "ports_still_listening",
     "tcp_states",
     "template",
     "tiny_config",

@@ -5,9 +5,12 @@ single-process training (``cached_reference``, that training computed once per p
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import math
 import os
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -95,6 +98,20 @@ def tcp_states(port: int, this_process: bool = False) -> list[str]:
             if int(fields[1].rsplit(":", 1)[1], 16) == port and (own is None or fields[9] in own):
                 states.append(TCP_STATES.get(fields[3], fields[3]))
     return states
+
+
+def ports_still_listening(ports: Sequence[int], within_s: float) -> tuple[list[int], list[str]]:
+    """The ``ports`` this process still listens on after waiting up to ``within_s`` for them to
+    close, and the names of the threads alive then (who may hold them). A run's store server lives
+    with its object: a helper thread of a run that just returned may hold it a moment longer (seen
+    under load in full suites), so its ports are asked about until a bounded deadline."""
+    deadline = time.monotonic() + within_s
+    while True:
+        listening = [port for port in ports if "LISTEN" in tcp_states(port, this_process=True)]
+        if not listening or time.monotonic() >= deadline:
+            return listening, sorted(t.name for t in threading.enumerate())
+        gc.collect()
+        time.sleep(0.2)
 
 
 def _socket_inodes() -> set[str]:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 
-from testing import tcp_states
+from testing import ports_still_listening, tcp_states
 
 LISTENER = (
     "import socket, sys\n"
@@ -28,3 +29,20 @@ def test_this_process_sees_only_its_own_listeners():
         assert tcp_states(theirs) == ["LISTEN"] and tcp_states(theirs, this_process=True) == []
     finally:
         other.communicate(timeout=30)
+
+
+def test_a_port_closed_while_waiting_is_not_reported_and_one_held_is():
+    held, closing = socket.socket(), socket.socket()
+    for s in (held, closing):
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+    ports = [held.getsockname()[1], closing.getsockname()[1]]
+    timer = threading.Timer(0.3, closing.close)  # a run's helper thread letting go a moment later
+    timer.start()
+    try:
+        listening, threads = ports_still_listening(ports, within_s=5.0)
+    finally:
+        timer.join()
+        held.close()
+    assert listening == [ports[0]] and threading.current_thread().name in threads
+    assert ports_still_listening(ports, within_s=0.0)[0] == []

@@ -48,7 +48,7 @@ from oobleck.runtime import keys
 from oobleck.runtime.reference import train_reference
 from oobleck.runtime.state import new_layer_state
 from oobleck.runtime.worker import resource_probe
-from testing import tcp_states, tiny_config
+from testing import ports_still_listening, tcp_states, tiny_config
 
 pytestmark = pytest.mark.slow  # starts processes
 
@@ -403,13 +403,7 @@ def test_nothing_is_left_behind(chaos_run):
     *_, chaos, _ = chaos_run
     assert run_processes(chaos.run_id) == []
     assert len(chaos.ports) == 2
-    # A helper thread of the run still winding down may hold the store's object for a moment
-    # (seen once in a full suite, not reproduced alone): give it a bounded while, then name the
-    # threads still alive, so a real leak says who holds the port.
-    deadline = time.monotonic() + LEFTOVER_WAIT_S
-    while any("LISTEN" in tcp_states(port, this_process=True) for port in chaos.ports) and time.monotonic() < deadline:
-        gc.collect()
-        time.sleep(0.2)
-    threads = sorted(t.name for t in threading.enumerate())
-    for port in chaos.ports:
-        assert "LISTEN" not in tcp_states(port, this_process=True), (port, tcp_states(port), threads)
+    # A helper thread of the run still winding down may hold the store's object for a moment: a
+    # bounded wait, then the threads still alive are named, so a real leak says who holds the port.
+    listening, threads = ports_still_listening(chaos.ports, LEFTOVER_WAIT_S)
+    assert listening == [], (listening, [tcp_states(port) for port in listening], threads)
