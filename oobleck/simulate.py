@@ -113,9 +113,13 @@ def simulate_parts(setup: Any, processes: int, bar: Any) -> tuple[dict, bool]:
                 done[part] = experiment.run_part(setup, part, progress=progress)
             return done, False
         import multiprocessing
+        import threading
 
-        # Forked: the children share the parent's imports and setup (a simulation uses no CUDA).
-        context = multiprocessing.get_context("fork")
+        # Forked where this process runs no other thread: the children share the parent's imports
+        # (a simulation uses no CUDA). A fork of a process with other threads (a test runner after
+        # other work, an application embedding this) copies locks those threads held, and a child
+        # crashed in its first garbage collection so; then a fork server, started clean, forks them.
+        context = multiprocessing.get_context("fork" if threading.active_count() == 1 else "forkserver")
         with ProcessPoolExecutor(max_workers=min(processes, len(parts)), mp_context=context) as pool:
             futures = {pool.submit(experiment.run_part, setup, part): part for part in parts}
             try:
