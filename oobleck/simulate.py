@@ -94,8 +94,9 @@ def _parts_done(setup: Any, done: dict) -> list[str]:
 
 
 def simulate_parts(setup: Any, processes: int, bar: Any) -> tuple[dict, bool]:
-    """Run every part of the experiment (one model at one grid point), over ``processes`` forked
-    processes when that is more than one; returns the results by part and whether Ctrl-C stopped it."""
+    """Run every part of the experiment (one model at one grid point), over ``processes`` processes
+    when that is more than one (see below how they start); returns the results by part and whether
+    Ctrl-C stopped it."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     from oobleck.sim import experiment
