@@ -1184,17 +1184,20 @@ def _sweep_thresholds(
             budgets = {n: budgets[n] for n in sorted(still_open)}
         else:  # many (equal layers put a marker at every position): one chain bound for all of them
             markers = {marker[:3] for marker in promising}
-        starts, ends, widths = (np.array([m[i] for m in markers]) for i in range(3))
-        costs = NodeCosts(geometry, W, r, starts, ends, widths)
-        chain = root_bounds(costs, max(budgets))
-        budgets = {n: b for n, b in budgets.items() if chain[n] < b}
         # Where memory puts several stages on a node, the chain bound knows only a split node's
         # compute; the GPU-level relaxation knows its stages and decides most searches there
-        # that would find nothing (a bound from memory at in-flight counts: ``in_flight``).
+        # that would find nothing (a bound from memory at in-flight counts: ``in_flight``), so
+        # it goes first there and the chain bound's tables are made only for what it leaves.
         crowded = [n for n in budgets if stages[n] > n * table.stages_per_node] if in_flight else []
         if crowded:
             relaxed = _GpuRelaxation(table, gpus, W, r, markers).bounds(max(crowded))
             budgets = {n: b for n, b in budgets.items() if n not in crowded or relaxed[n] * (1 - BOUND_SLACK) < b}
+            if not budgets:
+                return
+        starts, ends, widths = (np.array([m[i] for m in markers]) for i in range(3))
+        costs = NodeCosts(geometry, W, r, starts, ends, widths)
+        chain = root_bounds(costs, max(budgets))
+        budgets = {n: b for n, b in budgets.items() if chain[n] < b}
         if not budgets:
             return
         prefix = PrefixBounds(costs, max(budgets))
