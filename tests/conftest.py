@@ -79,7 +79,7 @@ def shared_fork_server(request):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    # With ``-n 2 --dist loadgroup`` (the README's test command) every module is one xdist group,
+    # With ``-n 3 --dist loadgroup`` (the README's test command) every module is one xdist group,
     # so its module-scoped runs happen once, on one worker; modules that share something beyond
     # their own processes name a group themselves (``pytest.mark.xdist_group``, e.g. the tests
     # that give local nodes addresses of their own) and run one after another on one worker.
