@@ -76,6 +76,9 @@ class Settings:
     host_copy_mib: int
     cycles: int
     collective_timeout_s: float  # groups of the lifecycle units
+    # The loop's groups on a CPU (the rehearsal): its gloo pair is built by two threads of one
+    # process, which a loaded machine (a test suite beside it) can starve past the GPU's timeout.
+    cpu_collective_timeout_s: float
     spin_s: float  # how long the NCCL op stays queued behind the GPU spin
     abort_after_s: float  # when the "controller" aborts a generation with a pending op
     issue_wait_s: float  # how long an absent-peer experiment lets the op start before aborting
@@ -90,6 +93,10 @@ class Settings:
 
     def timeout(self, kind: str) -> float:
         return dict(self.unit_timeout_s)[kind]
+
+    def group_timeout(self, cuda: bool) -> float:
+        """The lifecycle loop's group timeout on this device."""
+        return self.collective_timeout_s if cuda else self.cpu_collective_timeout_s
 
 
 # The per-layer profile keeps one block of each model: every block of a model is the same layer,
@@ -119,6 +126,7 @@ QUICK = Settings(
     host_copy_mib=1024,
     cycles=25,
     collective_timeout_s=5.0,
+    cpu_collective_timeout_s=15.0,
     spin_s=0.3,
     abort_after_s=0.05,
     issue_wait_s=1.0,

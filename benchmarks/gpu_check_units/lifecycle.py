@@ -81,7 +81,7 @@ class Lifecycle:
         self.s, self.store, self.cuda = s, store, cuda
         self.device = "cuda" if cuda else "cpu"
         self.gloo_device = None if cuda else dist.ProcessGroupGloo.create_default_device()
-        timeout = s.collective_timeout_s
+        self.timeout_s = timeout = s.group_timeout(cuda)
         self.watch = AbortWatch("127.0.0.1", store.port, timeout, SPACE)
         backend = NcclBackend(device="cuda") if cuda else GlooBackend(self.gloo_device)
         self.waiter = Waiter(self.watch, timeout, peer_grace_s=1.0, backend=backend)
@@ -98,7 +98,7 @@ class Lifecycle:
             self.specs,
             host="127.0.0.1",
             port=self.store.port,
-            timeout_s=self.s.collective_timeout_s,
+            timeout_s=self.timeout_s,
             waiter=self.waiter,
             space=SPACE,
         )
@@ -111,7 +111,7 @@ class Lifecycle:
         peer_built = run_in_thread(peer.build, "peer-build") if peer is not None else None
         comm.build()
         if peer_built is not None:
-            peer_built.result(timeout=self.s.collective_timeout_s)
+            peer_built.result(timeout=self.timeout_s)
         built = time.perf_counter()
         x = self.tensor(3)
         comm.allreduce_wait("solo", x, "all-reducing on the one-rank group")
@@ -191,6 +191,7 @@ def unit_lifecycle_loop(s: Settings, context: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {
         "backend": "nccl" if cuda else "gloo",
         "cycles": s.cycles,
+        "group_timeout_s": life.timeout_s,
         "pending_op": f"all-reduce queued behind a {s.spin_s} s GPU spin"
         if cuda
         else "receive from an in-process peer that never sends",
