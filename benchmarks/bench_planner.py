@@ -126,7 +126,18 @@ def templates_case(case: str, nodes: int, gpus: int) -> dict:
         templates = generate_templates(profile, cluster, FAULTS)
         times.append(time.process_time() - started)
     values = {str(n): t.reference_iteration_s for n, t in templates.templates.items()}
-    return {"cold": times[0], "warm": times[1], "templates": len(templates.templates), "values": values}
+    # Every stage of every template: equal-cost layouts may differ where the figures agree.
+    layouts = {
+        str(n): [[s.start, s.end, s.node, s.gpu_offset, s.gpus] for s in t.stages]
+        for n, t in templates.templates.items()
+    }
+    return {
+        "cold": times[0],
+        "warm": times[1],
+        "templates": len(templates.templates),
+        "values": values,
+        "layouts": layouts,
+    }
 
 
 def gpt_profiles(where: Path) -> None:
@@ -196,7 +207,10 @@ def section_templates(trees: dict[str, Path], timeout: float) -> None:
             same = ours["values"].keys() == peer["values"].keys() and all(
                 abs(ours["values"][n] - peer["values"][n]) <= 1e-9 * peer["values"][n] for n in peer["values"]
             )
-            line += ", same templates" if same else ", TEMPLATES DIFFER"
+            if same and ours["layouts"] != peer["layouts"]:
+                line += ", same figures, LAYOUTS DIFFER"
+            else:
+                line += ", same templates (every stage)" if same else ", TEMPLATES DIFFER"
         print(line, flush=True)
 
 

@@ -201,6 +201,7 @@ class NodeCosts:
         self._whole_usable = usable
         self._limits = np.unique(self.cap_band[usable])  # in-flight counts where a whole stage stops fitting
         self._banded: dict[tuple, list[np.ndarray]] = {}
+        self._keys: dict[int, tuple[int, float]] = {}
         # ``_most`` of every in-flight count takes few distinct values (memory limits change at
         # few counts, and W caps them all when it is low): each in-flight count's level, and the
         # split bounds of the whole band at each level once computed (``_split_entries``).
@@ -308,7 +309,11 @@ class NodeCosts:
 
     def key(self, in_flight: int) -> tuple[int, float]:
         """Equal for in-flight counts between which no memory limit of these bounds changes."""
-        return int(np.searchsorted(self._limits, in_flight, side="left")), self._most(in_flight)
+        found = self._keys.get(in_flight)
+        if found is None:  # (a search asks for the same few counts thousands of times)
+            found = int(np.searchsorted(self._limits, in_flight, side="left")), self._most(in_flight)
+            self._keys[in_flight] = found
+        return found
 
     def by_end(self, in_flight: int) -> list[np.ndarray]:
         """``bands`` indexed by node end: ``[s, d]`` -> node [s - d - 1, s)."""
@@ -500,6 +505,13 @@ class PrefixBounds:
         return self._tables[key]
 
     def at(self, in_flight: int) -> tuple[list[list[float]], list[list[float]]]:
+        """``(left, marked)`` as lists, for stages keeping at least the power of two at or below
+        ``in_flight``: fewer in flight only loosens memory, so these bound the tables at
+        ``in_flight`` from below, and a search needs a handful of tables instead of one per
+        in-flight count where memory binds at many (few nodes for a large model). The search
+        stays exact with looser bounds and returns the same layouts: pruning only ever drops
+        sub-searches that cannot go below the budget, whatever the bound."""
+        in_flight = 1 << (max(in_flight, 1).bit_length() - 1)
         key = self.costs.key(in_flight)
         if key not in self._lists:
             left, marked = self._arrays(in_flight)

@@ -59,18 +59,21 @@ layers after force), one numpy pass for every node count; it is the exact best T
 does not bind and, on memory-tight profiles, almost always (85 of 86 seeded checks), so it decides
 most searches there that would find nothing (gpt128: 98 of 130). Inside the DP, the
 unexplored prefix [0, a) is bounded by the same node-level tables (``PrefixBounds``: whole nodes,
-or the rest of the current node then whole nodes), and a state that has not placed the marker
-yet is bounded through the markers still ahead of it. The exactness tests compare against brute
-force over every layout (the bounds themselves too: ``tests/planning/test_node_bounds.py``), and
-medium cases against slower searches of earlier versions; benchmarks/bench_planner.py measures
-the speed. Where memory forces several narrow stages per node (few nodes for a large model), the
-node-level bounds are loosest and most of the time goes there; what memory forces at the
-stages' in-flight counts narrows it (``_StageTable.memory_stage_counts`` and, where few GPUs
-are left, ``gpu_stage_counts``: narrow stages keep few layers): the rest of a state needs at least
-that many stages, each costing (r-1)W or more, and the marker keeps at most its own memory limit
-in flight, so it lies within that many stages of the pipeline's end. With r = 1 extra stages cost
-nothing in Eq. 1-4 (the (r-1) W per stage vanishes), the bounds lose most of their grip and the
-search takes seconds where r = 4 takes a fraction of one.
+or the rest of the current node then whole nodes; built for the power of two at or below the
+stages' in-flight count, since fewer in flight only loosens memory and a looser admissible bound
+changes no search's result, so a search builds a handful where memory binds at many counts), and
+a state that has not placed the marker yet is bounded through the markers still ahead of it. The
+exactness tests compare against brute force over every layout (the bounds themselves too:
+``tests/planning/test_node_bounds.py``), and medium cases against slower searches of earlier
+versions; benchmarks/bench_planner.py measures the speed. Where memory forces several narrow stages
+per node (few nodes for a large model), the node-level bounds are loosest and most of the time goes
+there; what memory forces at the stages' in-flight counts narrows it
+(``_StageTable.memory_stage_counts`` and, where few GPUs are left, ``gpu_stage_counts``: narrow
+stages keep few layers): the rest of a state needs at least that many stages, each costing (r-1)W or
+more, and the marker keeps at most its own memory limit in flight, so it lies within that many
+stages of the pipeline's end. With r = 1 extra stages cost nothing in Eq. 1-4 (the (r-1) W per stage
+vanishes), the bounds lose most of their grip and the search takes seconds where r = 4 takes a
+fraction of one.
 """
 
 from __future__ import annotations

@@ -150,3 +150,41 @@ def test_chains_match_the_all_entries_chains():
                 paths[len(costs._level_most) <= LEVELS_CACHED] += 1  # (levels cached, or entrywise)
     assert finite > 100
     assert min(paths.values()) > 10, paths
+
+
+def test_whole_node_prefix_tables_at_powers_of_two():
+    """``PrefixBounds.at`` serves every in-flight count from the tables at the power of two at or
+    below it (a search then builds a handful of tables where memory binds at many counts): over
+    seeded memory-tight profiles, the lists equal those tables to the last bit and no entry
+    exceeds the tables at the count itself (fewer in flight only loosens memory), and the two
+    differ somewhere, so the rounding is what is tested."""
+    import random
+
+    rng = random.Random(7)
+    looser = 0
+    for _ in range(30):
+        layers, gpus = rng.randint(4, 24), rng.choice([1, 2, 4, 8])
+        profile = synthetic_profile(
+            layers,
+            seed=rng.randint(0, 10**6),
+            jitter=rng.choice([0.0, 0.6]),
+            param_bytes=rng.choice([400_000_000, 2_000_000_000]),
+            activation_bytes=1_000_000_000,  # memory binds at many in-flight counts
+        )
+        spec = cluster(rng.randint(2, 16), gpus, rng.choice([8e9, 40e9]))
+        table = _StageTable(profile, spec, gpus)
+        geometry = NodeGeometry(table, spec)
+        r = rng.choice([1, 4])
+        for W in rng.sample(list(table.candidates), min(6, len(table.candidates))):
+            lo = int(np.searchsorted(table.marker_costs, W, side="left"))
+            hi = int(np.searchsorted(table.marker_costs, W, side="right"))
+            marker = (table.marker_starts[lo:hi], table.marker_ends[lo:hi], table.marker_gpus[lo:hi])
+            prefix = PrefixBounds(NodeCosts(geometry, float(W), r, *marker), rng.randint(1, spec.nodes))
+            for in_flight in range(1, layers + 2):
+                power = 1 << (in_flight.bit_length() - 1)
+                served = prefix.at(in_flight)
+                assert served == tuple(table_.tolist() for table_ in prefix._arrays(power))
+                for lists, exact in zip(served, prefix._arrays(in_flight)):
+                    assert np.all(np.array(lists) <= exact)
+                    looser += int(not np.array_equal(np.array(lists), exact))
+    assert looser > 10
