@@ -17,9 +17,8 @@ from collections import defaultdict
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from planning_brute import all_layouts
-from test_identical_layer_runs import memory_tight_case, run_lists, runs_profile
+from test_identical_layer_runs import RUN_CASES, memory_tight_case, runs_profile
 
 from oobleck.errors import PlanningError
 from oobleck.planning.pipeline_cost import pipeline_iteration_time
@@ -57,14 +56,7 @@ def _best_by_bottleneck(profile, spec, table, nodes, r, limit):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    runs=run_lists(),
-    gpus=st.integers(min_value=1, max_value=3),
-    nodes=st.integers(min_value=1, max_value=3),
-    memory=st.sampled_from([1e13, 1e9, 2.5e9]),
-    r=st.sampled_from([1, 2, 4]),
-    max_gpus=st.sampled_from([None, 2]),
-)
+@given(**RUN_CASES)
 def test_relaxation_never_exceeds_brute_force(runs, gpus, nodes, memory, r, max_gpus):
     profile = runs_profile(runs)
     spec = cluster(nodes, gpus, memory)

@@ -126,15 +126,19 @@ def run_lists(draw):
     return runs
 
 
+# Small cases of identical-layer runs that brute force can enumerate (also the GPU relaxation's).
+RUN_CASES = {
+    "runs": run_lists(),
+    "gpus": st.integers(min_value=1, max_value=3),
+    "nodes": st.integers(min_value=1, max_value=3),
+    "memory": st.sampled_from([1e13, 1e9, 2.5e9]),
+    "r": st.sampled_from([1, 2, 4]),
+    "max_gpus": st.sampled_from([None, 2]),
+}
+
+
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    runs=run_lists(),
-    gpus=st.integers(min_value=1, max_value=3),
-    nodes=st.integers(min_value=1, max_value=3),
-    memory=st.sampled_from([1e13, 1e9, 2.5e9]),
-    r=st.sampled_from([1, 2, 4]),
-    max_gpus=st.sampled_from([None, 2]),
-)
+@given(**RUN_CASES)
 def test_runs_match_brute_force(runs, gpus, nodes, memory, r, max_gpus):
     profile = runs_profile(runs)
     spec = cluster(nodes, gpus, memory)
