@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from oobleck.data import GlobalBatchSampler, TokenDataset, collate
 from oobleck.errors import PlanningError, RunError
@@ -221,6 +220,10 @@ class _Step:
         if x_in is None:  # token ids: no input gradient; W runs the whole backward
             self.weight_pass[mb] = ("whole", out, grad)
             return
+        # Imported where used: torch.distributed.pipelining brings torch._dynamo and DTensor with
+        # it (~2 s of CPU), which a process that never splits a backward need not pay.
+        from torch.distributed.pipelining._backward import stage_backward_input
+
         dinputs, groups = stage_backward_input(
             [out], None if grad is None else [grad], [x_in], iter(self.ctx.stage_params())
         )
@@ -235,6 +238,8 @@ class _Step:
         if how == "whole":
             what.backward(grad)
         else:
+            from torch.distributed.pipelining._backward import stage_backward_weight
+
             stage_backward_weight(iter(self.ctx.stage_params()), what)
         if op.final:  # autograd.grad ran no accumulate hooks: report the final gradients
             reducer.mark_final(self.ctx.stage_params())
