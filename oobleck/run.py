@@ -38,10 +38,10 @@ def main(cfg: DictConfig) -> None:
         hydra_cfg = HydraConfig.get()
         if hydra_cfg.mode == RunMode.MULTIRUN and int(hydra_cfg.job.num) == 0:
             check_sweep(sys.argv[1:])
-        # The fork server (cluster.fork_workers) imports torch while this process does the same
-        # and plans: started before anything here imports torch.
+        # The fork server (cluster.fork_workers) forked from this process once it has imported
+        # torch, before the controller starts a thread: it then imports only what workers add.
         run_id = new_run_id()
-        with fork_server_for(cfg, run_id) or contextlib.nullcontext() as fork_server:
+        with fork_server_for(cfg, run_id, from_this_process=True) or contextlib.nullcontext() as fork_server:
             from oobleck.elastic.job import launch
 
             launch(cfg, run_dir, handle_signals=True, run_id=run_id, fork_server=fork_server)

@@ -151,3 +151,38 @@ def test_only_local_cpu_workers_are_forked(make_config):
     # a process forked after CUDA was initialised cannot use it: CUDA workers are exec'd
     assert not forks_workers(make_config("cluster.device=cuda"))
     assert not forks_workers(make_config("cluster=slurm"))
+
+
+def test_a_server_forked_from_its_launcher_keeps_nothing_of_the_launchers(tmp_path):
+    """``oobleck.run`` forks its server from itself once torch is imported (``from_this_process``):
+    the server and its workers must be what an exec'd server's are, with none of the launcher's
+    logging handlers, stream wrappers (its console log), exit functions or descriptors."""
+    launcher_log, tee = tmp_path / "launcher.log", tmp_path / "tee.txt"
+    run_id = f"{RUN_ID}-forked"  # not the module's server's
+    code = f"""
+import atexit, json, logging, os, sys
+from oobleck.elastic.forkserver import ForkServer, ForkedWorker
+from oobleck.elastic.local import run_processes
+logging.basicConfig(filename={str(launcher_log)!r})
+atexit.register(lambda: open({str(tee)!r} + ".atexit", "a").write("x"))
+real = sys.stdout
+sys.stdout = open({str(tee)!r}, "w")  # the launcher's console log wraps its streams
+with ForkServer({run_id!r}, from_this_process=True) as server:
+    argv = ["-m", "forkprog", "exit", "4", "--run-id", {run_id!r}]
+    worker = ForkedWorker(server.address, argv, 60.0, env={{**os.environ, "PYTHONPATH": {str(PROGRAMS)!r}}})
+    code = worker.wait(timeout=60.0)
+    listed = run_processes({run_id!r})
+    print(json.dumps({{"forked": server.forked, "code": code, "server": server.process.pid, "listed": listed,
+                      "group": os.getpgid(server.process.pid)}}), file=real, flush=True)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    worker_line, launcher_line = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert launcher_line["forked"] and launcher_line["code"] == 4
+    assert launcher_line["listed"] == [launcher_line["server"]]  # found by its title, as an exec'd one
+    assert launcher_line["group"] == launcher_line["server"]  # a group of its own: Ctrl-C is the launcher's
+    assert worker_line["argv"] == ["exit", "4", "--run-id", run_id] and worker_line["name"] == "__main__"
+    assert worker_line["root_handlers"] == 0 and worker_line["stdout_fd"] == 1
+    assert worker_line["fds"] == [0, 1, 2, 3]  # 3: the listing's own
+    assert tee.read_text() == ""  # nothing of the worker's went through the launcher's wrapper
+    assert (tmp_path / "tee.txt.atexit").read_text() == "x"  # the launcher's exit function ran once

@@ -2,6 +2,7 @@
 JSON line), then exits with the code given, or sleeps until it is killed."""
 
 import json
+import logging
 import os
 import sys
 import time
@@ -14,6 +15,11 @@ what = {
     "argv": sys.argv[1:],
     "cmdline": open(f"/proc/{os.getpid()}/cmdline", "rb").read().rstrip(b"\0").decode(),
     "name": __name__,
+    # what a server forked from a launcher must not pass on: its logging handlers, its stream
+    # wrappers, its descriptors (the worker's own are 0-2 and the listing's)
+    "root_handlers": len(logging.getLogger().handlers),
+    "stdout_fd": sys.stdout.fileno(),
+    "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
 }
 print(json.dumps(what), flush=True)
 if sys.argv[1] == "exit":
