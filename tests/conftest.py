@@ -37,7 +37,9 @@ class _SharedForkServer:
     def __init__(self) -> None:
         self.server = None
 
-    def for_run(self, cfg, run_id: str):
+    def for_run(self, cfg, run_id: str, *, from_this_process: bool = False):
+        """``fork_server_for``'s stand-in; the shared server is exec'd (xdist's workers run threads)
+        whatever ``from_this_process`` says."""
         from oobleck.elastic.forkserver import ForkServer, forks_workers
 
         if not forks_workers(cfg):

@@ -130,12 +130,13 @@ def launch(
     (after writing the summary of what it did). ``handle_signals``: see ``stop_on_signals``;
     ``on_start`` is handed the controller before it starts (tests watch or attack the run).
     ``fork_server`` (with its ``run_id``): one the caller started early and closes; without it, a
-    config that forks workers gets one started here, before planning, and closed at the end."""
+    config that forks workers gets one started here, before planning, and closed at the end
+    (forked from this process where it can be: ``ForkServer``)."""
     schedule = check_run(cfg)
     # The run's ports first: one in use is a clear error before any process (fork server, wandb) starts.
     with bind_run_ports(cfg.cluster) as ports:
         run_id = run_id or new_run_id()
-        own = fork_server_for(cfg, run_id) if fork_server is None else None
+        own = fork_server_for(cfg, run_id, from_this_process=True) if fork_server is None else None
         try:
             return _launch(
                 cfg,
