@@ -36,34 +36,36 @@ bit-identical times wherever they sit. Each distinct stage time is then one cand
 such stage among its markers, where prefix sums split it into several W a few ulps apart and ran
 the search once for each (1,315 candidates for 100 layers on nodes of 8 GPUs instead of 766).
 
-Speed without giving up exactness (branch and bound): both searches start from the best layout
-with one full-node stage per node (a cheap min-max partition) as an upper bound and look only
-for strictly better layouts; a sub-search that cannot beat its budget stops and is memoised as
-a lower bound. Node counts for which memory rules that seed out are first searched at the few
-thresholds the node-level bound below rates best (``PROBE_THRESHOLDS``), so the ascending sweep
-meets most thresholds with a budget near the optimum. Most thresholds never reach the DP: a W is
-skipped when no stage of time W can be the bottleneck of a better layout, first by a compute
-bound (``_promising_markers``), then, for the few markers of distinct layers, by a per-marker
-node relaxation (``_marker_bounds``), then by the node-level chain bound of
+Speed without giving up exactness (branch and bound): both searches start from the best layout with
+one full-node stage per node (a cheap min-max partition) as an upper bound and look only for
+strictly better layouts; a sub-search that cannot beat its budget stops and is memoised as a lower
+bound. Node counts for which memory rules that seed out are first searched at the few thresholds the
+node-level bound below rates best (``PROBE_THRESHOLDS``), so the ascending sweep meets most
+thresholds with a budget near the optimum. Most thresholds never reach the DP: a W is skipped when
+no stage of time W can be the bottleneck of a better layout, first by a compute bound
+(``_promising_markers``), then, for the few markers of distinct layers, by a per-marker node
+relaxation (``_marker_bounds``), then by the node-level chain bound of
 ``oobleck.planning.node_bounds`` for every node count at once (``root_bounds``: whole nodes,
-one-stage nodes exact, split nodes bounded by their compute, links and the stages memory forces;
-the one bound that scales when equal layers put a marker at every position). Where memory forces
-more stages than nodes, the sweep also counts the stages a threshold forces: feasibility is
-monotone in the bottleneck, so the least slowest stage of layouts with at most s stages (one
-bottleneck DP with a stage cap, reused by every threshold) tells which thresholds need more than
-s, and ``lower_bound`` with that many stages rules them out. For those node counts a threshold
-the compute and per-marker bounds leave meets ``_GpuRelaxation`` before the chain bound: the
-additive form above over stages, with exact stage times, GPU counts, node boundaries and marker,
-and only the microbatches in flight relaxed (to what the nodes to the right and memory on the
-layers after force), one numpy pass for every node count; it is the exact best T wherever memory
+one-stage nodes exact, split nodes bounded by their compute, links and the stages memory forces; the
+one bound that scales when equal layers put a marker at every position). Where memory forces more
+stages than nodes, the sweep also counts the stages a threshold forces: feasibility is monotone in
+the bottleneck, so the least slowest stage of layouts with at most s stages (one bottleneck DP with
+a stage cap, reused by every threshold) tells which thresholds need more than s, and ``lower_bound``
+with that many stages rules them out. Where memory allows one stage per node, the seed's slowest
+stage is that least value for n stages on n nodes (one stage of all G GPUs per node), so a threshold
+below it forces n + 1 stages, without a DP. For node counts where memory forces more stages than
+nodes, a threshold the compute and per-marker bounds leave meets ``_GpuRelaxation`` before the chain
+bound: the additive form above over stages, with exact stage times, GPU counts, node boundaries and
+marker, and only the microbatches in flight relaxed (to what the nodes to the right and memory on
+the layers after force), one numpy pass for every node count; it is the exact best T wherever memory
 does not bind and, on memory-tight profiles, almost always (85 of 86 seeded checks), so it decides
-most searches there that would find nothing (gpt128: 98 of 130). Inside the DP, the
-unexplored prefix [0, a) is bounded by the same node-level tables (``PrefixBounds``: whole nodes,
-or the rest of the current node then whole nodes; built for the power of two at or below the
-stages' in-flight count, since fewer in flight only loosens memory and a looser admissible bound
-changes no search's result, so a search builds a handful where memory binds at many counts), and
-a state that has not placed the marker yet is bounded through the markers still ahead of it. The
-exactness tests compare against brute force over every layout (the bounds themselves too:
+most searches there that would find nothing (gpt128: 98 of 130). Inside the DP, the unexplored
+prefix [0, a) is bounded by the same node-level tables (``PrefixBounds``: whole nodes, or the rest
+of the current node then whole nodes; built for the power of two at or below the stages' in-flight
+count, since fewer in flight only loosens memory and a looser admissible bound changes no search's
+result, so a search builds a handful where memory binds at many counts), and a state that has not
+placed the marker yet is bounded through the markers still ahead of it. The exactness tests compare
+against brute force over every layout (the bounds themselves too:
 ``tests/planning/test_node_bounds.py``), and medium cases against slower searches of earlier
 versions; benchmarks/bench_planner.py measures the speed. Where memory forces several narrow stages
 per node (few nodes for a large model), the node-level bounds are loosest and most of the time goes
@@ -1074,10 +1076,12 @@ def _sweep_thresholds(
     total_per_gpu = table.total_compute / gpus
     cross = table.min_cross_link
     best: dict[int, tuple[float, list[tuple[int, int, int]]]] = {}
+    one_stage_slowest: dict[int, float] = {}  # the least slowest stage of one-stage-per-node layouts
     for n, layout in _one_stage_per_node(table, gpus, max(wanted, default=0)).items():
         if n in wanted:
             seconds = _layout_seconds(table, layout, gpus)
             best[n] = (pipeline_iteration_time(seconds, r * len(seconds)), layout)
+            one_stage_slowest[n] = max(seconds)
 
     # The bound max(2 least_sum + ((r-1) S - 1) W, ((r-1) S + 1) W) per node count, with S the
     # fewest stages a layout on n nodes has and
@@ -1118,8 +1122,17 @@ def _sweep_thresholds(
     capped: dict[int, dict[int, tuple[float, float]]] = {}  # n -> stages -> (low, high)
 
     def forces_too_many_stages(n: int, W: float, budget: float) -> bool:
-        if not stage_caps or r == 1 or budget == INF or stages[n] <= n * table.stages_per_node:
+        if not stage_caps or r == 1 or budget == INF:
             return False
+        if stages[n] <= n * table.stages_per_node:
+            # Memory allows one stage per node. n stages on n nodes are one stage of all G GPUs
+            # per node, whose least slowest stage the seed has (``_one_stage_per_node`` is exact),
+            # so below it a layout has a split node: n + 1 stages or more. With equal layers the
+            # best layout is mostly one stage per node at exactly that bottleneck, the end of the
+            # window, and the thresholds below it used to reach the chain bound one by one.
+            if table.stages_per_node > 1 or n not in one_stage_slowest or W >= one_stage_slowest[n]:
+                return False
+            return stage_bound(n, W, n + 1) >= budget
         # The fewest stages at which the bound reaches the budget (solved for the count, then
         # corrected by the bound itself), and whether W forces one more than ``most``.
         estimate = min((budget - 2 * least_sum[n] + W) / ((r - 1) * W), (budget - W) / ((r - 1) * W))

@@ -4,7 +4,9 @@ skips thresholds by it returns the same templates, bit for bit, as the search wi
 Feasibility is monotone in the bottleneck: a layout of at most s stages, all at most W, exists
 for every W from the least slowest stage of such layouts (``_bottleneck_dp`` with ``stage_cap``)
 on, and for none below it. The sweep uses that to rule out, without a search, thresholds that
-force more stages than a better layout can have (``_sweep_thresholds``).
+force more stages than a better layout can have (``_sweep_thresholds``). Where one stage per node
+fits memory, the least slowest stage of n stages on n nodes is the seed's
+(``_one_stage_per_node``), and thresholds below it force n + 1 stages.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planning_brute import SMALL_PROBLEMS, all_layouts
-from test_identical_layer_runs import memory_tight_case
+from test_identical_layer_runs import memory_tight_case, transformer
 
 import oobleck.planning.templates as templates_module
 from oobleck.errors import PlanningError
@@ -24,6 +26,8 @@ from oobleck.planning.templates import (
     _bottleneck_dp,
     _DeepRecursion,
     _feasibility,
+    _layout_seconds,
+    _one_stage_per_node,
     _StageTable,
     _sweep_thresholds,
     stage_memories_of,
@@ -99,3 +103,59 @@ def test_stage_caps_change_no_template():
         assert fast == slow, case
         ran += capped
     assert ran >= 10
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**SMALL_PROBLEMS, identical=st.booleans())
+def test_one_stage_seeds_are_the_least_slowest_of_n_stages(
+    layers, gpus, nodes, seed, memory, output_bytes, max_gpus, identical
+):
+    """The seed for n nodes has the least slowest stage of every memory-feasible layout of n
+    stages on n nodes (brute force), and there is a seed wherever such a layout exists."""
+    profile = synthetic_profile(layers, seed=seed, jitter=0.0 if identical else 0.6, output_bytes=output_bytes)
+    spec = cluster(nodes, gpus, memory)
+    table = _StageTable(profile, spec, gpus)
+    seeds = _one_stage_per_node(table, gpus, nodes)
+    for n in range(1, nodes + 1):
+        least = math.inf
+        for stages in all_layouts(layers, n, gpus, gpus):
+            if len(stages) != n or any(m > memory for m in stage_memories_of(profile, stages)):
+                continue
+            least = min(least, max(stage_seconds_of(profile, spec, stages)))
+        found = max(_layout_seconds(table, seeds[n], gpus)) if n in seeds else math.inf
+        assert found == least, (n, found, least)
+
+
+def test_thresholds_below_the_one_stage_seed_change_no_template():
+    """Identical decoder layers between an embedding and a head, memory for one stage per node:
+    the same layouts and values, to the last bit, with and without the stage-count bounds, and
+    the bound below the seeds' slowest stage ruled out thresholds (fewer reach the marker bounds)
+    where no stage-capped DP ran."""
+    rng = random.Random(3031)
+    fewer = 0
+    real = templates_module._promising_markers
+    attempts: list[int] = []
+
+    def counting(*args, **kwargs):
+        attempts[-1] += 1
+        return real(*args, **kwargs)
+
+    for case in range(12):
+        profile = transformer(rng.randint(12, 40))
+        spec = cluster(rng.randint(6, 16), rng.choice([2, 4, 8]), 1e13, intra=150e9, inter=12.5e9)
+        attempts.clear()
+        table, bottleneck, n0 = _feasibility(profile, spec, spec.gpus_per_node)
+        wanted = [n for n in bottleneck if bottleneck[n] < math.inf]
+        results = []
+        templates_module._promising_markers = counting
+        try:
+            with _DeepRecursion(profile.num_layers):
+                for caps in (True, False):
+                    attempts.append(0)
+                    results.append(_sweep_thresholds(table, spec.gpus_per_node, 4, wanted, bottleneck, stage_caps=caps))
+        finally:
+            templates_module._promising_markers = real
+        assert results[0] == results[1], case
+        assert attempts[0] <= attempts[1], case
+        fewer += attempts[0] < attempts[1]
+    assert fewer >= 3, fewer
