@@ -1320,7 +1320,9 @@ def _promising_markers(
     base = (k_min + 1) * W + left / gpus + 2 * right / gpus
     keep = np.zeros(hi - lo, dtype=bool)
     for n, budget in budgets.items():
-        keep |= base + (r - 1) * np.maximum(n + extra_stages, least) * W < budget
+        stages = np.maximum(n + extra_stages, least)
+        bottleneck = np.isfinite(stages)  # an INF marker is dropped also when r = 1 (no 0 * INF)
+        keep |= bottleneck & (base + (r - 1) * np.where(bottleneck, stages, 0.0) * W < budget)
     links = table.marker_links[lo:hi]
     return [
         (int(a), int(b), int(g), int(link))
