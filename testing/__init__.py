@@ -8,7 +8,9 @@ it there themselves). Nothing in ``oobleck``, ``baselines`` or ``analysis`` impo
 - ``configs``: ``tiny_config`` (gpt3_tiny, a 4-step job) and ``config_section``;
 - ``plans``: ``template``, ``hand_plan``, ``two_pipelines_of_two_nodes``: plans built by hand;
 - ``checks``: ``assert_matches_reference`` (a real run equals single-process training),
-  ``cached_reference`` (that training, computed once per process for each input) and ``tcp_states``.
+  ``cached_reference`` (that training, computed once per process for each input) and ``tcp_states``;
+- ``stopping``: ``StopWhen`` and ``launch_until`` (a run stopped a few steps after it has seen
+  what its test is about) and ``assert_stopped_run_matches_reference``.
 """
 
 from testing.checks import TCP_STATES, assert_matches_reference, cached_reference, ports_still_listening, tcp_states

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import gc
 import json
-import math
 import os
 import random
 import signal
@@ -40,15 +39,13 @@ import time
 
 import pytest
 
-from oobleck.checkpoint import checkpoint_root, latest_valid, restore_layer
 from oobleck.elastic.job import launch
 from oobleck.elastic.local import node_processes, run_processes
 from oobleck.errors import EXIT_REQUEUE, Stopped
 from oobleck.runtime import keys
-from oobleck.runtime.reference import train_reference
-from oobleck.runtime.state import new_layer_state
 from oobleck.runtime.worker import resource_probe
 from testing import ports_still_listening, tcp_states, tiny_config
+from testing.stopping import assert_stopped_run_matches_reference
 
 pytestmark = pytest.mark.slow  # starts processes
 
@@ -287,26 +284,13 @@ def test_chaos_run_is_exact_and_long(chaos_run):
     assert steps == list(range(len(steps))) and summary["consecutive_steps"], "some steps were skipped or repeated"
     assert all(r["replicas_identical"] for r in outcome.recoveries) and all(crcs for crcs in outcome.checksums.values())
     # The run stopped with a checkpoint after the loop: its state is the reference's at that step.
-    checkpoint = latest_valid(checkpoint_root(cfg.checkpoint.dir, run_dir))
-    assert checkpoint is not None and chaos.stopped_at < checkpoint.step <= len(steps), (
-        checkpoint,
-        chaos.stopped_at,
-        len(steps),
-    )
-    reference = train_reference(cfg, steps=checkpoint.step)
     # Every step's loss is the sharp check (tests/runtime/test_exactness.py: a lost or repeated
     # microbatch moves a loss by > 1e-3). Parameters drift further than in the short exactness runs:
     # over ~450 steps on 25 different plans, each summing gradients in its own order, AdamW turns
     # ulp-level gradient differences of near-zero components into updates of up to lr = 3e-4; the
     # largest difference measured was 8.4e-5 (an attention bias), so the bound is half of lr.
-    for row, expected in zip(outcome.steps, reference.losses):
-        assert math.isclose(row["loss"], expected, rel_tol=1e-5), (row["step"], row["loss"], expected)
-    for index, expected in reference.layers.items():
-        layer = new_layer_state(cfg.model, cfg.job, index, int(cfg.job.seed), "cpu")
-        restore_layer(checkpoint.step_dir, checkpoint.manifest.record(index), layer, checkpoint.step)
-        for name, value in layer.module.state_dict().items():
-            worst = float((value - expected[name]).abs().max())
-            assert worst <= PARAM_ATOL, (index, name, worst)
+    checkpointed = assert_stopped_run_matches_reference(cfg, outcome, run_dir, param_atol=PARAM_ATOL)
+    assert chaos.stopped_at < checkpointed, (checkpointed, chaos.stopped_at)
     # faults that struck mid-step left steps to redo, and each redo is counted
     assert any(row["attempts"] > 1 for row in outcome.steps)
 
