@@ -20,12 +20,13 @@ terminal's Ctrl-C is the controller's to handle); it exits when the launcher's p
 controller died) and is killed when the run ends. Slurm nodes exec their workers: one node per
 machine has nothing to share.
 
-``oobleck.run`` forks the server from itself (``ForkServer(run_id, from_this_process=True)``): the
-launcher imports torch anyway (its store is torch's TCPStore), so a server forked once that import
-is done starts with it (~2.5 s of CPU less per run than a server that imports torch again). That
-needs a process running no Python thread but its main one (a fork copies only the calling thread,
-and a lock another thread held stays locked in the copy forever); anywhere else (a test process,
-a launcher that already started its controller) the server is exec'd.
+``oobleck.run`` and ``launch`` fork the server from themselves (``ForkServer(run_id,
+from_this_process=True)``): the launcher imports torch anyway (its store is torch's TCPStore), so a
+server forked once that import is done starts with it (1.3-4 s of CPU less per local run, measured,
+than a server that imports torch again). That needs a process running no Python thread but its main
+one (a fork copies only the calling thread, and a lock another thread held stays locked in the copy
+forever); anywhere else (a test process, a launcher that already started its controller) the server
+is exec'd.
 """
 
 from __future__ import annotations
@@ -175,10 +176,9 @@ def _fork_server(listener: socket.socket, alive_fd: int, run_id: str) -> int:
         _drop_the_launcher((listener.fileno(), alive_fd))
         import setproctitle
 
-        setproctitle.setproctitle(
-            " ".join(["python", "-m", __name__, *server_arguments(listener.fileno(), alive_fd, run_id)])
-        )
-        code = main(server_arguments(listener.fileno(), alive_fd, run_id))
+        arguments = server_arguments(listener.fileno(), alive_fd, run_id)
+        setproctitle.setproctitle(" ".join(["python", "-m", __name__, *arguments]))
+        code = main(arguments)
     except BaseException:
         traceback.print_exc()
     finally:
