@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,18 @@ REPO = Path(__file__).resolve().parents[1]
 # Measured profiles of the test runs stay in the checkout (gitignored) rather than in the user's
 # ~/.cache/oobleck, shared by every test session and the subprocesses the tests start.
 os.environ.setdefault("OOBLECK_CACHE_DIR", str(REPO / ".oobleck_cache"))
+
+
+def pytest_configure(config):
+    """Ctrl-C as in a terminal, however the suite was started.
+
+    A command a non-interactive shell starts in the background (``cmd &``, ``nohup``, some CI
+    runners) inherits SIGINT ignored, and every process the suite starts inherits it in turn: a
+    test that presses Ctrl-C on an entry point would then wait for a reaction that never comes.
+    Runs in pytest's own process and in each xdist worker (both call this hook).
+    """
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

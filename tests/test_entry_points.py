@@ -151,6 +151,9 @@ def test_ctrl_c_while_profiling_is_one_line_even_pressed_twice(tmp_path):
         "profile.max_measure_s=1e9",
         f"hydra.run.dir={run_dir}",
     ]
+    # A child inherits an ignored SIGINT (tests/conftest.py's pytest_configure restores it for the
+    # suite started in the background); it would then never see this test's Ctrl-C.
+    assert signal.getsignal(signal.SIGINT) != signal.SIG_IGN, "SIGINT is ignored in the test process"
     process = subprocess.Popen(
         command, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
