@@ -153,10 +153,14 @@ class NodeCosts:
         self.W, self.r = W, r
         # For every width g < G of a marker stage, the most compute such a marker holds.
         self.marker_widths: dict[int, float] = {}
-        for start, end, g in zip(marker_starts, marker_ends, marker_gpus):
-            if g < geometry.gpus:
-                held = float(geometry.compute[end] - geometry.compute[start])
-                self.marker_widths[int(g)] = max(self.marker_widths.get(int(g), 0.0), held)
+        narrow = np.asarray(marker_gpus) < geometry.gpus
+        if narrow.any():
+            widths = np.asarray(marker_gpus)[narrow]
+            held = (
+                geometry.compute[np.asarray(marker_ends)[narrow]] - geometry.compute[np.asarray(marker_starts)[narrow]]
+            )
+            for g in np.unique(widths):
+                self.marker_widths[int(g)] = max(0.0, float(held[widths == g].max()))
         L = geometry.num_layers
         positions = geometry.positions
         # For every end s, the largest start of a marker stage ending at or before s.
@@ -463,6 +467,28 @@ def root_bounds(costs: NodeCosts, max_nodes: int) -> np.ndarray:
     return bound * (1 - BOUND_SLACK)
 
 
+class LazyRows:
+    """The rows of a table as lists (the search's inner loop reads lists fastest), each made on
+    first use: a search reads a few rows of each table, of as many as there are node counts."""
+
+    __slots__ = ("rows", "table")
+
+    def __init__(self, table: np.ndarray):
+        self.table = table
+        self.rows: list[list[float] | None] = [None] * len(table)
+
+    def row(self, index: int) -> list[float]:
+        found = self.rows[index]
+        if found is None:
+            found = self.rows[index] = self.table[index].tolist()
+        return found
+
+    __getitem__ = row
+
+    def tolist(self) -> list[list[float]]:
+        return [self.row(index) for index in range(len(self.rows))]
+
+
 class PrefixBounds:
     """``at(f)``: tables ``(left, marked)``; ``left[u][s]``: covering layers [0, s) with u whole
     nodes left of the marker, every stage keeping >= f microbatches in flight, costs at least
@@ -475,8 +501,8 @@ class PrefixBounds:
         self.costs = costs
         self.max_nodes = max_nodes
         self._tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-        self._lists: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}
-        self._partial: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}
+        self._lists: dict[tuple, tuple[LazyRows, LazyRows]] = {}
+        self._partial: dict[tuple, tuple[LazyRows, LazyRows]] = {}
 
     def _arrays(self, in_flight: int) -> tuple[np.ndarray, np.ndarray]:
         costs = self.costs
@@ -504,8 +530,8 @@ class PrefixBounds:
             self._tables[key] = (left[:, : L + 1] * scale, marked[:, : L + 1] * scale)
         return self._tables[key]
 
-    def at(self, in_flight: int) -> tuple[list[list[float]], list[list[float]]]:
-        """``(left, marked)`` as lists, for stages keeping at least the power of two at or below
+    def at(self, in_flight: int) -> tuple[LazyRows, LazyRows]:
+        """``(left, marked)`` as rows of lists, for stages keeping at least the power of two at or below
         ``in_flight``: fewer in flight only loosens memory, so these bound the tables at
         ``in_flight`` from below, and a search needs a handful of tables instead of one per
         in-flight count where memory binds at many (few nodes for a large model). The search
@@ -515,10 +541,10 @@ class PrefixBounds:
         key = self.costs.key(in_flight)
         if key not in self._lists:
             left, marked = self._arrays(in_flight)
-            self._lists[key] = (left.tolist(), marked.tolist())
+            self._lists[key] = (LazyRows(left), LazyRows(marked))
         return self._lists[key]
 
-    def partial(self, in_flight: int, free_gpus: int) -> tuple[list[list[float]], list[list[float]]]:
+    def partial(self, in_flight: int, free_gpus: int) -> tuple[LazyRows, LazyRows]:
         """The node's remaining stages cover [x, s) on ``free_gpus`` GPUs: their w sum to at least
         C(x, s) / free_gpus plus an in-node link, and they hold at most (W - y) per GPU. Left of
         the marker each costs w + rW; with the marker still to come, either they are right of it
@@ -546,10 +572,7 @@ class PrefixBounds:
             right_part = right_part + (r - 1) * W
             holding = windows[2 * rows :] + r * W
             scale = 1 - BOUND_SLACK
-            self._partial[key] = (
-                (left_part * scale).tolist(),
-                (np.minimum(right_part, holding) * scale).tolist(),
-            )
+            self._partial[key] = (LazyRows(left_part * scale), LazyRows(np.minimum(right_part, holding) * scale))
         return self._partial[key]
 
 
