@@ -134,6 +134,39 @@ def bottleneck_floor(geometry: NodeGeometry, max_nodes: int) -> np.ndarray:
     return floor
 
 
+def split_node_floors(geometry: NodeGeometry, max_nodes: int, most_splits: int) -> np.ndarray:
+    """``floor[n, e]`` (n = 0 .. max_nodes, e = 0 .. ``most_splits``): every layout on n nodes
+    with at most e nodes of two or more stages has a stage at least this slow (INF: none fits),
+    so a layout with a stage under it has more than n + e stages. The slowest-stage DP of
+    ``bottleneck_floor`` with the split nodes counted: a whole node exact (memory at one more in
+    flight than the nodes and split nodes to its right), a split node at least ``split_floor``."""
+    L = geometry.num_layers
+    floor = np.full((max_nodes + 1, most_splits + 1), INF)
+    if max_nodes < 1:
+        return floor
+    split_inter = geometry.split_floor(geometry.cross)
+    split_last = geometry.split_floor(np.zeros(L + 1))[:, L]
+    # [e, x]: the least slowest stage covering [x, L) with the nodes so far, e of them split.
+    slowest = np.full((most_splits + 1, L + 1), INF)
+    fits_last = geometry.whole_cap[:, L][None, :] >= np.arange(1, most_splits + 2)[:, None]
+    slowest[0] = np.where(fits_last[0], geometry.whole_last, INF)
+    if most_splits:
+        slowest[1] = split_last
+    floor[1] = np.minimum.accumulate(slowest[:, 0])
+    for u in range(2, max_nodes + 1):
+        following = slowest
+        slowest = np.empty_like(following)
+        for e in range(most_splits + 1):
+            whole = np.where(geometry.whole_cap >= u + e, geometry.whole_inter, INF)
+            slowest[e] = np.min(np.maximum(whole, following[e][None, :]), axis=1)
+            if e:
+                np.minimum(
+                    slowest[e], np.min(np.maximum(split_inter, following[e - 1][None, :]), axis=1), out=slowest[e]
+                )
+        floor[u] = np.minimum.accumulate(slowest[:, 0])
+    return floor
+
+
 class NodeCosts:
     """Lower bounds of every node's cost at threshold W (see the module docstring), as bands:
     ``[x, d]`` is the node [x, x + d + 1) (a node at threshold W holds at most ``width`` layers,

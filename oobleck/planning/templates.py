@@ -53,7 +53,10 @@ the bottleneck, so the least slowest stage of layouts with at most s stages (one
 a stage cap, reused by every threshold) tells which thresholds need more than s, and ``lower_bound``
 with that many stages rules them out. Where memory allows one stage per node, the seed's slowest
 stage is that least value for n stages on n nodes (one stage of all G GPUs per node), so a threshold
-below it forces n + 1 stages, without a DP. For node counts where memory forces more stages than
+below it forces n + 1 stages, without a DP; and below the floor under the slowest stage of layouts
+with at most e nodes of two or more stages (``node_bounds.split_node_floors``: whole nodes exact,
+split nodes at their compute floor, one DP for every node count and e), more than n + e (on gpt128
+that rules out half the thresholds that reached the chain bound). For node counts where memory forces more stages than
 nodes, a threshold the compute and per-marker bounds leave meets ``_GpuRelaxation`` before the chain
 bound: the additive form above over stages, with exact stage times, GPU counts, node boundaries and
 marker, and only the microbatches in flight relaxed (to what the nodes to the right and memory on
@@ -99,6 +102,7 @@ from oobleck.planning.node_bounds import (
     _spread,
     bottleneck_floor,
     root_bounds,
+    split_node_floors,
 )
 from oobleck.planning.outputs import PipelineTemplate, StageSpec
 from oobleck.planning.pipeline_cost import (
@@ -124,6 +128,11 @@ PROBE_ATTEMPTS = 8
 # where few nodes hold a large model, the searches that find nothing there are what they prune,
 # and with more GPUs left the count on the widest stages (``memory_stage_counts``) is as good.
 STAGE_COUNT_NODES = 4
+# Where memory allows one stage per node, the sweep tells thresholds that force more than
+# n + e stages on n nodes for e up to this (``node_bounds.split_node_floors``; one DP whose cost
+# grows with it): past it the chain bound decides (on gpt128, gpt100 and the realistic profile
+# no threshold needed more).
+MOST_SPLITS = 8
 
 
 @dataclass(frozen=True)
@@ -1125,6 +1134,7 @@ def _sweep_thresholds(
     # count of stages a threshold needs varies with it, and most thresholds used to reach the DP;
     # with a stage per node the one-stage node bounds are exact already.
     capped: dict[int, dict[int, tuple[float, float]]] = {}  # n -> stages -> (low, high)
+    split_floors: list[np.ndarray] = []  # ``split_node_floors``, once asked for
 
     def forces_too_many_stages(n: int, W: float, budget: float) -> bool:
         if not stage_caps or r == 1 or budget == INF:
@@ -1137,7 +1147,18 @@ def _sweep_thresholds(
             # window, and the thresholds below it used to reach the chain bound one by one.
             if table.stages_per_node > 1 or n not in one_stage_slowest or W >= one_stage_slowest[n]:
                 return False
-            return stage_bound(n, W, n + 1) >= budget
+            if stage_bound(n, W, n + 1) >= budget:
+                return True
+            # Below the floor under the slowest stage of layouts with at most e split nodes, a
+            # layout has more than n + e stages (``split_node_floors``: one DP for every node
+            # count, made on first use); the largest such e gives the strongest bound.
+            if not split_floors:
+                split_floors.append(split_node_floors(geometry, max(nodes), MOST_SPLITS))
+            floors = split_floors[0][n]
+            for splits in range(MOST_SPLITS, 0, -1):
+                if W < floors[splits]:
+                    return stage_bound(n, W, n + splits + 1) >= budget
+            return False
         # The fewest stages at which the bound reaches the budget (solved for the count, then
         # corrected by the bound itself), and whether W forces one more than ``most``.
         estimate = min((budget - 2 * least_sum[n] + W) / ((r - 1) * W), (budget - W) / ((r - 1) * W))
