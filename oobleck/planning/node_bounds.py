@@ -500,26 +500,23 @@ def root_bounds(costs: NodeCosts, max_nodes: int) -> np.ndarray:
     return bound * (1 - BOUND_SLACK)
 
 
-class LazyRows:
-    """The rows of a table as lists (the search's inner loop reads lists fastest), each made on
-    first use: a search reads a few rows of each table, of as many as there are node counts."""
+class LazyRows(dict):
+    """The rows of a table as lists (the search's inner loop reads lists fastest), by row index,
+    each made on first read (``__missing__``; a hit is a plain dict lookup): a search reads a
+    few rows of each table, of as many as there are node counts."""
 
-    __slots__ = ("rows", "table")
+    __slots__ = ("table",)
 
     def __init__(self, table: np.ndarray):
+        super().__init__()
         self.table = table
-        self.rows: list[list[float] | None] = [None] * len(table)
 
-    def row(self, index: int) -> list[float]:
-        found = self.rows[index]
-        if found is None:
-            found = self.rows[index] = self.table[index].tolist()
+    def __missing__(self, index: int) -> list[float]:
+        found = self[index] = self.table[index].tolist()
         return found
 
-    __getitem__ = row
-
     def tolist(self) -> list[list[float]]:
-        return [self.row(index) for index in range(len(self.rows))]
+        return [self[index] for index in range(len(self.table))]
 
 
 class PrefixBounds:

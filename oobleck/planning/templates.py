@@ -875,9 +875,6 @@ def _solve_for_threshold(
                 needs = by_memory[j1]
             links_left = nl2 * cross
             links_but_one = links_left - cross if nl2 else 0.0  # one may be the marker's, inside W
-            # The prefix tables' rows for these (j1, h2, nl2), marker placed or not (p2 = 0, 1),
-            # made where a start first reaches them.
-            prefix_rows: tuple[list[float], list[float]] | None = None
             for start in range(lo, hi):
                 w = costs[start]
                 if p == 1:
@@ -907,10 +904,8 @@ def _solve_for_threshold(
                     if marked > lower:
                         lower = marked
                 if prefix is not None and start:
-                    if prefix_rows is None:
-                        tables = prefix_tables[j1 * (G + 1) + h2] or prefix_at(j1, h2)
-                        prefix_rows = (tables[1].row(nl2), tables[0].row(nl2))
-                    whole = prefix_rows[p2][start]
+                    tables = prefix_tables[j1 * (G + 1) + h2] or prefix_at(j1, h2)
+                    whole = tables[1 - p2][nl2][start]
                     if whole > lower:
                         lower = whole
                 if lower >= limit:

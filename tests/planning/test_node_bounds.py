@@ -218,9 +218,9 @@ def test_prefix_rows_are_made_as_a_search_reads_them():
     finally:
         templates_module.PrefixBounds = real
     tables = {id(rows): rows for rows in handed}.values()
-    made = [(rows, index) for rows in tables for index, row in enumerate(rows.rows) if row is not None]
+    made = [(rows, index) for rows in tables for index in list(rows)]
     assert made
     for rows, index in made:
-        assert rows.row(index) is rows.rows[index]  # made once, then served
-        assert rows.row(index) == rows.table[index].tolist()
-    assert len(made) < sum(len(rows.rows) for rows in tables)
+        assert rows[index] is dict.__getitem__(rows, index)  # made once, then served
+        assert rows[index] == rows.table[index].tolist()
+    assert len(made) < sum(len(rows.table) for rows in tables)
