@@ -88,12 +88,29 @@ class NodeGeometry:
         most = np.zeros(L + 3)
         np.maximum.at(most, limit, self.span_compute[valid])
         self._most = np.maximum.accumulate(most[::-1])[::-1]
+        self._split_floors: tuple[np.ndarray, np.ndarray] | None = None
 
     def most_compute(self, in_flight: int) -> float:
         return float(self._most[min(in_flight, len(self._most) - 1)])
 
     def most_compute_of(self, in_flight: np.ndarray) -> np.ndarray:
         return self._most[np.minimum(in_flight, len(self._most) - 1).astype(np.int64)]
+
+    def split_floors(self) -> tuple[np.ndarray, np.ndarray]:
+        """``split_floor`` of nodes ending in a cross-node link ([x, s]) and of the pipeline's last
+        node ([x], s = L: no link), made once (``bottleneck_floor`` and ``split_node_floors``)."""
+        if self._split_floors is None:
+            L, G, compute = self.num_layers, self.gpus, self.compute
+            last = np.full(L + 1, INF)
+            for g in range(1, G):
+                # split_floor(zeros)[:, L], the same operations on its one column.
+                rest = (compute[None, :] - compute[:, None]) / (G - g) + self.cheapest_intra  # [x, b]
+                tail = (compute[L] - compute) / g + 0.0  # [b]
+                both = np.where(self.span[:, :L] > 0, np.maximum(rest[:, :L], tail[None, :L]), INF)
+                both[:, 0] = INF  # b >= 1
+                last = np.minimum(last, both.min(axis=1))
+            self._split_floors = (self.split_floor(self.cross), last)
+        return self._split_floors
 
     def split_floor(self, link: np.ndarray) -> np.ndarray:
         """``[x, s]``: no node of two or more stages over [x, s) (last link ``link[s]``) has all its
@@ -122,8 +139,7 @@ def bottleneck_floor(geometry: NodeGeometry, max_nodes: int) -> np.ndarray:
     floor = np.full(max_nodes + 1, INF)
     if max_nodes < 1:
         return floor
-    split_inter = geometry.split_floor(geometry.cross)
-    split_last = geometry.split_floor(np.zeros(L + 1))[:, L]
+    split_inter, split_last = geometry.split_floors()
     last = np.minimum(np.where(geometry.whole_cap[:, L] >= 1, geometry.whole_last, INF), split_last)
     slowest = last  # [x]: the least slowest stage covering [x, L) with u nodes
     floor[1] = slowest[0]
@@ -144,8 +160,7 @@ def split_node_floors(geometry: NodeGeometry, max_nodes: int, most_splits: int) 
     floor = np.full((max_nodes + 1, most_splits + 1), INF)
     if max_nodes < 1:
         return floor
-    split_inter = geometry.split_floor(geometry.cross)
-    split_last = geometry.split_floor(np.zeros(L + 1))[:, L]
+    split_inter, split_last = geometry.split_floors()
     # [e, x]: the least slowest stage covering [x, L) with the nodes so far, e of them split.
     slowest = np.full((most_splits + 1, L + 1), INF)
     fits_last = geometry.whole_cap[:, L][None, :] >= np.arange(1, most_splits + 2)[:, None]
@@ -153,16 +168,19 @@ def split_node_floors(geometry: NodeGeometry, max_nodes: int, most_splits: int) 
     if most_splits:
         slowest[1] = split_last
     floor[1] = np.minimum.accumulate(slowest[:, 0])
-    for u in range(2, max_nodes + 1):
-        following = slowest
-        slowest = np.empty_like(following)
-        for e in range(most_splits + 1):
-            whole = np.where(geometry.whole_cap >= u + e, geometry.whole_inter, INF)
-            slowest[e] = np.min(np.maximum(whole, following[e][None, :]), axis=1)
-            if e:
-                np.minimum(
-                    slowest[e], np.min(np.maximum(split_inter, following[e - 1][None, :]), axis=1), out=slowest[e]
-                )
+    splits = np.arange(most_splits + 1)
+    for u in range(2, min(max_nodes, L) + 1):
+        # u nodes of a layer or more cover [x, L) only for x <= L - u, from ends s <= L - u + 1:
+        # the other entries stay INF without being computed. All e at once: [e, x, s].
+        rows, ends = slice(0, L - u + 1), slice(0, L - u + 2)
+        following = slowest[:, ends]
+        fits = geometry.whole_cap[rows, ends][None] >= (u + splits)[:, None, None]
+        whole = np.where(fits, geometry.whole_inter[rows, ends][None], INF)
+        slowest = np.full_like(slowest, INF)
+        slowest[:, rows] = np.maximum(whole, following[:, None, :]).min(axis=2)
+        if most_splits:
+            split = np.maximum(split_inter[rows, ends][None], following[:-1, None, :]).min(axis=2)
+            np.minimum(slowest[1:, rows], split, out=slowest[1:, rows])
         floor[u] = np.minimum.accumulate(slowest[:, 0])
     return floor
 

@@ -299,6 +299,7 @@ class _StageTable:
         self._gpu_counts: list[list[list[float]]] | None = None
         self._marker_counts: tuple[np.ndarray, np.ndarray] | None = None
         self._stage_bands: _StageBands | None = None
+        self._node_geometry: NodeGeometry | None = None
         self.total_compute = float(arrays.compute[-1])
         self.compute_prefix: list[float] = arrays.compute.tolist()  # compute of layers [0, i)
         # Every node boundary costs at least this much (the cheapest boundary tensor, cross-node).
@@ -388,6 +389,13 @@ class _StageTable:
                     part[:, fits] = np.minimum(part[:, fits], taken)
             self._gpu_counts = counts[: L + 2].tolist()
         return self._gpu_counts
+
+    def node_geometry(self) -> NodeGeometry:
+        """The node bounds' threshold-independent arrays (made on first use, shared by the
+        feasibility floors and the sweep)."""
+        if self._node_geometry is None:
+            self._node_geometry = NodeGeometry(self, self.cluster)
+        return self._node_geometry
 
     def stage_bands(self) -> _StageBands:
         """The stage table as bands for ``_GpuRelaxation`` (made on first use)."""
@@ -1005,7 +1013,7 @@ def _feasibility(
     stage (exact at n0; ``bottleneck_floor`` beyond, INF where no layout can fit)."""
     table = _StageTable(profile, cluster, stage_gpus)
     up_to = min(cluster.nodes, profile.num_layers)
-    floors = bottleneck_floor(NodeGeometry(table, cluster), up_to)
+    floors = bottleneck_floor(table.node_geometry(), up_to)
     with _DeepRecursion(profile.num_layers):
         # Exact from the first node count the floor allows, up to the first that fits.
         for n in range(1, up_to + 1):
@@ -1081,7 +1089,7 @@ def _sweep_thresholds(
     memory forces at the stages' in-flight counts, ``_GpuRelaxation`` among them (the searches
     before them, for comparison)."""
     candidates = table.candidates
-    geometry = NodeGeometry(table, table.cluster)
+    geometry = table.node_geometry()
     total_per_gpu = table.total_compute / gpus
     cross = table.min_cross_link
     best: dict[int, tuple[float, list[tuple[int, int, int]]]] = {}

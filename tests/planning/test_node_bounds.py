@@ -224,3 +224,26 @@ def test_prefix_rows_are_made_as_a_search_reads_them():
         assert rows[index] is dict.__getitem__(rows, index)  # made once, then served
         assert rows[index] == rows.table[index].tolist()
     assert len(made) < sum(len(rows.table) for rows in tables)
+
+
+def test_split_floors_are_the_split_floor_tables():
+    """``NodeGeometry.split_floors`` (made once, the last node's column computed alone) equals
+    ``split_floor`` with the cross-node links and, at the pipeline's end, with none, to the last
+    bit, over seeded profiles (equal and jittered layers, boundary tensors of every size)."""
+    import random
+
+    rng = random.Random(31)
+    for _ in range(60):
+        layers, gpus = rng.randint(1, 16), rng.choice([1, 2, 3, 4, 8])
+        profile = synthetic_profile(
+            layers,
+            seed=rng.randint(0, 10**6),
+            jitter=rng.choice([0.0, 0.6]),
+            output_bytes=rng.choice([0, 4_000_000, 400_000_000]),
+        )
+        spec = cluster(rng.randint(1, 8), gpus, 1e13)
+        geometry = NodeGeometry(_StageTable(profile, spec, gpus), spec)
+        inter, last = geometry.split_floors()
+        assert np.array_equal(inter, geometry.split_floor(geometry.cross))
+        assert np.array_equal(last, geometry.split_floor(np.zeros(layers + 1))[:, layers])
+        assert geometry.split_floors()[0] is inter  # made once
