@@ -88,12 +88,29 @@ class NodeGeometry:
         most = np.zeros(L + 3)
         np.maximum.at(most, limit, self.span_compute[valid])
         self._most = np.maximum.accumulate(most[::-1])[::-1]
+        self._split_floors: tuple[np.ndarray, np.ndarray] | None = None
 
     def most_compute(self, in_flight: int) -> float:
         return float(self._most[min(in_flight, len(self._most) - 1)])
 
     def most_compute_of(self, in_flight: np.ndarray) -> np.ndarray:
         return self._most[np.minimum(in_flight, len(self._most) - 1).astype(np.int64)]
+
+    def split_floors(self) -> tuple[np.ndarray, np.ndarray]:
+        """``split_floor`` of nodes ending in a cross-node link ([x, s]) and of the pipeline's last
+        node ([x], s = L: no link), made once (``bottleneck_floor`` and ``split_node_floors``)."""
+        if self._split_floors is None:
+            L, G, compute = self.num_layers, self.gpus, self.compute
+            last = np.full(L + 1, INF)
+            for g in range(1, G):
+                # split_floor(zeros)[:, L], the same operations on its one column.
+                rest = (compute[None, :] - compute[:, None]) / (G - g) + self.cheapest_intra  # [x, b]
+                tail = (compute[L] - compute) / g + 0.0  # [b]
+                both = np.where(self.span[:, :L] > 0, np.maximum(rest[:, :L], tail[None, :L]), INF)
+                both[:, 0] = INF  # b >= 1
+                last = np.minimum(last, both.min(axis=1))
+            self._split_floors = (self.split_floor(self.cross), last)
+        return self._split_floors
 
     def split_floor(self, link: np.ndarray) -> np.ndarray:
         """``[x, s]``: no node of two or more stages over [x, s) (last link ``link[s]``) has all its
@@ -122,8 +139,7 @@ def bottleneck_floor(geometry: NodeGeometry, max_nodes: int) -> np.ndarray:
     floor = np.full(max_nodes + 1, INF)
     if max_nodes < 1:
         return floor
-    split_inter = geometry.split_floor(geometry.cross)
-    split_last = geometry.split_floor(np.zeros(L + 1))[:, L]
+    split_inter, split_last = geometry.split_floors()
     last = np.minimum(np.where(geometry.whole_cap[:, L] >= 1, geometry.whole_last, INF), split_last)
     slowest = last  # [x]: the least slowest stage covering [x, L) with u nodes
     floor[1] = slowest[0]
@@ -131,6 +147,41 @@ def bottleneck_floor(geometry: NodeGeometry, max_nodes: int) -> np.ndarray:
         node = np.minimum(np.where(geometry.whole_cap >= u, geometry.whole_inter, INF), split_inter)
         slowest = np.min(np.maximum(node, slowest[None, :]), axis=1)
         floor[u] = slowest[0]
+    return floor
+
+
+def split_node_floors(geometry: NodeGeometry, max_nodes: int, most_splits: int) -> np.ndarray:
+    """``floor[n, e]`` (n = 0 .. max_nodes, e = 0 .. ``most_splits``): every layout on n nodes
+    with at most e nodes of two or more stages has a stage at least this slow (INF: none fits),
+    so a layout with a stage under it has more than n + e stages. The slowest-stage DP of
+    ``bottleneck_floor`` with the split nodes counted: a whole node exact (memory at one more in
+    flight than the nodes and split nodes to its right), a split node at least ``split_floor``."""
+    L = geometry.num_layers
+    floor = np.full((max_nodes + 1, most_splits + 1), INF)
+    if max_nodes < 1:
+        return floor
+    split_inter, split_last = geometry.split_floors()
+    # [e, x]: the least slowest stage covering [x, L) with the nodes so far, e of them split.
+    slowest = np.full((most_splits + 1, L + 1), INF)
+    fits_last = geometry.whole_cap[:, L][None, :] >= np.arange(1, most_splits + 2)[:, None]
+    slowest[0] = np.where(fits_last[0], geometry.whole_last, INF)
+    if most_splits:
+        slowest[1] = split_last
+    floor[1] = np.minimum.accumulate(slowest[:, 0])
+    splits = np.arange(most_splits + 1)
+    for u in range(2, min(max_nodes, L) + 1):
+        # u nodes of a layer or more cover [x, L) only for x <= L - u, from ends s <= L - u + 1:
+        # the other entries stay INF without being computed. All e at once: [e, x, s].
+        rows, ends = slice(0, L - u + 1), slice(0, L - u + 2)
+        following = slowest[:, ends]
+        fits = geometry.whole_cap[rows, ends][None] >= (u + splits)[:, None, None]
+        whole = np.where(fits, geometry.whole_inter[rows, ends][None], INF)
+        slowest = np.full_like(slowest, INF)
+        slowest[:, rows] = np.maximum(whole, following[:, None, :]).min(axis=2)
+        if most_splits:
+            split = np.maximum(split_inter[rows, ends][None], following[:-1, None, :]).min(axis=2)
+            np.minimum(slowest[1:, rows], split, out=slowest[1:, rows])
+        floor[u] = np.minimum.accumulate(slowest[:, 0])
     return floor
 
 
@@ -153,10 +204,14 @@ class NodeCosts:
         self.W, self.r = W, r
         # For every width g < G of a marker stage, the most compute such a marker holds.
         self.marker_widths: dict[int, float] = {}
-        for start, end, g in zip(marker_starts, marker_ends, marker_gpus):
-            if g < geometry.gpus:
-                held = float(geometry.compute[end] - geometry.compute[start])
-                self.marker_widths[int(g)] = max(self.marker_widths.get(int(g), 0.0), held)
+        narrow = np.asarray(marker_gpus) < geometry.gpus
+        if narrow.any():
+            widths = np.asarray(marker_gpus)[narrow]
+            held = (
+                geometry.compute[np.asarray(marker_ends)[narrow]] - geometry.compute[np.asarray(marker_starts)[narrow]]
+            )
+            for g in np.unique(widths):
+                self.marker_widths[int(g)] = max(0.0, float(held[widths == g].max()))
         L = geometry.num_layers
         positions = geometry.positions
         # For every end s, the largest start of a marker stage ending at or before s.
@@ -463,6 +518,25 @@ def root_bounds(costs: NodeCosts, max_nodes: int) -> np.ndarray:
     return bound * (1 - BOUND_SLACK)
 
 
+class LazyRows(dict):
+    """The rows of a table as lists (the search's inner loop reads lists fastest), by row index,
+    each made on first read (``__missing__``; a hit is a plain dict lookup): a search reads a
+    few rows of each table, of as many as there are node counts."""
+
+    __slots__ = ("table",)
+
+    def __init__(self, table: np.ndarray):
+        super().__init__()
+        self.table = table
+
+    def __missing__(self, index: int) -> list[float]:
+        found = self[index] = self.table[index].tolist()
+        return found
+
+    def tolist(self) -> list[list[float]]:
+        return [self[index] for index in range(len(self.table))]
+
+
 class PrefixBounds:
     """``at(f)``: tables ``(left, marked)``; ``left[u][s]``: covering layers [0, s) with u whole
     nodes left of the marker, every stage keeping >= f microbatches in flight, costs at least
@@ -475,8 +549,8 @@ class PrefixBounds:
         self.costs = costs
         self.max_nodes = max_nodes
         self._tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-        self._lists: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}
-        self._partial: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}
+        self._lists: dict[tuple, tuple[LazyRows, LazyRows]] = {}
+        self._partial: dict[tuple, tuple[LazyRows, LazyRows]] = {}
 
     def _arrays(self, in_flight: int) -> tuple[np.ndarray, np.ndarray]:
         costs = self.costs
@@ -504,8 +578,8 @@ class PrefixBounds:
             self._tables[key] = (left[:, : L + 1] * scale, marked[:, : L + 1] * scale)
         return self._tables[key]
 
-    def at(self, in_flight: int) -> tuple[list[list[float]], list[list[float]]]:
-        """``(left, marked)`` as lists, for stages keeping at least the power of two at or below
+    def at(self, in_flight: int) -> tuple[LazyRows, LazyRows]:
+        """``(left, marked)`` as rows of lists, for stages keeping at least the power of two at or below
         ``in_flight``: fewer in flight only loosens memory, so these bound the tables at
         ``in_flight`` from below, and a search needs a handful of tables instead of one per
         in-flight count where memory binds at many (few nodes for a large model). The search
@@ -515,10 +589,10 @@ class PrefixBounds:
         key = self.costs.key(in_flight)
         if key not in self._lists:
             left, marked = self._arrays(in_flight)
-            self._lists[key] = (left.tolist(), marked.tolist())
+            self._lists[key] = (LazyRows(left), LazyRows(marked))
         return self._lists[key]
 
-    def partial(self, in_flight: int, free_gpus: int) -> tuple[list[list[float]], list[list[float]]]:
+    def partial(self, in_flight: int, free_gpus: int) -> tuple[LazyRows, LazyRows]:
         """The node's remaining stages cover [x, s) on ``free_gpus`` GPUs: their w sum to at least
         C(x, s) / free_gpus plus an in-node link, and they hold at most (W - y) per GPU. Left of
         the marker each costs w + rW; with the marker still to come, either they are right of it
@@ -546,10 +620,7 @@ class PrefixBounds:
             right_part = right_part + (r - 1) * W
             holding = windows[2 * rows :] + r * W
             scale = 1 - BOUND_SLACK
-            self._partial[key] = (
-                (left_part * scale).tolist(),
-                (np.minimum(right_part, holding) * scale).tolist(),
-            )
+            self._partial[key] = (LazyRows(left_part * scale), LazyRows(np.minimum(right_part, holding) * scale))
         return self._partial[key]
 
 

@@ -53,7 +53,10 @@ the bottleneck, so the least slowest stage of layouts with at most s stages (one
 a stage cap, reused by every threshold) tells which thresholds need more than s, and ``lower_bound``
 with that many stages rules them out. Where memory allows one stage per node, the seed's slowest
 stage is that least value for n stages on n nodes (one stage of all G GPUs per node), so a threshold
-below it forces n + 1 stages, without a DP. For node counts where memory forces more stages than
+below it forces n + 1 stages, without a DP; and below the floor under the slowest stage of layouts
+with at most e nodes of two or more stages (``node_bounds.split_node_floors``: whole nodes exact,
+split nodes at their compute floor, one DP for every node count and e), more than n + e (on gpt128
+that rules out half the thresholds that reached the chain bound). For node counts where memory forces more stages than
 nodes, a threshold the compute and per-marker bounds leave meets ``_GpuRelaxation`` before the chain
 bound: the additive form above over stages, with exact stage times, GPU counts, node boundaries and
 marker, and only the microbatches in flight relaxed (to what the nodes to the right and memory on
@@ -99,6 +102,7 @@ from oobleck.planning.node_bounds import (
     _spread,
     bottleneck_floor,
     root_bounds,
+    split_node_floors,
 )
 from oobleck.planning.outputs import PipelineTemplate, StageSpec
 from oobleck.planning.pipeline_cost import (
@@ -124,6 +128,11 @@ PROBE_ATTEMPTS = 8
 # where few nodes hold a large model, the searches that find nothing there are what they prune,
 # and with more GPUs left the count on the widest stages (``memory_stage_counts``) is as good.
 STAGE_COUNT_NODES = 4
+# Where memory allows one stage per node, the sweep tells thresholds that force more than
+# n + e stages on n nodes for e up to this (``node_bounds.split_node_floors``; one DP whose cost
+# grows with it): past it the chain bound decides (on gpt128, gpt100 and the realistic profile
+# no threshold needed more).
+MOST_SPLITS = 8
 
 
 @dataclass(frozen=True)
@@ -290,6 +299,7 @@ class _StageTable:
         self._gpu_counts: list[list[list[float]]] | None = None
         self._marker_counts: tuple[np.ndarray, np.ndarray] | None = None
         self._stage_bands: _StageBands | None = None
+        self._node_geometry: NodeGeometry | None = None
         self.total_compute = float(arrays.compute[-1])
         self.compute_prefix: list[float] = arrays.compute.tolist()  # compute of layers [0, i)
         # Every node boundary costs at least this much (the cheapest boundary tensor, cross-node).
@@ -379,6 +389,13 @@ class _StageTable:
                     part[:, fits] = np.minimum(part[:, fits], taken)
             self._gpu_counts = counts[: L + 2].tolist()
         return self._gpu_counts
+
+    def node_geometry(self) -> NodeGeometry:
+        """The node bounds' threshold-independent arrays (made on first use, shared by the
+        feasibility floors and the sweep)."""
+        if self._node_geometry is None:
+            self._node_geometry = NodeGeometry(self, self.cluster)
+        return self._node_geometry
 
     def stage_bands(self) -> _StageBands:
         """The stage table as bands for ``_GpuRelaxation`` (made on first use)."""
@@ -996,7 +1013,7 @@ def _feasibility(
     stage (exact at n0; ``bottleneck_floor`` beyond, INF where no layout can fit)."""
     table = _StageTable(profile, cluster, stage_gpus)
     up_to = min(cluster.nodes, profile.num_layers)
-    floors = bottleneck_floor(NodeGeometry(table, cluster), up_to)
+    floors = bottleneck_floor(table.node_geometry(), up_to)
     with _DeepRecursion(profile.num_layers):
         # Exact from the first node count the floor allows, up to the first that fits.
         for n in range(1, up_to + 1):
@@ -1072,7 +1089,7 @@ def _sweep_thresholds(
     memory forces at the stages' in-flight counts, ``_GpuRelaxation`` among them (the searches
     before them, for comparison)."""
     candidates = table.candidates
-    geometry = NodeGeometry(table, table.cluster)
+    geometry = table.node_geometry()
     total_per_gpu = table.total_compute / gpus
     cross = table.min_cross_link
     best: dict[int, tuple[float, list[tuple[int, int, int]]]] = {}
@@ -1120,6 +1137,7 @@ def _sweep_thresholds(
     # count of stages a threshold needs varies with it, and most thresholds used to reach the DP;
     # with a stage per node the one-stage node bounds are exact already.
     capped: dict[int, dict[int, tuple[float, float]]] = {}  # n -> stages -> (low, high)
+    split_floors: list[np.ndarray] = []  # ``split_node_floors``, once asked for
 
     def forces_too_many_stages(n: int, W: float, budget: float) -> bool:
         if not stage_caps or r == 1 or budget == INF:
@@ -1132,7 +1150,18 @@ def _sweep_thresholds(
             # window, and the thresholds below it used to reach the chain bound one by one.
             if table.stages_per_node > 1 or n not in one_stage_slowest or W >= one_stage_slowest[n]:
                 return False
-            return stage_bound(n, W, n + 1) >= budget
+            if stage_bound(n, W, n + 1) >= budget:
+                return True
+            # Below the floor under the slowest stage of layouts with at most e split nodes, a
+            # layout has more than n + e stages (``split_node_floors``: one DP for every node
+            # count, made on first use); the largest such e gives the strongest bound.
+            if not split_floors:
+                split_floors.append(split_node_floors(geometry, max(nodes), MOST_SPLITS))
+            floors = split_floors[0][n]
+            for splits in range(MOST_SPLITS, 0, -1):
+                if W < floors[splits]:
+                    return stage_bound(n, W, n + splits + 1) >= budget
+            return False
         # The fewest stages at which the bound reaches the budget (solved for the count, then
         # corrected by the bound itself), and whether W forces one more than ``most``.
         estimate = min((budget - 2 * least_sum[n] + W) / ((r - 1) * W), (budget - W) / ((r - 1) * W))

@@ -131,9 +131,9 @@ def test_chains_match_the_all_entries_chains():
             for table_, reference in zip(tables, all_columns_prefix_tables(costs, max_nodes, in_flight)):
                 assert np.array_equal(table_, reference)
             free = rng.randint(1, gpus)
-            assert PrefixBounds(costs, max_nodes).partial(in_flight, free) == windowed_partial(
-                PrefixBounds(costs, max_nodes), in_flight, free
-            )
+            assert tuple(
+                rows.tolist() for rows in PrefixBounds(costs, max_nodes).partial(in_flight, free)
+            ) == windowed_partial(PrefixBounds(costs, max_nodes), in_flight, free)
             finite += int(np.isfinite(fast[2:]).sum())
             # The bands of entries at their own in-flight counts, taken from the whole band at each
             # distinct most compute per stage: the entrywise computation's bits.
@@ -182,9 +182,68 @@ def test_whole_node_prefix_tables_at_powers_of_two():
             prefix = PrefixBounds(NodeCosts(geometry, float(W), r, *marker), rng.randint(1, spec.nodes))
             for in_flight in range(1, layers + 2):
                 power = 1 << (in_flight.bit_length() - 1)
-                served = prefix.at(in_flight)
+                served = tuple(rows.tolist() for rows in prefix.at(in_flight))
                 assert served == tuple(table_.tolist() for table_ in prefix._arrays(power))
                 for lists, exact in zip(served, prefix._arrays(in_flight)):
                     assert np.all(np.array(lists) <= exact)
                     looser += int(not np.array_equal(np.array(lists), exact))
     assert looser > 10
+
+
+def test_prefix_rows_are_made_as_a_search_reads_them():
+    """``PrefixBounds`` hands the template search its tables as rows made on first read: every
+    row made equals the table's, a row is made once, and the searches of a template generation
+    read fewer rows than their tables have (the conversions this saves)."""
+    import oobleck.planning.templates as templates_module
+    from oobleck.planning.node_bounds import LazyRows
+    from oobleck.planning.templates import generate_templates
+
+    handed: list[LazyRows] = []
+
+    class Recording(PrefixBounds):
+        def at(self, in_flight):
+            found = super().at(in_flight)
+            handed.extend(found)
+            return found
+
+        def partial(self, in_flight, free_gpus):
+            found = super().partial(in_flight, free_gpus)
+            handed.extend(found)
+            return found
+
+    real = templates_module.PrefixBounds
+    templates_module.PrefixBounds = Recording
+    try:
+        generate_templates(synthetic_profile(40, seed=5), cluster(12, 4, 1e13), 1)
+    finally:
+        templates_module.PrefixBounds = real
+    tables = {id(rows): rows for rows in handed}.values()
+    made = [(rows, index) for rows in tables for index in list(rows)]
+    assert made
+    for rows, index in made:
+        assert rows[index] is dict.__getitem__(rows, index)  # made once, then served
+        assert rows[index] == rows.table[index].tolist()
+    assert len(made) < sum(len(rows.table) for rows in tables)
+
+
+def test_split_floors_are_the_split_floor_tables():
+    """``NodeGeometry.split_floors`` (made once, the last node's column computed alone) equals
+    ``split_floor`` with the cross-node links and, at the pipeline's end, with none, to the last
+    bit, over seeded profiles (equal and jittered layers, boundary tensors of every size)."""
+    import random
+
+    rng = random.Random(31)
+    for _ in range(60):
+        layers, gpus = rng.randint(1, 16), rng.choice([1, 2, 3, 4, 8])
+        profile = synthetic_profile(
+            layers,
+            seed=rng.randint(0, 10**6),
+            jitter=rng.choice([0.0, 0.6]),
+            output_bytes=rng.choice([0, 4_000_000, 400_000_000]),
+        )
+        spec = cluster(rng.randint(1, 8), gpus, 1e13)
+        geometry = NodeGeometry(_StageTable(profile, spec, gpus), spec)
+        inter, last = geometry.split_floors()
+        assert np.array_equal(inter, geometry.split_floor(geometry.cross))
+        assert np.array_equal(last, geometry.split_floor(np.zeros(layers + 1))[:, layers])
+        assert geometry.split_floors()[0] is inter  # made once

@@ -6,7 +6,8 @@ for every W from the least slowest stage of such layouts (``_bottleneck_dp`` wit
 on, and for none below it. The sweep uses that to rule out, without a search, thresholds that
 force more stages than a better layout can have (``_sweep_thresholds``). Where one stage per node
 fits memory, the least slowest stage of n stages on n nodes is the seed's
-(``_one_stage_per_node``), and thresholds below it force n + 1 stages.
+(``_one_stage_per_node``), and thresholds below it force n + 1 stages; below the floor under the
+slowest stage of layouts with at most e split nodes (``split_node_floors``), more than n + e.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from test_identical_layer_runs import memory_tight_case, transformer
 
 import oobleck.planning.templates as templates_module
 from oobleck.errors import PlanningError
+from oobleck.planning.node_bounds import NodeGeometry, split_node_floors
 from oobleck.planning.synthetic import synthetic_profile
 from oobleck.planning.templates import (
     _bottleneck_dp,
@@ -124,6 +126,83 @@ def test_one_stage_seeds_are_the_least_slowest_of_n_stages(
             least = min(least, max(stage_seconds_of(profile, spec, stages)))
         found = max(_layout_seconds(table, seeds[n], gpus)) if n in seeds else math.inf
         assert found == least, (n, found, least)
+
+
+def test_split_node_floors_never_exceed_brute_force():
+    """Over seeded small problems, ``split_node_floors[n, e]`` is at most the slowest stage of
+    every memory-feasible layout on n nodes with at most e nodes of two or more stages (brute
+    force); with e = 0 it is the least one exactly (whole nodes are costed exactly), and where
+    split nodes lower the least slowest stage the floor often follows it exactly (one boundary
+    tensor size: a two-stage node's floor is its time), so a looser floor fails this test."""
+    rng = random.Random(3033)
+    most_splits, tight = 2, 0
+    for _ in range(60):
+        layers, gpus, nodes = rng.randint(3, 6), rng.choice([2, 3]), rng.randint(2, 3)
+        # Large activations: memory binds at one in-flight count and not the one below.
+        profile = synthetic_profile(
+            layers,
+            seed=rng.randint(0, 10**4),
+            jitter=rng.choice([0.0, 0.6]),
+            activation_bytes=rng.choice([20_000_000, 300_000_000]),
+        )
+        memory = rng.choice([1e13, 1e9, 1.6e9, 2e9])
+        spec = cluster(nodes, gpus, memory)
+        table = _StageTable(profile, spec, gpus)
+        floors = split_node_floors(NodeGeometry(table, spec), nodes, most_splits)
+        assert floors.shape == (nodes + 1, most_splits + 1)
+        for n in range(1, nodes + 1):
+            least = [math.inf] * (most_splits + 1)
+            for stages in all_layouts(layers, n, gpus, gpus):
+                if any(m > memory for m in stage_memories_of(profile, stages)):
+                    continue
+                split_nodes = len({s.node for s in stages if s.gpus < gpus})
+                slowest = max(stage_seconds_of(profile, spec, stages))
+                for e in range(split_nodes, most_splits + 1):
+                    least[e] = min(least[e], slowest)
+            assert floors[n, 0] == least[0], (n, floors[n, 0], least[0])
+            for e in range(1, most_splits + 1):
+                assert floors[n, e] <= least[e] * (1 + 1e-12), (n, e, floors[n, e], least[e])
+                tight += least[e] < least[0] and math.isclose(floors[n, e], least[e], rel_tol=1e-12)
+    assert tight >= 10, tight
+
+
+def test_split_node_floors_change_no_template():
+    """Identical decoder layers between an embedding and a head (and jittered layers) on nodes
+    of 8 GPUs, memory for one stage per node: the same layouts and values, to the last bit, with
+    the split-node floors and without them (``MOST_SPLITS`` = 0), and with them fewer thresholds
+    reach the marker bounds in some cases (never more)."""
+    rng = random.Random(3032)
+    fewer = 0
+    real, most = templates_module._promising_markers, templates_module.MOST_SPLITS
+    attempts: list[int] = []
+
+    def counting(*args, **kwargs):
+        attempts[-1] += 1
+        return real(*args, **kwargs)
+
+    for case in range(12):
+        # Nodes of 8 GPUs: a split node has many shapes, and the seeds' windows reach below them.
+        blocks = rng.randint(12, 30)
+        profile = transformer(blocks) if case % 3 else synthetic_profile(blocks, seed=case, jitter=0.6)
+        spec = cluster(rng.randint(8, 20), 8, 1e13, intra=150e9, inter=12.5e9)
+        attempts.clear()
+        table, bottleneck, n0 = _feasibility(profile, spec, spec.gpus_per_node)
+        wanted = [n for n in bottleneck if bottleneck[n] < math.inf]
+        results = []
+        templates_module._promising_markers = counting
+        try:
+            with _DeepRecursion(profile.num_layers):
+                for splits in (most, 0):
+                    templates_module.MOST_SPLITS = splits
+                    attempts.append(0)
+                    results.append(_sweep_thresholds(table, spec.gpus_per_node, 4, wanted, bottleneck))
+        finally:
+            templates_module._promising_markers = real
+            templates_module.MOST_SPLITS = most
+        assert results[0] == results[1], case
+        assert attempts[0] <= attempts[1], case
+        fewer += attempts[0] < attempts[1]
+    assert fewer >= 3, fewer
 
 
 def test_thresholds_below_the_one_stage_seed_change_no_template():
