@@ -6,7 +6,8 @@ from the README's own line) and ``oobleck-plan`` run here in a subprocess. The t
 run dir (``hydra.run.dir``), no progress bar and no wandb run (``logger.progress_bar=false
 logger.wandb.mode=disabled``: neither changes what is trained), and for the explicit and trace
 examples a shorter ``job.steps`` (``SHORTER``) that still covers each of their failures and
-joins. The Poisson example runs at its full length: its point is that it survives its failures.
+joins. The Poisson example runs at its full length: its point is that it survives its failures
+(its seed draws the first one 0.2 s into training, so it strikes however fast the machine).
 Each training example must inject a failure and train every step with nothing left running.
 Scripts (benchmarks of minutes to hours, a GPU check, the tools reading their outputs) run with
 ``--help``, and every option the README gives them must be one of theirs.
