@@ -166,6 +166,33 @@ def test_split_node_floors_never_exceed_brute_force():
     assert tight >= 10, tight
 
 
+def _counted_sweeps(profile, spec, variants):
+    """``_sweep_thresholds`` for one case under each of ``variants`` (its keyword arguments, with
+    ``most_splits`` setting ``MOST_SPLITS``), and how many thresholds reached the marker bounds in
+    each."""
+    table, bottleneck, _ = _feasibility(profile, spec, spec.gpus_per_node)
+    wanted = [n for n in bottleneck if bottleneck[n] < math.inf]
+    real, most = templates_module._promising_markers, templates_module.MOST_SPLITS
+    results, attempts = [], []
+
+    def counting(*args, **kwargs):
+        attempts[-1] += 1
+        return real(*args, **kwargs)
+
+    templates_module._promising_markers = counting
+    try:
+        with _DeepRecursion(profile.num_layers):
+            for variant in variants:
+                options = dict(variant)
+                templates_module.MOST_SPLITS = options.pop("most_splits", most)
+                attempts.append(0)
+                results.append(_sweep_thresholds(table, spec.gpus_per_node, 4, wanted, bottleneck, **options))
+    finally:
+        templates_module._promising_markers = real
+        templates_module.MOST_SPLITS = most
+    return results, attempts
+
+
 def test_split_node_floors_change_no_template():
     """Identical decoder layers between an embedding and a head (and jittered layers) on nodes
     of 8 GPUs, memory for one stage per node: the same layouts and values, to the last bit, with
@@ -173,32 +200,12 @@ def test_split_node_floors_change_no_template():
     reach the marker bounds in some cases (never more)."""
     rng = random.Random(3032)
     fewer = 0
-    real, most = templates_module._promising_markers, templates_module.MOST_SPLITS
-    attempts: list[int] = []
-
-    def counting(*args, **kwargs):
-        attempts[-1] += 1
-        return real(*args, **kwargs)
-
     for case in range(12):
         # Nodes of 8 GPUs: a split node has many shapes, and the seeds' windows reach below them.
         blocks = rng.randint(12, 30)
         profile = transformer(blocks) if case % 3 else synthetic_profile(blocks, seed=case, jitter=0.6)
         spec = cluster(rng.randint(8, 20), 8, 1e13, intra=150e9, inter=12.5e9)
-        attempts.clear()
-        table, bottleneck, n0 = _feasibility(profile, spec, spec.gpus_per_node)
-        wanted = [n for n in bottleneck if bottleneck[n] < math.inf]
-        results = []
-        templates_module._promising_markers = counting
-        try:
-            with _DeepRecursion(profile.num_layers):
-                for splits in (most, 0):
-                    templates_module.MOST_SPLITS = splits
-                    attempts.append(0)
-                    results.append(_sweep_thresholds(table, spec.gpus_per_node, 4, wanted, bottleneck))
-        finally:
-            templates_module._promising_markers = real
-            templates_module.MOST_SPLITS = most
+        results, attempts = _counted_sweeps(profile, spec, [{}, {"most_splits": 0}])
         assert results[0] == results[1], case
         assert attempts[0] <= attempts[1], case
         fewer += attempts[0] < attempts[1]
@@ -212,28 +219,10 @@ def test_thresholds_below_the_one_stage_seed_change_no_template():
     where no stage-capped DP ran."""
     rng = random.Random(3031)
     fewer = 0
-    real = templates_module._promising_markers
-    attempts: list[int] = []
-
-    def counting(*args, **kwargs):
-        attempts[-1] += 1
-        return real(*args, **kwargs)
-
     for case in range(12):
         profile = transformer(rng.randint(12, 40))
         spec = cluster(rng.randint(6, 16), rng.choice([2, 4, 8]), 1e13, intra=150e9, inter=12.5e9)
-        attempts.clear()
-        table, bottleneck, n0 = _feasibility(profile, spec, spec.gpus_per_node)
-        wanted = [n for n in bottleneck if bottleneck[n] < math.inf]
-        results = []
-        templates_module._promising_markers = counting
-        try:
-            with _DeepRecursion(profile.num_layers):
-                for caps in (True, False):
-                    attempts.append(0)
-                    results.append(_sweep_thresholds(table, spec.gpus_per_node, 4, wanted, bottleneck, stage_caps=caps))
-        finally:
-            templates_module._promising_markers = real
+        results, attempts = _counted_sweeps(profile, spec, [{"stage_caps": True}, {"stage_caps": False}])
         assert results[0] == results[1], case
         assert attempts[0] <= attempts[1], case
         fewer += attempts[0] < attempts[1]
