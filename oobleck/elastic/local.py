@@ -132,16 +132,21 @@ def _flag(argv: list[str], name: str) -> int | None:
 
 
 def _tagged(run_id: str) -> dict[int, list[str]]:
-    """Live (not zombie) processes whose command line carries ``--run-id run_id``: pid -> argv."""
-    found: dict[int, list[str]] = {}
+    """Live (not zombie) processes whose command line carries ``--run-id run_id``: pid -> argv.
+
+    A child a worker forks (``subprocess`` before its ``exec``) carries the worker's command line
+    for a moment; it is left out (its parent is a tagged process with the same command line), so
+    that a scan never takes a short-lived copy for a second worker of the node.
+    """
+    found: dict[int, tuple[list[str], int]] = {}
     tag = run_id.encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
+            state, parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
             continue
         if state == "Z" or tag not in cmdline:
             continue
@@ -149,5 +154,5 @@ def _tagged(run_id: str) -> dict[int, list[str]]:
         if len(argv) == 1:  # a forked worker's title (oobleck.elastic.forkserver): one string
             argv = argv[0].split(" ")
         if "--run-id" in argv[:-1] and argv[argv.index("--run-id") + 1] == run_id:
-            found[int(entry.name)] = argv
-    return found
+            found[int(entry.name)] = (argv, int(parent))
+    return {pid: argv for pid, (argv, parent) in found.items() if parent not in found or found[parent][0] != argv}

@@ -186,3 +186,20 @@ with ForkServer({run_id!r}, from_this_process=True) as server:
     assert worker_line["fds"] == [0, 1, 2, 3]  # 3: the listing's own
     assert tee.read_text() == ""  # nothing of the worker's went through the launcher's wrapper
     assert (tmp_path / "tee.txt.atexit").read_text() == "x"  # the launcher's exit function ran once
+
+
+def test_a_workers_child_before_its_exec_is_not_a_second_worker():
+    # A child forked by a worker (``subprocess`` before its ``exec``) carries the worker's command
+    # line; a scan of the node's processes must still see one worker, the parent.
+    run_id = f"forkchild-{uuid.uuid4().hex[:8]}"
+    code = "import os, sys, time; os.fork(); print(os.getpid(), flush=True); time.sleep(60)"
+    argv = [sys.executable, "-c", code, "--node-id", "7", "--local-rank", "0", "--run-id", run_id]
+    worker = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        pids = {int(worker.stdout.readline()), int(worker.stdout.readline())}  # the worker and its child
+        assert worker.pid in pids and len(pids) == 2
+        assert node_processes(run_id) == {7: {"agent": [], "workers": [worker.pid]}}
+        assert run_processes(run_id) == [worker.pid]
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)  # the worker's session: it and its child
+        worker.wait(timeout=TIMEOUT_S)
