@@ -52,6 +52,11 @@ class Launcher(ABC):
     per_node_addresses: ClassVar[bool] = False  # supports cluster.node_address_base
     controller_host: ClassVar[str] = "this machine"  # where the controller runs, for messages
     gpu_hint: ClassVar[str] = ""  # how to get GPUs there, for messages (ends with "or ")
+    # Whether ``send_signal`` has reached the node's processes when it returns. Where it has not
+    # (Slurm's scancel goes through slurmctld and slurmd: milliseconds to seconds), the controller
+    # also asks the node's agent to signal its own process group, so that an injected fault lands
+    # at the step it names on every launcher, not when a busy scheduler gets to it.
+    signals_land_at_once: ClassVar[bool] = True
 
     def __init__(
         self,

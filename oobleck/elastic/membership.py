@@ -450,10 +450,13 @@ class Membership:
         """Deliver a fault signal to a whole node (SIGKILL: it crashes; SIGSTOP: it freezes)."""
         state = self.nodes[node]
         state.kill_time = time.time()
-        if self.launcher is not None and self.launcher.can_kill(node):
-            self.launcher.send_signal(node, sig)
-        elif state.channel is not None:
+        reaches = self.launcher is not None and self.launcher.can_kill(node)
+        if state.channel is not None and not (reaches and self.launcher.signals_land_at_once):
+            # The agent signals its own process group at once (``Launcher.signals_land_at_once``);
+            # the launcher's signal below still reaches a node whose agent cannot act on this.
             state.channel.send({"type": "kill", "signal": signal.Signals(sig).name})
+        if reaches:
+            self.launcher.send_signal(node, sig)
         state.frozen = sig == signal.SIGSTOP
 
     # ------------------------------------------------------------------ shutdown

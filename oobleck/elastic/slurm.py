@@ -4,7 +4,11 @@ The controller runs inside the batch script (on the allocation's first node); ea
 own job step, ``srun --nodes=1 --ntasks=1 --relative=<slot> --overlap``, so the agent for node id
 ``k`` runs on one node of the allocation and a node can be killed on its own: ``scancel
 --signal=KILL <job>.<step>`` kills every process of that step (agent and workers) as a node crash
-would; ``--signal=STOP`` freezes it. A join starts an agent on an allocation slot that no live
+would; ``--signal=STOP`` freezes it. scancel reaches the step through slurmctld and slurmd, which
+can take seconds on a busy cluster, while training goes on: so that an injected fault lands at the
+step it names, the controller also has the node's agent signal its own process group at once
+(``Launcher.signals_land_at_once``), and scancel reaches what the agent could not (a frozen node).
+A join starts an agent on an allocation slot that no live
 agent uses (a killed node's slot, or spare nodes requested beyond ``cluster.nodes``).
 """
 
@@ -23,6 +27,14 @@ from oobleck.launcher import Launcher
 
 STEP_LOOKUP_TIMEOUT_S = 30.0
 SLURM_COMMAND_TIMEOUT_S = 30.0
+STEP_END_GRACE_S = 5.0  # how long a node's srun may take to exit after its step ended
+
+
+class _StepEnded(RunError):
+    """The node's step ended (its srun exited) before its step id was known."""
+
+    def __init__(self, node: int) -> None:
+        super().__init__(f"the Slurm step of node {node} ended")
 
 
 def _run(command: list[str]) -> str:
@@ -39,6 +51,7 @@ class SlurmLauncher(Launcher):
     """Starts ``python -m oobleck.elastic.agent`` as one Slurm job step per node; kills and reaps them."""
 
     kind = "slurm"
+    signals_land_at_once = False  # scancel: through slurmctld and slurmd
     controller_host = "this allocation's first node"
     gpu_hint = "request GPUs with sbatch --gpus-per-node=<g> (slurm/run.sbatch), or "
 
@@ -111,6 +124,8 @@ class SlurmLauncher(Launcher):
         name = self._step_name(node)
         deadline = time.monotonic() + STEP_LOOKUP_TIMEOUT_S
         while time.monotonic() < deadline:
+            if self.processes[node].poll() is not None:
+                raise _StepEnded(node)
             for line in _run(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i %j"]).splitlines():
                 step, _, step_name = line.strip().partition(" ")
                 if step_name == name:
@@ -123,6 +138,15 @@ class SlurmLauncher(Launcher):
 
     def send_signal(self, node: int, sig: int) -> None:
         """Deliver ``sig`` to every process of node's step (SIGSTOP freezes the node)."""
-        if node not in self.processes or self.processes[node].poll() is not None:
+        process = self.processes.get(node)
+        if process is None or process.poll() is not None:
             return
-        _run(["scancel", f"--signal={signal.Signals(sig).name.removeprefix('SIG')}", self._step_id(node)])
+        try:
+            _run(["scancel", f"--signal={signal.Signals(sig).name.removeprefix('SIG')}", self._step_id(node)])
+        except _StepEnded:
+            return  # its agent signalled its own process group first (``signals_land_at_once``)
+        except RunError as refused:
+            try:  # a step that ended while scancel ran is refused as "completed": nothing left to signal
+                process.wait(timeout=STEP_END_GRACE_S)
+            except subprocess.TimeoutExpired:
+                raise refused from None

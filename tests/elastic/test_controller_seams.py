@@ -73,3 +73,24 @@ def test_a_launcher_and_an_observer_plug_in(tmp_path, monkeypatch):
     ], log.hooks
     assert summary["reconfigurations"] == 1
     assert_matches_reference(cfg, outcome, tmp_path / "run")
+
+
+def test_a_fault_lands_at_its_step_where_the_launchers_signals_come_late(tmp_path, monkeypatch):
+    """A launcher whose signals reach a node seconds after they are sent (Slurm's scancel through a
+    busy slurmctld): the kill still lands at the step the schedule names, as it does locally, so
+    that every strategy compared on that cluster loses the node at the same step."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    cfg = tiny_config(
+        **{
+            "cluster._target_": "testing.launchers.LateSignalLauncher",
+            "cluster.nodes": 3,
+            "job.fault_tolerance": 1,
+            "job.steps": 8,  # ends before the late signal would land (LateSignalLauncher.DELAY_S)
+            "failures.kind": "explicit",
+            "failures.events": [{"action": "remove", "step": 3, "nodes": [1]}],
+        }
+    )
+    outcome, summary = launch(cfg, tmp_path / "run")
+    assert [(r["kind"], r["removed"], r["resume_step"]) for r in outcome.recoveries] == [("reconfiguration", [1], 3)]
+    assert summary["resumed_at_steps"] == [3]
+    assert_matches_reference(cfg, outcome, tmp_path / "run")
