@@ -366,3 +366,35 @@ def test_the_solver_can_be_loaded_before_the_first_reconfiguration():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.split() == ["False", "True"]
+
+
+def test_no_garbage_collection_runs_while_a_reconfiguration_is_planned(authors):
+    # Planning sits on a recovery's critical path; a full collection there traverses everything the
+    # process holds. With the thresholds at their lowest every allocation collects: tens of
+    # thousands of times in this call without the pause, a few with it (the call's own arguments
+    # and its return, outside the pause).
+    import gc
+
+    template_set, plan = authors
+    during: list[str] = []
+    planning = [False]
+
+    def record(phase: str, info: dict) -> None:
+        if planning[0] and phase == "start":
+            during.append(f"generation {info['generation']}")
+
+    thresholds = gc.get_threshold()
+    gc.callbacks.append(record)
+    gc.set_threshold(1, 1, 1)
+    try:
+        assert gc.isenabled()
+        planning[0] = True
+        result = reconfigure(plan, template_set, removed=[1, 5])
+        planning[0] = False
+        assert gc.isenabled()  # as it was before
+        gc.collect()  # and collections run again
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.callbacks.remove(record)
+    assert len(during) <= 8, len(during)
+    _assert_valid(result, template_set)
