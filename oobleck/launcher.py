@@ -14,7 +14,9 @@ where nodes run, so nothing else branches on the kind:
 - ``forks_workers(cluster)``: whether agents fork their workers from one process that imported
   torch once (``oobleck.elastic.forkserver``);
 - ``worker_address(cluster, node)``: the address node's workers bind gloo to ("": the host's own);
-- ``single_machine``: every node runs on the controller's machine.
+- ``single_machine``: every node runs on the controller's machine;
+- ``signals_land_at_once``: a signal has reached the node when ``send_signal`` returns (else the
+  controller also has the node's agent signal itself, so a fault lands at its named step).
 
 An instance (made by the controller) starts a node's agent, signals a whole node (SIGKILL: the
 node crashes, SIGSTOP: it freezes) and reaps everything at the end: ``oobleck.elastic.local``
