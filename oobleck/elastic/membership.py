@@ -451,11 +451,14 @@ class Membership:
         state = self.nodes[node]
         state.kill_time = time.time()
         reaches = self.launcher is not None and self.launcher.can_kill(node)
-        if state.channel is not None and not (reaches and self.launcher.signals_land_at_once):
-            # The agent signals its own process group at once (``Launcher.signals_land_at_once``);
-            # the launcher's signal below still reaches a node whose agent cannot act on this.
-            state.channel.send({"type": "kill", "signal": signal.Signals(sig).name})
-        if reaches:
+        # The agent signals its own process group at once (``Launcher.signals_land_at_once``).
+        agent = None if reaches and self.launcher.signals_land_at_once else state.channel
+        if agent is not None:
+            agent.send({"type": "kill", "signal": signal.Signals(sig).name})
+        # A kill also goes through the launcher, which reaches a node whose agent cannot act (a
+        # frozen one); a freeze the agent delivered needs nothing more (and Slurm refuses to stop
+        # a step of a multi-node allocation: "Invalid job id specified").
+        if reaches and (sig == signal.SIGKILL or agent is None):
             self.launcher.send_signal(node, sig)
         state.frozen = sig == signal.SIGSTOP
 

@@ -8,6 +8,8 @@ would; ``--signal=STOP`` freezes it. scancel reaches the step through slurmctld 
 can take seconds on a busy cluster, while training goes on: so that an injected fault lands at the
 step it names, the controller also has the node's agent signal its own process group at once
 (``Launcher.signals_land_at_once``), and scancel reaches what the agent could not (a frozen node).
+A freeze is the agent's alone: Slurm refuses ``--signal=STOP`` on a step of a multi-node allocation
+("Invalid job id specified").
 A join starts an agent on an allocation slot that no live
 agent uses (a killed node's slot, or spare nodes requested beyond ``cluster.nodes``).
 """

@@ -1,5 +1,6 @@
 """A real Slurm job: ``sbatch -N 4 slurm/run.sbatch`` trains with one agent step per Slurm node,
-a node is killed mid-run with ``scancel --signal=KILL`` on its step, and training recovers in place.
+a node is killed mid-run with ``scancel --signal=KILL`` on its step (or frozen), and training recovers
+in place.
 
 Needs a running Slurm cluster; ``.ci/run`` starts a local 4-node one (``.ci/slurm-up``) and
 records its SLURM_CONF in ``.ci/slurm.env``. Without one the test skips and says why.
@@ -73,7 +74,10 @@ def wait_for_job(job_id: str, env: dict[str, str]) -> None:
 
 
 @pytest.mark.slurm
-def test_training_recovers_from_a_killed_slurm_node(tmp_path):
+@pytest.mark.parametrize("action", ["remove", "freeze"])
+def test_training_recovers_from_a_killed_slurm_node(tmp_path, action):
+    """``remove``: node 3's processes are SIGKILLed; ``freeze``: SIGSTOPped, caught by the
+    heartbeat timeout, then killed. Either way the node is lost at the step the schedule names."""
     env = slurm_environment()
     run_dir = tmp_path / "run"
     log = tmp_path / "job.out"
@@ -94,7 +98,8 @@ def test_training_recovers_from_a_killed_slurm_node(tmp_path):
         "logger.wandb.mode=disabled",
         "logger.progress_bar=false",
         "failures=explicit",
-        f"failures.events=[{{action:remove,step:{KILL_STEP},nodes:[3]}}]",
+        f"failures.events=[{{action:{action},step:{KILL_STEP},nodes:[3]}}]",
+        "cluster.heartbeat_timeout_s=3",  # a frozen node is caught sooner than by the default 10 s
         f"hydra.run.dir={run_dir}",
     ]
     submitted = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30, check=True)
