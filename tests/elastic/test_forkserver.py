@@ -192,7 +192,9 @@ def test_a_workers_child_before_its_exec_is_not_a_second_worker():
     # A child forked by a worker (``subprocess`` before its ``exec``) carries the worker's command
     # line; a scan of the node's processes must still see one worker, the parent.
     run_id = f"forkchild-{uuid.uuid4().hex[:8]}"
-    code = "import os, sys, time; os.fork(); print(os.getpid(), flush=True); time.sleep(60)"
+    # One write each (print writes the number and the newline apart where stdout is unbuffered,
+    # PYTHONUNBUFFERED, and the two processes' writes then interleave).
+    code = "import os, sys, time; os.fork(); os.write(1, b'%d\\n' % os.getpid()); time.sleep(60)"
     argv = [sys.executable, "-c", code, "--node-id", "7", "--local-rank", "0", "--run-id", run_id]
     worker = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
