@@ -19,7 +19,6 @@ the node is dropped and its close is not the node's.
 from __future__ import annotations
 
 import dataclasses
-import json
 import queue
 import signal
 import socket
@@ -28,28 +27,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
-import torch.distributed as dist
-
+from oobleck.elastic import node_probes
 from oobleck.elastic.agent_port import AgentPort
 from oobleck.elastic.events import EventKind
 from oobleck.elastic.protocol import Channel
 from oobleck.elastic.watchdog import Beat, Verdict, WorkerBeats, parse_beat, stranded, unanswered
-from oobleck.errors import RunError
 from oobleck.runtime import keys
 from oobleck.runtime.sealed_store import SealedStore
 
-# A boot wait polls the store this often (``check``, not a blocking ``wait``: no thread may still
-# be inside the store's C++ wait when the store goes away, an exception there at exit aborts the
-# process, and a wait in timed slices logs a warning per slice).
-BOOT_POLL_S = 0.1
 # A worker heartbeat older than this many intervals no longer tells what the worker is doing.
 FRESH_BEATS = 3
-# A worker that raised writes its traceback to the store just before it exits; its agent may report
-# the exit first. How long the exit waits for that report (longer on a loaded machine).
-ERROR_REPORT_WAIT_S = 5.0
 
 
 @dataclass
@@ -270,17 +259,13 @@ class Membership:
             self.exited.add((node, int(payload["local_rank"])))
             if self.closing or self.run_finished():
                 return
-            # A worker that raised wrote its traceback and exited 1; one killed by a signal did not.
             # A worker that raised wrote its traceback and exited 1: that stops the run, with the
             # error's last line (its cause) on the first line. One killed by a signal (a negative
             # code) went with its node.
             if int(payload["code"]) > 0:
-                raise worker_error(
-                    node,
-                    int(payload["local_rank"]),
-                    int(payload["code"]),
-                    self._worker_error(node, int(payload["local_rank"]), state.incarnation),
-                )
+                local_rank = int(payload["local_rank"])
+                report = node_probes.error_report(self.store, keys.worker_error(node, local_rank, state.incarnation))
+                raise node_probes.worker_error(node, local_rank, int(payload["code"]), report)
             self.node_failed(node, f"worker {payload['local_rank']} exited with code {payload['code']}", when)
             return
         if kind == "boot_timeout":
@@ -297,49 +282,19 @@ class Membership:
             self.node_failed(node, "agent connection closed", when)
 
     def _await_workers(self, node: int, incarnation: int) -> None:
-        """Wait (in a helper thread, own store connection) for a node's workers to register."""
-        # The thread holds only what it needs, never ``self``: one still waiting when the run ends
-        # must not keep the membership, and with it the store's server, alive.
-        host, _, port = self.store_address.rpartition(":")
-        timeout = float(self.cfg.cluster.startup_timeout_s)
-        registered = [keys.worker_registered(node, r, incarnation) for r in range(self.gpus)]
-        messages, end, space = self.messages, self._boot_waits_end, self.store.space
-
-        def wait() -> None:
-            deadline = time.monotonic() + timeout
-            try:
-                store = SealedStore(
-                    dist.TCPStore(
-                        host, int(port), is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout)
-                    ),
-                    space,
-                )
-                while not end.is_set():
-                    if store.check(registered):
-                        messages.put(("registered", node, incarnation, time.time()))
-                        return
-                    if time.monotonic() >= deadline:
-                        break
-                    end.wait(BOOT_POLL_S)
-            except Exception:  # the store went away: the run is ending, or the node's boot failed
-                pass
-            if not end.is_set():
-                messages.put(("boot_timeout", node, incarnation, time.time()))
-
+        """Wait (``node_probes.await_registration``) for a node's workers to register."""
         self._boot_waits = [t for t in self._boot_waits if t.is_alive()]
-        thread = threading.Thread(target=wait, daemon=True, name=f"await-node{node}")
-        thread.start()
+        thread = node_probes.await_registration(
+            self.store_address,
+            self.store.space,
+            [keys.worker_registered(node, r, incarnation) for r in range(self.gpus)],
+            float(self.cfg.cluster.startup_timeout_s),
+            self._boot_waits_end,
+            self.messages,
+            node,
+            incarnation,
+        )
         self._boot_waits.append(thread)
-
-    def _worker_error(self, node: int, local_rank: int, incarnation: int) -> str | None:
-        key = keys.worker_error(node, local_rank, incarnation)
-        deadline = time.monotonic() + ERROR_REPORT_WAIT_S
-        while time.monotonic() < deadline:
-            if self.store.check([key]):
-                text = self.store.read(key, bytes.decode)
-                return text if isinstance(text, str) else None
-            time.sleep(0.01)
-        return None
 
     # ------------------------------------------------------------------ failures
     def check_heartbeats(self) -> None:
@@ -409,21 +364,12 @@ class Membership:
             state = self.nodes.get(node)
             if state is None or state.failed:
                 continue
-            record = self.store.read(keys.worker_registered(node, local_rank, state.incarnation), _registration)
+            key = keys.worker_registered(node, local_rank, state.incarnation)
+            record = self.store.read(key, node_probes.registration)
             if isinstance(record, dict) and record.get("data_address"):
                 host, _, port = str(record["data_address"]).rpartition(":")
                 addresses.setdefault(node, []).append((host, int(port)))
-        answered: dict[int, bool] = {}
-
-        def probe(node: int) -> None:
-            answered[node] = any(_answers(address, timeout_s) for address in addresses[node])
-
-        threads = [threading.Thread(target=probe, args=(node,), daemon=True) for node in addresses]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout_s + 1.0)
-        return sorted(node for node in addresses if not answered.get(node, False))
+        return node_probes.silent_nodes(addresses, timeout_s)
 
     def node_failed(self, node: int, reason: str, detected: float, cause: float | None = None) -> None:
         state = self.nodes[node]
@@ -437,7 +383,7 @@ class Membership:
         if state.kill_time is not None:
             cause = state.kill_time
         else:
-            struck = self.store.read(keys.strike_time(node), _wall_time)
+            struck = self.store.read(keys.strike_time(node), node_probes.wall_time)
             cause = struck if isinstance(struck, float) else cause
         cause = cause if cause is not None else detected
         self.event(EventKind.FAILURE, node=node, reason=reason, detect_s=round(detected - cause, 4))
@@ -477,41 +423,7 @@ class Membership:
             self.port.close()  # its accept thread would keep this object, and the store, alive
         self._boot_waits_end.set()
         for thread in self._boot_waits:
-            thread.join(timeout=BOOT_POLL_S + 1.0)
+            thread.join(timeout=node_probes.BOOT_POLL_S + 1.0)
 
     def describe(self) -> dict[int, dict[str, Any]]:
         return {n: dataclasses.asdict(s) | {"channel": s.channel is not None} for n, s in self.nodes.items()}
-
-
-def _registration(value: bytes) -> dict[str, Any]:
-    record = json.loads(value)
-    if not isinstance(record, dict):
-        raise ValueError(f"not a registration record: {value[:80]!r}")
-    return record
-
-
-def _answers(address: tuple[str, int], timeout_s: float) -> bool:
-    try:
-        with socket.create_connection(address, timeout=timeout_s):
-            return True
-    except OSError:
-        return False
-
-
-def worker_error(node: int, local_rank: int, code: int, report: str | None) -> RunError:
-    """The error that stops a run when a worker raised: its cause (the traceback's last line) on the
-    first line, which summary.json keeps, and the traceback below."""
-    who = f"worker (node {node}, local rank {local_rank})"
-    if report is None:
-        return RunError(f"{who} exited with code {code} and reported no error (its report did not reach the store)")
-    lines = [line for line in report.strip().splitlines() if line.strip()]
-    cause = lines[-1].strip() if lines else "no traceback"
-    return RunError(f"{who} raised an exception: {cause}\n{report.rstrip()}")
-
-
-def _wall_time(value: bytes) -> float:
-    """A time a worker wrote (seconds since the epoch; ``ValueError`` for anything else)."""
-    seconds = float(value.decode())
-    if not (seconds == seconds and 0 < seconds < float("inf")):
-        raise ValueError(f"not a time: {seconds}")
-    return seconds
