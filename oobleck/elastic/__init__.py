@@ -3,6 +3,7 @@
 (``events``: event kinds and observer hooks; ``accounting``: recoveries and summary.json); the
 store host, membership (with ``node_probes``: boot waits, error reports, data-plane reachability)
 and the torch-free node agent with its wire protocol (``protocol``), the step ledger, fault
-firing, the worker watchdog, the checkpoint coordinator, stopping; the local and Slurm launchers
+firing, the worker watchdog (``watchdog``: its rules; ``worker_verdicts``: what the controller
+does about them), the checkpoint coordinator, stopping; the local and Slurm launchers
 (``oobleck.launcher`` is their interface) and the local fork server; and ``job.launch``, which
 runs one training job end to end (what ``python -m oobleck.run`` calls)."""

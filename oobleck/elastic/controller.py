@@ -10,6 +10,9 @@ It ties together the parts that each own one thing, and has no strategy-specific
 - ``DecisionExecutor`` (``oobleck.elastic.execution``), the core: it asks the strategy about
   each membership change, carries the decision out by its kind and publishes each generation's
   ``PlanDocument``;
+- ``act_on_findings`` (``oobleck.elastic.worker_verdicts``) fails the nodes of the ranks a
+  timed-out collective waited on (or whose data plane does not answer) and redoes a generation
+  ranks were stranded out of;
 - ``FaultFiring`` carries out the scheduled faults; ``CheckpointCoordinator`` completes the
   checkpoints the workers write; ``StopRequests`` and ``wind_down`` end the run
   (``oobleck.elastic.stopping``);
@@ -52,6 +55,7 @@ from oobleck.elastic.membership import Membership
 from oobleck.elastic.protocol import new_run_id, new_secret
 from oobleck.elastic.stopping import StopRequests, send_stop, wind_down
 from oobleck.elastic.store_host import RunPorts, StoreHost
+from oobleck.elastic.worker_verdicts import act_on_findings
 from oobleck.errors import OobleckError, RunError
 from oobleck.faults.injector import Injector
 from oobleck.faults.schedule import FaultEvent
@@ -405,55 +409,15 @@ class Controller:
         executor.check_absorbed()
 
     def _check_workers(self) -> None:
-        """Frozen workers fail their nodes; so do the ranks a timed-out collective waited on, or,
-        when those waits blame nobody, the nodes whose data plane does not answer. Workers that
-        left the generation the controller never ended get the next one."""
+        """Frozen workers, collectives nobody answered, ranks stranded out of a generation
+        (``oobleck.elastic.worker_verdicts``)."""
         ledger, membership, executor = self.ledger, self.membership, self.executor
         assert ledger is not None and membership is not None and executor is not None
         plan = ledger.generations[ledger.generation].layout.plan
         findings = membership.check_workers(ledger.generation, {a.worker: a.rank for a in plan.assignments()})
-        if membership.lost_pending():
-            return
-        timeout = self.cfg.cluster.collective_timeout_s
-        if findings.stranded and not membership.pending():
-            executor.redo(
-                self.steps,
-                f"ranks {list(findings.stranded)} left generation {ledger.generation}, which the controller never "
-                f"ended, and waited past cluster.collective_timeout_s={timeout} for the next one",
-            )
-            return
-        verdict = findings.verdict
-        if verdict is None:
-            return
-        workers = {a.rank: a.worker for a in plan.assignments()}
-        now = time.time()
-        if not verdict.culprits:
-            cut_off = membership.unreachable(sorted(set(workers.values())))
-            if not cut_off or len(cut_off) == len({node for node, _ in workers.values()}):
-                raise RunError(
-                    f"generation {ledger.generation}: rank {verdict.waiter} waited {verdict.waited_s:.1f} s for "
-                    f"{verdict.what}, past cluster.collective_timeout_s={timeout}, every rank it waits on waits on "
-                    "another, and every node's data plane answers: no rank to blame"
-                )
-            for node in cut_off:
-                membership.node_failed(
-                    node,
-                    f"its data-plane address did not answer within cluster.data_plane_probe_timeout_s="
-                    f"{self.cfg.cluster.data_plane_probe_timeout_s} after rank {verdict.waiter} waited "
-                    f"{verdict.waited_s:.1f} s for {verdict.what} (cut off from the other nodes)",
-                    now,
-                    cause=now - verdict.waited_s,
-                )
-            return
-        for rank in verdict.culprits:
-            node, local_rank = workers[rank]
-            membership.node_failed(
-                node,
-                f"worker {local_rank} (rank {rank}) did not answer: rank {verdict.waiter} waited {verdict.waited_s:.1f} s "
-                f"for {verdict.what} (cluster.collective_timeout_s={timeout})",
-                now,
-                cause=now - verdict.waited_s,
-            )
+        act_on_findings(
+            findings, ledger.generation, plan, membership, lambda why: executor.redo(self.steps, why), self.cfg.cluster
+        )
 
     def _check_established(self) -> None:
         assert self.ledger is not None and self.executor is not None
