@@ -40,11 +40,12 @@ Speed without giving up exactness (branch and bound): both searches start from t
 one full-node stage per node (a cheap min-max partition) as an upper bound and look only for
 strictly better layouts; a sub-search that cannot beat its budget stops and is memoised as a lower
 bound. The template search first improves that seed's T by a short descent over its boundaries
-(``_descend``): the min-max layout is often a few tenths of a percent above the optimum, and a
-budget that close to it rules out far more thresholds before any search (realistic 64 x 8: 1.7 s
-to 0.65 s). Node counts for which memory rules that seed out are first searched at the few thresholds the
-node-level bound below rates best (``PROBE_THRESHOLDS``), so the ascending sweep meets most
-thresholds with a budget near the optimum. Most thresholds never reach the DP: a W is skipped when
+(``_descend``): the min-max layout is often a few tenths of a percent above the optimum in T, and
+only a budget within about 0.1% of it rules out most thresholds before any search (on the
+realistic profile that halves the time). Node counts for which memory rules that seed out are
+first searched at the few thresholds the node-level bound below rates best
+(``PROBE_THRESHOLDS``), so the ascending sweep meets most thresholds with a budget near the
+optimum. Most thresholds never reach the DP: a W is skipped when
 no stage of time W can be the bottleneck of a better layout, first by a compute bound
 (``_promising_markers``), then, for the few markers of distinct layers, by a per-marker node
 relaxation (``_marker_bounds``), then by the node-level chain bound of
