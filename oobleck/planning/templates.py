@@ -1190,7 +1190,7 @@ def _sweep_thresholds(
         for i, n in enumerate(nodes)
     }
     # S >= n stages, and at least as many as memory forces (few nodes for a large model: several
-    # stages per node, which is where most thresholds used to reach the DP).
+    # stages per node, which is where, without this count, most thresholds reach the DP).
     fewest = _fewest_stages(table)
     stages = {n: max(n * table.stages_per_node, fewest) for n in nodes}
     terms = {n: (((r - 1) * stages[n] - 1, 2 * least_sum[n]), ((r - 1) * stages[n] + 1, 0.0)) for n in nodes}
@@ -1208,7 +1208,7 @@ def _sweep_thresholds(
     # rules it out without any per-threshold search. Each ``capped`` value is one DP, computed
     # when a threshold first asks for it and reused by every later threshold. Only node counts
     # on which memory forces more stages than nodes ask: there several stages share a node, the
-    # count of stages a threshold needs varies with it, and most thresholds used to reach the DP;
+    # count of stages a threshold needs varies with it, and without this most thresholds reach the DP;
     # with a stage per node the one-stage node bounds are exact already.
     capped: dict[int, dict[int, tuple[float, float]]] = {}  # n -> stages -> (low, high)
     split_floors: list[np.ndarray] = []  # ``split_node_floors``, once asked for
@@ -1221,7 +1221,7 @@ def _sweep_thresholds(
             # per node, whose least slowest stage the seed has (``_one_stage_per_node`` is exact),
             # so below it a layout has a split node: n + 1 stages or more. With equal layers the
             # best layout is mostly one stage per node at exactly that bottleneck, the end of the
-            # window, and the thresholds below it used to reach the chain bound one by one.
+            # window, and without this the thresholds below it reach the chain bound one by one.
             if table.stages_per_node > 1 or n not in one_stage_slowest or W >= one_stage_slowest[n]:
                 return False
             if stage_bound(n, W, n + 1) >= budget:
