@@ -64,10 +64,7 @@ class NodeGeometry:
         # One stage on all G GPUs over [x, s): w, and the microbatches it may keep in flight.
         self.whole_inter = np.where(valid, table.cost_stack[G, LINK_INTER], INF)
         self.whole_last = np.where(valid[:, L], table.cost_stack[G, LINK_NONE][:, L], INF)
-        caps = np.zeros((L + 1, L + 1))
-        for end in range(1, L + 1):
-            caps[:end, end] = table.cap[G][end]
-        self.whole_cap = caps
+        self.whole_cap = table.cap_matrix(G)
         out = table.arrays.output_bytes
         bandwidths = (cluster.intra_node_bandwidth, cluster.inter_node_bandwidth)
         # The cross-node link of a node ending at s (none for the pipeline's last node, s = L).
@@ -81,9 +78,7 @@ class NodeGeometry:
         self.stages_per_node = table.stages_per_node
         self.stage_gpu_limit = table.stage_gpu_limit
         self.layer_compute = np.diff(self.compute)
-        widest = np.zeros((L + 1, L + 1))
-        for end in range(1, L + 1):
-            widest[:end, end] = table.cap[table.stage_gpu_limit][end]
+        widest = table.cap_matrix(table.stage_gpu_limit)
         limit = np.minimum(widest, L + 1).astype(np.int64)[valid]
         most = np.zeros(L + 3)
         np.maximum.at(most, limit, self.span_compute[valid])

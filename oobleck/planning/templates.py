@@ -460,8 +460,7 @@ class _StageBands:
         positions = np.arange(L + 1)
         caps = np.zeros((widest + 1, L + 1, L + 1))
         for g in range(1, widest + 1):
-            for end in range(1, L + 1):
-                caps[g, :end, end] = table.cap[g][end]
+            caps[g] = table.cap_matrix(g)
         fits = (caps >= 1) & (positions[None, :, None] < positions[None, None, :])
         longest = max(int(np.where(fits, positions[None, None, :] - positions[None, :, None], 0).max()), 1)
         ends = np.arange(1, longest + 1)[:, None] + positions[None, :]
