@@ -26,6 +26,7 @@ from oobleck.checkpoint.settings import check_checkpoint
 from oobleck.errors import ConfigError, unknown_key_message
 from oobleck.launcher import check_cluster
 from oobleck.metrics.wandb_run import check_logger
+from oobleck.plain import resolved_dict
 from oobleck.planning.inputs import ClusterSpec
 from oobleck.planning.settings import check_planner
 from oobleck.profiling.settings import check_gpu, check_profile
@@ -153,7 +154,8 @@ def _validate_strategy(cfg: Config | DictConfig) -> None:
         section = (
             cfg.strategy if cfg.strategy.get("name") == name else OmegaConf.load(CONF_DIR / "strategy" / f"{name}.yaml")
         )
-        strategy_config(section, OmegaConf.to_container(overrides, resolve=True), where=key)  # type: ignore[arg-type]
+        assert isinstance(section, DictConfig)  # conf/strategy/*.yaml are mappings
+        strategy_config(section, resolved_dict(overrides), where=key)
     if strategy_class(cfg.strategy).requires_checkpoints and checkpoint_every_steps(cfg, config) <= 0:
         raise ConfigError(
             f"strategy={config.name} restarts from checkpoints, but checkpoints are disabled "

@@ -23,6 +23,7 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from oobleck.errors import ConfigError, unknown_key_message
+from oobleck.plain import merged, resolved_dict
 
 
 def find_conf_dir() -> Path:
@@ -318,7 +319,7 @@ def load_group(group: str, name: str, **overrides: Any) -> DictConfig:
         raise ConfigError(f"{group}={name!r} has no {path}; choose one of {', '.join(group_names(group))}")
     base = OmegaConf.select(OmegaConf.load(CONF_DIR / "config.yaml"), section, default=None) or {}
     typed = [OmegaConf.structured(schema)] if schema is not None else []
-    return OmegaConf.merge(*typed, base, OmegaConf.load(path), overrides)  # type: ignore[return-value]
+    return merged(*typed, base, OmegaConf.load(path), overrides)
 
 
 def model_names() -> list[str]:
@@ -412,11 +413,9 @@ def strategy_names() -> tuple[str, ...]:
 
 def to_container(cfg: Config | DictConfig) -> dict[str, Any]:
     """A plain, resolved dict of the config (for plan.json, wandb and worker processes)."""
-    if not isinstance(cfg, DictConfig):
-        cfg = OmegaConf.structured(cfg)
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    return resolved_dict(cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg))
 
 
 def from_container(data: dict[str, Any]) -> DictConfig:
     """Rebuild a typed config from ``to_container``'s output (e.g. in a worker process)."""
-    return OmegaConf.merge(OmegaConf.structured(Config), data)  # type: ignore[return-value]
+    return merged(OmegaConf.structured(Config), data)

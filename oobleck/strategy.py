@@ -62,6 +62,7 @@ from typing import Any, ClassVar
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from oobleck.errors import ConfigError, unknown_key_message
+from oobleck.plain import resolved_dict
 from oobleck.planning.inputs import ClusterSpec, ModelProfile
 from oobleck.planning.outputs import ExecutionPlan, LayerTransfer
 from oobleck.recovery_costs import CostConstants
@@ -315,7 +316,7 @@ class Strategy(ABC):
 
 def _as_dict(section: Mapping[str, Any] | DictConfig) -> dict[str, Any]:
     if isinstance(section, DictConfig):
-        return OmegaConf.to_container(section, resolve=True)  # type: ignore[return-value]
+        return resolved_dict(section)
     return dict(section)
 
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass, replace
 from baselines.bamboo.policy import balanced_partition
 from baselines.fixed_depth import FixedDepthPipelines, PipelinesState
 from oobleck.errors import ConfigError
+from oobleck.planning.inputs import ClusterSpec, ModelProfile
 from oobleck.planning.layouts import even_split
 from oobleck.planning.outputs import ExecutionPlan, PipelineTemplate, Reroute
 from oobleck.planning.reconfigure import plan_transfers
@@ -270,7 +271,7 @@ class ReCycle(FixedDepthPipelines[ReCycleState]):
         )
 
 
-def staggering_bound_s(plan: ExecutionPlan, profile, cluster) -> float:  # type: ignore[no-untyped-def]
+def staggering_bound_s(plan: ExecutionPlan, profile: ModelProfile, cluster: ClusterSpec) -> float:
     """The most a staggered optimizer step could save per step of ``plan``, by the operation-level
     cost: a rank whose last op ends early could reduce its gradients and step while the others
     finish, so at most the gap between the earliest rank's end and the makespan is hidden (and

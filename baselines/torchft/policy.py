@@ -222,10 +222,10 @@ class Torchft(Strategy):
         except PlanningError:
             return self._start(nodes, None)
         starts = [self._start(nodes, k) for k in sizes if k <= len(nodes)]
-        running = [d for d in starts if d.layout is not None]
+        running = [(d, d.layout) for d in starts if d.layout is not None]
         if not running:
             return self._start(nodes, None)
-        return max(running, key=lambda d: (d.layout.samples_per_s, -len(d.layout.plan.pipelines[0].nodes)))  # type: ignore[union-attr]
+        return max(running, key=lambda pair: (pair[1].samples_per_s, -len(pair[1].plan.pipelines[0].nodes)))[0]
 
     def _start(self, nodes: Sequence[int], size: int | None) -> Decision:
         """The start on groups of ``size`` nodes (None: ``group_nodes()``, fastest read as min)."""

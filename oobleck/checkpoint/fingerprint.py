@@ -16,9 +16,8 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from oobleck.errors import ConfigError
+from oobleck.schema import to_container
 
 # Path of the shipped corpus (the same file oobleck.data.dataset reads), found without torch.
 CORPUS_PATH = Path(__file__).resolve().parents[1] / "data" / "corpus" / "python_reference.txt"
@@ -45,10 +44,7 @@ def _file_identity(path: str) -> tuple[str, int, str]:
 
 def fingerprint(cfg: Any, corpus_path: Path = CORPUS_PATH) -> dict[str, Any]:
     """Flat ``{"model.n_layer": 4, "job.seed": 0, "data.corpus_sha256": ..., ...}`` of ``cfg``."""
-    # The resolved values, as oobleck.config.to_container gives them (not imported: the config's
-    # validation reaches the strategies, whose cost model reaches this package).
-    plain = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
-    data: dict[str, Any] = OmegaConf.to_container(plain, resolve=True)  # type: ignore[assignment]
+    data = to_container(cfg)
     result: dict[str, Any] = {f"model.{key}": value for key, value in sorted(data["model"].items())}
     job = data["job"]
     result.update({f"job.{key}": job[key] for key in JOB_KEYS})

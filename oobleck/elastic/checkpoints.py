@@ -115,7 +115,8 @@ class CheckpointCoordinator:
             self.pinned.add(step)
 
     def unpin(self, step: int | None) -> None:
-        self.pinned.discard(step)  # type: ignore[arg-type]
+        if step is not None:
+            self.pinned.discard(step)
 
     # ------------------------------------------------------------------ generations
     def writers(self, plan: ExecutionPlan, layer_bytes: list[int]) -> dict[int, Worker]:

@@ -252,7 +252,7 @@ class Controller:
         )
         self.checkpoints.completed_rows = ledger.outcome.checkpoints
         self.checkpoints.failure_rows = ledger.outcome.checkpoint_failures
-        self.executor = DecisionExecutor(
+        self.executor = executor = DecisionExecutor(
             self.strategy, store, ledger, membership, self.checkpoints, emit=self._event, notify=self._notify
         )
         self.firing = FaultFiring(
@@ -260,7 +260,7 @@ class Controller:
             store,
             membership,
             self._event,
-            notice=lambda nodes, notice_s: self.executor.on_notice(nodes, notice_s, self.steps),  # type: ignore[union-attr]
+            notice=lambda nodes, notice_s: executor.on_notice(nodes, notice_s, self.steps),
         )
         self.firing.next_node_id = int(cfg.cluster.nodes)
         builtin: list[RunObserver] = [RecoveryAccounting(ledger.outcome, ledger, membership, self._event)]

@@ -39,10 +39,11 @@ class HostSnapshot:
         except (AttributeError, OSError):  # not on Linux
             usable = count
         try:
-            load = tuple(round(v, 2) for v in os.getloadavg())
+            one, five, fifteen = os.getloadavg()
+            load = (round(one, 2), round(five, 2), round(fifteen, 2))
         except OSError:  # no load average on this platform
             load = (float("nan"),) * 3
-        return cls(socket.gethostname(), count, usable, load)  # type: ignore[arg-type]
+        return cls(socket.gethostname(), count, usable, load)
 
     def as_start(self) -> dict[str, Any]:
         """What is known when the run starts (the wandb config's ``host`` until the end)."""

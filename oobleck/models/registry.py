@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from oobleck.errors import ConfigError, unknown_key_message
 from oobleck.models import gpt, llama
 from oobleck.models.architecture import Architecture, ModelFamily
+from oobleck.plain import resolved_dict
 
 FAMILIES: dict[str, ModelFamily] = {family.name: family for family in (gpt.FAMILY, llama.FAMILY)}
 # A model section without ``family`` is read as a GPT, so run dirs and profiles written without the
@@ -28,7 +29,7 @@ UNNAMED_FAMILY = "gpt"
 
 def _as_dict(section: Any) -> dict[str, Any]:
     if isinstance(section, DictConfig):
-        return OmegaConf.to_container(section, resolve=True)  # type: ignore[return-value]
+        return resolved_dict(section)
     if isinstance(section, Mapping):
         return dict(section)
     raise ConfigError(f"model section {section!r} is not a mapping; choose model=<name> (conf/model/)")

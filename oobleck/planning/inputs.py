@@ -66,12 +66,14 @@ class LayerProfile:
     def backward_split(self) -> tuple[float, float]:
         """(backward for inputs, backward for weights) seconds: the profile's, or the default split."""
         inputs, weights = self.backward_input_s, self.backward_weight_s
-        if inputs is None and weights is None:
-            inputs = self.backward_s * DEFAULT_BACKWARD_INPUT_FRACTION
-        if inputs is None:  # only the weight half is given: the input half is the rest
-            inputs = max(0.0, self.backward_s - float(weights))  # type: ignore[arg-type]
+        if inputs is None:  # the default split, or (only the weight half given) the rest
+            inputs = (
+                self.backward_s * DEFAULT_BACKWARD_INPUT_FRACTION
+                if weights is None
+                else max(0.0, self.backward_s - weights)
+            )
         if weights is None:
-            weights = max(0.0, self.backward_s - float(inputs))
+            weights = max(0.0, self.backward_s - inputs)
         return float(inputs), float(weights)
 
 

@@ -641,7 +641,8 @@ class _CountSearch:
             return None
         if count == 0:
             return t, []
-        return t, self.knapsack.choice(self._values(self.capacities(t)), count)  # type: ignore[union-attr]
+        assert self.knapsack is not None  # (count > 0: some sizes are allowed)
+        return t, self.knapsack.choice(self._values(self.capacities(t)), count)
 
 
 def instantiate(

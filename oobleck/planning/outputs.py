@@ -31,6 +31,12 @@ from typing import Any
 Worker = tuple[int, int]  # (node id, local rank on that node)
 
 
+def as_worker(value: Iterable[int]) -> Worker:
+    """A worker read back from JSON, where it is a two-element list."""
+    node, local_rank = value
+    return int(node), int(local_rank)
+
+
 @dataclass(frozen=True)
 class StageSpec:
     """Layers ``[start, end)`` on ``gpus`` devices ``gpu_offset .. gpu_offset+gpus-1`` of pipeline node ``node``."""
@@ -356,8 +362,8 @@ class ReconfigurationPlan:
             transfers=tuple(
                 LayerTransfer(
                     layer=t["layer"],
-                    source=tuple(t["source"]),  # type: ignore[arg-type]
-                    target=tuple(t["target"]),  # type: ignore[arg-type]
+                    source=as_worker(t["source"]),
+                    target=as_worker(t["target"]),
                     chunk=t["chunk"],
                     chunks=t["chunks"],
                     nbytes=t["nbytes"],

@@ -21,6 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from oobleck.errors import ProfileError
+from oobleck.plain import resolved_dict
 from oobleck.planning.inputs import PROFILE_SCHEMA_VERSION, ModelProfile
 
 # What a measured profile holds; a cached file measured before a field was added is re-measured.
@@ -35,9 +36,7 @@ class ProfileCacheWarning(UserWarning):
 
 
 def _plain(model_cfg: Any) -> dict[str, Any]:
-    if isinstance(model_cfg, DictConfig):
-        return OmegaConf.to_container(model_cfg, resolve=True)  # type: ignore[return-value]
-    return dict(OmegaConf.to_container(OmegaConf.structured(model_cfg), resolve=True))  # type: ignore[arg-type]
+    return resolved_dict(model_cfg if isinstance(model_cfg, DictConfig) else OmegaConf.structured(model_cfg))
 
 
 def cache_key(

@@ -115,7 +115,7 @@ def build_topology(plan: ExecutionPlan, worker: tuple[int, int], tied_layers: tu
 
 
 def rank_of(plan: ExecutionPlan) -> dict[tuple[int, int], int]:
-    return {tuple(a.worker): a.rank for a in plan.assignments()}  # type: ignore[misc]
+    return {a.worker: a.rank for a in plan.assignments()}
 
 
 def group_specs(topology: Topology, reconfiguration: ReconfigurationPlan | None = None) -> list[GroupSpec]:
@@ -132,6 +132,6 @@ def group_specs(topology: Topology, reconfiguration: ReconfigurationPlan | None 
         specs.append(GroupSpec(channel_name(dst, src, "grad"), tuple(sorted((src, dst)))))
     if reconfiguration is not None:
         ranks = rank_of(plan)
-        pairs = sorted({(ranks[tuple(t.source)], ranks[tuple(t.target)]) for t in reconfiguration.transfers})  # type: ignore[index]
+        pairs = sorted({(ranks[t.source], ranks[t.target]) for t in reconfiguration.transfers})
         specs += [GroupSpec(channel_name(s, d, "xfer"), tuple(sorted((s, d)))) for s, d in pairs if s != d]
     return specs

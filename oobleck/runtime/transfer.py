@@ -64,13 +64,7 @@ def incoming_layers(topology: Topology, reconfiguration: ReconfigurationPlan | N
     ranks = rank_of(topology.plan)
     me = topology.rank
     return tuple(
-        sorted(
-            {
-                t.layer
-                for t in reconfiguration.transfers
-                if ranks[tuple(t.target)] == me and ranks[tuple(t.source)] != me  # type: ignore[index]
-            }
-        )
+        sorted({t.layer for t in reconfiguration.transfers if ranks[t.target] == me and ranks[t.source] != me})
     )
 
 
@@ -142,11 +136,11 @@ def transfer_state(
     relays: list[tuple[LayerTransfer, int, int, int]] = []
     # Both ends of a channel issue its operations in one order: (hop, layer, chunk, piece).
     mine = sorted(
-        (t for t in reconfiguration.transfers if me in (ranks[tuple(t.source)], ranks[tuple(t.target)])),  # type: ignore[index]
+        (t for t in reconfiguration.transfers if me in (ranks[t.source], ranks[t.target])),
         key=lambda t: (t.hop, t.layer, t.chunk),
     )
     for transfer in mine:
-        src, dst = ranks[tuple(transfer.source)], ranks[tuple(transfer.target)]  # type: ignore[index]
+        src, dst = ranks[transfer.source], ranks[transfer.target]
         if src == dst:
             continue
         if me == dst:
@@ -190,7 +184,7 @@ def transfer_state(
         layer = arriving[transfer.layer]
         for work in received.pop((transfer.layer, transfer.chunk, piece), ()):
             comm.waiter.work(work, f"receiving layer {transfer.layer} [{a}, {b}) to relay it")
-        src, dst = ranks[tuple(transfer.source)], ranks[tuple(transfer.target)]  # type: ignore[index]
+        src, dst = ranks[transfer.source], ranks[transfer.target]
         what = f"relaying layer {transfer.layer} [{a}, {b})"
         pending += [(comm.broadcast(channel_name(src, dst, "xfer"), row, src), what) for row in chunk_rows(layer, a, b)]
         bytes_out += STATE_KINDS * (b - a) * layer.flat.element_size()
@@ -223,7 +217,7 @@ def probe_links(
     if reconfiguration is None:
         return rates
     ranks = rank_of(topology.plan)
-    pairs = sorted({(ranks[tuple(t.source)], ranks[tuple(t.target)]) for t in reconfiguration.transfers})  # type: ignore[index]
+    pairs = sorted({(ranks[t.source], ranks[t.target]) for t in reconfiguration.transfers})
     for src, dst in pairs:
         if topology.rank in (src, dst) and src != dst:
             cold, warm = comm.probe_link(channel_name(src, dst, "xfer"), src, nbytes)
