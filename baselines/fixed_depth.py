@@ -4,16 +4,19 @@ over the lowest-numbered nodes, the nodes left over standing by.
 A subclass says how the layers split into stages (``partition``), which depth to run
 (``choose_depth``) and what a state of its pipelines costs (``layout``); this class builds the
 intact template of a split, the plan of a set of pipelines, the pipelines of a fresh start, and the
-start decision.
+start decision. ``balanced_partition`` is the contiguous split both use (Bamboo weighs the layers
+by parameter bytes, ReCycle by compute time).
 """
 
 from __future__ import annotations
 
+import functools
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from oobleck.errors import PlanningError
 from oobleck.planning.layouts import explicit_plan
 from oobleck.planning.outputs import ExecutionPlan, PipelineTemplate, ShadowCopy, StageSpec
 from oobleck.planning.templates import make_template
@@ -32,6 +35,40 @@ class PipelinesState:
 
 
 State = TypeVar("State", bound=PipelinesState)
+
+
+def balanced_partition(param_bytes: Sequence[int], parts: int) -> tuple[tuple[int, int], ...]:
+    """Contiguous ``[start, end)`` ranges of ``parts`` non-empty stages minimising the largest
+    stage's parameter bytes (exact DP; ties go to the earliest split). Cached: every simulation
+    of a model asks for the same splits."""
+    return _balanced_partition(tuple(param_bytes), int(parts))
+
+
+@functools.lru_cache(maxsize=4096)
+def _balanced_partition(param_bytes: tuple[int, ...], parts: int) -> tuple[tuple[int, int], ...]:
+    n = len(param_bytes)
+    if not 1 <= parts <= n:
+        raise PlanningError(f"cannot split {n} layers into {parts} stages")
+    prefix = [0]
+    for b in param_bytes:
+        prefix.append(prefix[-1] + b)
+    inf = float("inf")
+    # best[k][j]: smallest max over the first j layers cut into k stages; cut[k][j]: where the last starts.
+    best = [[inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for k in range(1, parts + 1):
+        for j in range(k, n - (parts - k) + 1):
+            for i in range(k - 1, j):
+                value = max(best[k - 1][i], prefix[j] - prefix[i])
+                if value < best[k][j]:
+                    best[k][j], cut[k][j] = value, i
+    ranges, j = [], n
+    for k in range(parts, 0, -1):
+        i = cut[k][j]
+        ranges.append((i, j))
+        j = i
+    return tuple(reversed(ranges))
 
 
 class FixedDepthPipelines(Strategy, Generic[State]):

@@ -46,8 +46,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from baselines.bamboo.policy import balanced_partition
-from baselines.fixed_depth import FixedDepthPipelines, PipelinesState
+from baselines.fixed_depth import FixedDepthPipelines, PipelinesState, balanced_partition
 from oobleck.errors import ConfigError
 from oobleck.planning.inputs import ClusterSpec, ModelProfile
 from oobleck.planning.layouts import even_split

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
+from baselines.bamboo.config import FAILED
 from baselines.bamboo.memory import failover_extra_seconds, stage_memory
-from baselines.bamboo.policy import FAILED
 from oobleck.config import CONF_DIR
 from oobleck.errors import ConfigError
 from oobleck.planning.inputs import ClusterSpec

@@ -7,7 +7,8 @@ import math
 import pytest
 from simhelpers import make_strategy
 
-from baselines.bamboo.policy import FAILED, balanced_partition
+from baselines.bamboo.config import FAILED
+from baselines.fixed_depth import balanced_partition
 from oobleck.faults.trace import parse_trace
 from oobleck.planning.instantiate import _Sync, plan_iteration_time
 from oobleck.recovery_costs import checkpoint_cost, restore_s
