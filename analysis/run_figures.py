@@ -11,8 +11,8 @@
 - ``time_lost_plot``: each run's training span split into useful steps, recovery, checkpoint
   stalls and other lost time (``analysis.comparison.time_lost``).
 
-Like ``analysis.figures``, each writes PNG and PDF and returns both paths; the ``*_figure``
-function beside it builds the figure.
+Like ``analysis.figures``, each writes PNG and PDF (``analysis.plotting.save``) and returns both
+paths; the ``*_figure`` function beside it builds the figure.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from analysis.comparison import OTHER, PHASES, recovery_breakdown
-from analysis.figures import PALETTE, plt, save
 from analysis.load import RunSet
+from analysis.plotting import PALETTE, plt, save
 
 # Marker styles per event kind: (colour, line style) for instants, colour for spans.
 INSTANTS: dict[str, tuple[str, Any, str]] = {  # line style: any of matplotlib's

@@ -81,7 +81,7 @@ METRIC_TITLES = {
 
 def ratio_plot(table: pd.DataFrame, path: Path) -> list[Path]:
     """``ratio_figure`` as PNG and PDF."""
-    from analysis.figures import save
+    from analysis.plotting import save
 
     return save(ratio_figure(table), path)
 
@@ -92,7 +92,7 @@ def ratio_figure(table: pd.DataFrame) -> Any:
     import seaborn as sns
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    from analysis.figures import plt
+    from analysis.plotting import plt
 
     metrics = [m for m in METRIC_TITLES if m in set(table["metric"])] + sorted(
         set(table["metric"]) - set(METRIC_TITLES)

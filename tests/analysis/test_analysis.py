@@ -10,11 +10,7 @@ import pandas as pd
 import pytest
 
 from analysis.figures import (
-    NO_LAYOUT,
     effective_time_breakdown_figure,
-    no_layout_cells,
-    ratio_bands_figure,
-    ratio_ticks,
     throughput_over_time_figure,
     throughput_vs_frequency_figure,
     write_figures,
@@ -32,6 +28,7 @@ from analysis.load import (
     timeline,
 )
 from analysis.paper_figures import main as paper_figures_main
+from analysis.ratio_bands import NO_LAYOUT, no_layout_cells, ratio_bands_figure, ratio_ticks
 from oobleck.errors import RunError
 
 PNG_MAGIC = b"\x89PNG"
