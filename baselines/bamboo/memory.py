@@ -17,9 +17,9 @@ stages running m microbatches, the stage on g devices (each keeps 1/g of every a
   memory (``allocate_param(stage_id, ..., 'cpu')``, ``allocate_state``), and each stage's output
   for every microbatch, moved to host memory after its backward (``outputs.clone().detach()
   .to('cpu')``; the last stage's output is the loss and is not kept);
-- ``inline`` (this harness's own mode): the copy's whole state on the device, and, with
+- ``inline`` (not one of Bamboo's): the copy's whole state on the device, and, with
   ``keep_redundant_activations``, the redundant forward's activations of the microbatches in
-  flight (the model this harness used before it read Bamboo's code; its runtime throws them away).
+  flight (a memory model kept for the paper experiments; the runtime throws them away).
 
 On a failover the predecessor of the lost stage resumes the interrupted iteration
 (``NextStageFailoverSchedule``): it redoes the lost stage's commands of the steps already done,
