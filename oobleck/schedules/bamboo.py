@@ -20,7 +20,8 @@ flag, default false: **lazy is Bamboo's default**):
   buffers are indexed by microbatch and released at the next ``train_batch``), so a failover
   needs no recompute.
 
-And a third mode that is this harness's own, the one it ran before it read Bamboo's code:
+And a third mode, not one of Bamboo's (the paper experiments set it: its memory reproduces the
+artifact's out-of-memory decisions):
 
 - ``inline``: the redundant forward right after the stage's own forward of the microbatch, before
   its activations are sent on (on the critical path), thrown away.
