@@ -31,7 +31,7 @@ from oobleck.errors import report_errors
 from oobleck.extras import require
 from oobleck.metrics.recorder import WANDB_AXES
 from oobleck.metrics.simulation import SIM_TIME
-from oobleck.sim.engine import DOWNTIME_EVENTS
+from oobleck.sim.results import DOWNTIME_EVENTS
 
 STEP, TIME = WANDB_AXES["train/"], WANDB_AXES["event/"]
 EVENT_MARKERS = ("fault_injected", "join_started", "reconfiguration", "failover", "restart", "checkpoint", "stop")

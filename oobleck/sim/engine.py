@@ -2,14 +2,10 @@
 
 Time advances from one membership change to the next. Between changes the cluster is either
 recovering (a reaction's downtime: no node makes progress), running a ``Layout`` (iterations of
-``iteration_s``, and every ``checkpoint_every_steps`` iterations a checkpoint), or stopped (no
-layout fits). Progress inside a running period is computed in closed form (whole checkpoint
-cycles at once), so an 11-hour trace costs one step per change, not per iteration.
-
-Nodes: a node the trace adds becomes usable ``node_creation_s`` later (instance creation; a
-node removed before then never joins), the cluster the trace starts with included, so a job
-starts only once its nodes exist. The start itself is charged like a restart without a
-checkpoint to read: every strategy pays for its start.
+``iteration_s``, and every ``checkpoint_every_steps`` iterations a checkpoint: ``Run.train`` of
+``oobleck.sim.progress`` advances it in closed form), or stopped (no layout fits). Nodes join as
+``oobleck.sim.arrivals.delayed_changes`` says (after their instance is created); the start
+itself is charged like a restart without a checkpoint to read: every strategy pays for its start.
 
 At a change the strategy decides (``Strategy.on_change``, the same decision the real runtime
 executes) and ``oobleck.sim.charges.decision_downtime`` charges it by its kind (a ``continue`` that
@@ -17,176 +13,31 @@ lost a working node or put new nodes to work, torchft's, is a recovery in place)
 a working node abandons the iteration in flight; one that did not (a join, a standby lost) is
 carried out at the next step boundary: the iteration in flight completes first (a planned
 checkpoint is taken there too). A restart, or a stop (the job dies: nothing fits, or there is
-nothing to fall back on), also loses every iteration not in a durable checkpoint: checkpoints
-are written as ``oobleck.checkpoint`` writes them (``oobleck.recovery_costs.checkpoint_cost``:
-with asynchronous writes training pauses only for the snapshot, and a checkpoint becomes durable
-when its write completes). A stopped job is started again as soon as the nodes alive allow a
+nothing to fall back on), also loses every iteration not in a durable checkpoint
+(``oobleck.sim.progress``). A stopped job is started again as soon as the nodes alive allow a
 layout (at once, or at the next join). A change that arrives during a recovery extends it: the
 cluster runs again only when both the old and the new recovery are done (a second restart
 starts its full restart time over; training never continues during a restart).
 
-Accounting is in node-seconds of alive nodes, split into useful work, redundant work (Bamboo),
-checkpointing, restart (which includes the start), reconfiguration (incl. failover, re-route and
-a continue that recovers in place), lost work and idle nodes; the parts sum to the alive
-node-seconds (a tested invariant). Throughput counts samples of iterations that were never rolled
-back; ``kept_samples`` counts those done before the last membership change that survived it (0
-after a start: the strategy kept no durable progress).
-Running segments carry ``durable``: False for the stretches whose work was later rolled back (or
-abandoned in flight), so a timeline can draw durable progress and discarded work apart.
+This module owns the event loop and how decisions are carried out; beside it,
+``oobleck.sim.arrivals`` says when the trace's nodes become usable, ``oobleck.sim.progress`` keeps
+the run's work on its way to durable and its node-seconds, and ``oobleck.sim.results`` names the
+events and makes the rows and the summary.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-from oobleck.faults.trace import Trace, TraceChange
+from oobleck.faults.trace import Trace
+from oobleck.sim.arrivals import delayed_changes
 from oobleck.sim.charges import CostCache, decision_downtime
+from oobleck.sim.progress import EPS, Run
+from oobleck.sim.results import EVENT_KIND, SimResult, split_durable, summarize
 from oobleck.strategy import Decision, Kind, Layout, RunState, Strategy
-
-# The event kind each decision is recorded as (the real runtime's events.csv uses the same names).
-EVENT_KIND = {
-    Kind.START: "start",
-    Kind.RECONFIGURE: "reconfiguration",
-    Kind.FAILOVER: "failover",
-    Kind.REROUTE: "reroute",
-    Kind.RESTART: "restart",
-    Kind.STOP: "stop",
-    Kind.CONTINUE: "continue",
-}
-# Event kinds that charge downtime (each has ``downtime_s``).
-DOWNTIME_EVENTS = ("start", "reconfiguration", "failover", "reroute", "restart", "continue")
-# What a strategy can do about a failure that took a working node (recorded with failure=True).
-# "continue": the strategy's own workers carried on without the lost node (torchft's replicas).
-REACTIONS = ("reconfiguration", "failover", "reroute", "restart", "continue", "stop", "oom")
-
-
-BREAKDOWN = ("useful", "redundant", "checkpoint", "restart", "reconfiguration", "lost", "idle")
-EPS = 1e-9
-
-
-@dataclass
-class _Work:
-    """Completed iterations not yet durable (or, for ``committed``, counted for good)."""
-
-    iters: int = 0
-    samples: float = 0.0
-    busy: float = 0.0  # node-seconds of those iterations
-    redundant: float = 0.0  # of which redundant work
-
-    def add(self, other: _Work) -> None:
-        self.iters += other.iters
-        self.samples += other.samples
-        self.busy += other.busy
-        self.redundant += other.redundant
-
-    def take(self) -> _Work:
-        taken = _Work(self.iters, self.samples, self.busy, self.redundant)
-        self.iters, self.samples, self.busy, self.redundant = 0, 0.0, 0.0, 0.0
-        return taken
-
-
-@dataclass
-class _Run:
-    """Mutable simulation state."""
-
-    layout: Layout | None = None
-    recovery_until: float = 0.0
-    recovery_kind: str = "restart"
-    iters_since_checkpoint: int = 0
-    in_checkpoint: bool = False
-    inflight_s: float = 0.0  # time spent on the current iteration or checkpoint pause
-    uncommitted: _Work = field(default_factory=_Work)  # since the last checkpoint's snapshot
-    pending: _Work = field(default_factory=_Work)  # in a checkpoint whose write is not done yet
-    pending_durable_at: float = math.inf
-    committed: _Work = field(default_factory=_Work)
-    lost_samples: float = 0.0
-    # When the first iteration of ``uncommitted`` / ``pending`` started (inf when empty): a
-    # rollback discards the work done since then.
-    uncommitted_from: float = math.inf
-    pending_from: float = math.inf
-    started: bool = False
-    checkpointed: bool = False  # a checkpoint is durable (committed.iters can be restored)
-    node_seconds: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in BREAKDOWN})
-
-    @property
-    def total_samples(self) -> float:
-        return self.committed.samples + self.pending.samples + self.uncommitted.samples
-
-    @property
-    def steps(self) -> int:
-        return self.committed.iters + self.pending.iters + self.uncommitted.iters
-
-
-def delayed_changes(trace: Trace, node_creation_s: float) -> list[TraceChange]:
-    """The trace's changes with every addition taking effect ``node_creation_s`` later.
-
-    A node removed before its addition took effect never joins (both are dropped); a name that
-    leaves and comes back is a new instance (``name#k`` for its k-th arrival after the first).
-    """
-    changes = trace.changes()
-    if node_creation_s <= 0:
-        return list(changes)
-    delay_ms = round(node_creation_s * 1000)
-    arrivals: dict[str, int] = {}
-    effective: dict[str, int] = {}  # instance name -> time its addition takes effect
-    events: dict[int, tuple[list[str], list[str]]] = {}
-    for change in changes:
-        for name in change.removed:
-            instance = _instance(name, arrivals)
-            if effective.get(instance, -1) >= change.time_ms:
-                adds = events[effective.pop(instance)][0]
-                adds.remove(instance)  # it never became usable
-                continue
-            effective.pop(instance, None)
-            events.setdefault(change.time_ms, ([], []))[1].append(instance)
-        for name in change.added:
-            arrivals[name] = arrivals.get(name, -1) + 1
-            instance = _instance(name, arrivals)
-            effective[instance] = change.time_ms + delay_ms
-            events.setdefault(change.time_ms + delay_ms, ([], []))[0].append(instance)
-    return [TraceChange(t, tuple(a), tuple(r)) for t, (a, r) in sorted(events.items()) if a or r]
-
-
-def _instance(name: str, arrivals: Mapping[str, int]) -> str:
-    count = arrivals.get(name, 0)
-    return name if count <= 0 else f"{name}#{count}"
-
-
-@dataclass
-class SimResult:
-    """Tidy rows of one simulation: ``segments`` (throughput over time), ``events``, ``summary``."""
-
-    segments: list[dict[str, Any]]
-    events: list[dict[str, Any]]
-    summary: dict[str, Any]
-
-
-def split_durable(segments: list[dict[str, Any]], spans: list[tuple[float, float]]) -> list[dict[str, Any]]:
-    """``segments`` with ``durable``: running segments cut where ``spans`` (work later thrown
-    away) begin and end, the pieces inside a span ``durable=False``; every other row True."""
-    merged: list[list[float]] = []
-    for start, end in sorted(spans):
-        if merged and start <= merged[-1][1] + EPS:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    out: list[dict[str, Any]] = []
-    for row in segments:
-        if row["phase"] != "running" or not merged:
-            out.append({**row, "durable": True})
-            continue
-        t0, t1 = row["t_start_s"], row["t_end_s"]
-        cuts = sorted({t0, t1, *(t for span in merged for t in span if t0 < t < t1)})
-        for a, b in zip(cuts, cuts[1:]):
-            if b - a <= EPS:
-                continue
-            middle = (a + b) / 2
-            lost = any(start <= middle <= end for start, end in merged)
-            out.append({**row, "t_start_s": a, "t_end_s": b, "durable": not lost})
-    return out
 
 
 class Simulator:
@@ -217,13 +68,12 @@ class Simulator:
         # Every arrival is a fresh node id (a name may leave and come back as a new instance).
         self.ids: dict[str, int] = {}
         self.next_id = 0
-        self.run = _Run()
+        self.run = Run()
         self.alive: set[int] = set()
         self.segments: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.counts: dict[str, int] = {}
         self.kept_samples: float | None = None  # at the last membership change
-        self.rolled_back: list[tuple[float, float]] = []  # spans whose work was thrown away
         self.first_layout: Layout | None = None  # the layout the job first ran
         self.opened_s: float | None = None  # when the first nodes existed (the first chance to start)
         self.first_start_s: float | None = None  # when a layout first started
@@ -252,70 +102,6 @@ class Simulator:
             }
         )
 
-    # ----- durability ------------------------------------------------------------------------
-    def _settle(self, now: float) -> None:
-        """A checkpoint whose write is done by ``now`` is durable: its iterations count for good."""
-        run = self.run
-        if run.pending.iters and run.pending_durable_at <= now + EPS:
-            self._commit(run.pending)
-            run.pending_durable_at = math.inf
-
-    def _commit(self, work: _Work) -> None:
-        run, ns = self.run, self.run.node_seconds
-        if work is run.pending:
-            run.pending_from = math.inf
-        elif work is run.uncommitted:
-            run.uncommitted_from = math.inf
-        done = work.take()
-        ns["useful"] += done.busy - done.redundant
-        ns["redundant"] += done.redundant
-        run.committed.add(done)
-        run.checkpointed = True
-
-    def _checkpoint_done(self, time_s: float, lag_s: float) -> None:
-        """A checkpoint's snapshot ended at ``time_s``: its iterations are durable ``lag_s`` later."""
-        run = self.run
-        self._settle(time_s)
-        self._to_pending()
-        run.pending_durable_at = time_s + lag_s
-        run.iters_since_checkpoint = 0
-        if lag_s <= EPS:
-            self._settle(time_s)
-
-    def _to_pending(self) -> None:
-        """The iterations since the last checkpoint join those waiting to be durable."""
-        run = self.run
-        if run.uncommitted.iters:
-            run.pending_from = min(run.pending_from, run.uncommitted_from)
-        run.pending.add(run.uncommitted.take())
-        run.uncommitted_from = math.inf
-
-    def _abandon(self, start: float, end: float) -> None:
-        """Work done from ``start`` to ``end`` is thrown away (drawn as such in the timeline)."""
-        if end - start > EPS:
-            self.rolled_back.append((start, end))
-
-    def _roll_back(self, now: float) -> float:
-        """Everything not durable at ``now`` is lost; returns the samples lost."""
-        run = self.run
-        self._settle(now)
-        first = min(
-            run.pending_from if run.pending.iters else math.inf,
-            run.uncommitted_from if run.uncommitted.iters else math.inf,
-        )
-        if math.isfinite(first):
-            self._abandon(first, now)
-        run.pending_from = run.uncommitted_from = math.inf
-        lost = _Work()
-        lost.add(run.pending.take())
-        lost.add(run.uncommitted.take())
-        run.pending_durable_at = math.inf
-        run.node_seconds["lost"] += lost.busy
-        run.lost_samples += lost.samples
-        run.iters_since_checkpoint = 0
-        run.in_checkpoint, run.inflight_s = False, 0.0
-        return lost.samples
-
     # ----- time advance ----------------------------------------------------------------------
     def _advance(self, t_from: float, t_to: float) -> None:
         run, alive = self.run, len(self.alive)
@@ -334,7 +120,7 @@ class Simulator:
             return
         self._run_layout(t, t_to)
 
-    def _checkpoint_pause(self, layout: Layout) -> tuple[float, float]:
+    def checkpoint_pause(self, layout: Layout) -> tuple[float, float]:
         """Seconds training stops per checkpoint of ``layout``, and the lag until it is durable."""
         interval = self.strategy.checkpoint_every_steps
         if not interval:
@@ -349,89 +135,27 @@ class Simulator:
         if run.layout is None or run.recovery_until > now + EPS:
             return 0.0
         if run.in_checkpoint:
-            return max(0.0, self._checkpoint_pause(run.layout)[0] - run.inflight_s)
+            return max(0.0, self.checkpoint_pause(run.layout)[0] - run.inflight_s)
         return max(0.0, run.layout.iteration_s - run.inflight_s)
 
     def _run_layout(self, t0: float, t1: float) -> None:
-        run = self.run
-        layout = run.layout
+        layout = self.run.layout
         assert layout is not None
-        ns = run.node_seconds
-        used = len(layout.nodes)
-        ns["idle"] += (len(self.alive) - used) * (t1 - t0)
-        period = layout.iteration_s
         interval = self.strategy.checkpoint_every_steps
-        pause, lag = self._checkpoint_pause(layout)
-        per_iteration = _Work(1, layout.samples_per_iteration, used * period, used * period * layout.redundant_fraction)
-        rate = layout.samples_per_iteration / period
+        pause, lag = self.checkpoint_pause(layout)
+        rate = layout.samples_per_iteration / layout.iteration_s
         if interval:
-            rate = interval * layout.samples_per_iteration / (interval * period + pause)
+            rate = interval * layout.samples_per_iteration / (interval * layout.iteration_s + pause)
         self._segment(t0, t1, "running", rate)
-
-        def complete(count: int, first_start: float) -> None:
-            if not run.uncommitted.iters:
-                run.uncommitted_from = first_start
-            run.uncommitted.add(
-                _Work(count, count * per_iteration.samples, count * per_iteration.busy, count * per_iteration.redundant)
-            )
-            run.iters_since_checkpoint += count
-
-        remaining = t1 - t0
-        done: list[float] = [0, math.inf, -math.inf]  # checkpoints completed: count, first and last time
-        while remaining > EPS:
-            now = t1 - remaining
-            if run.in_checkpoint:
-                need = pause - run.inflight_s
-                if remaining < need:
-                    run.inflight_s += remaining
-                    ns["checkpoint"] += used * remaining
-                    remaining = 0.0
-                    break
-                ns["checkpoint"] += used * need
-                remaining -= need
-                run.in_checkpoint, run.inflight_s = False, 0.0
-                self._checkpoint_done(now + need, lag)
-                done[:] = [done[0] + 1, min(done[1], now + need), now + need]
-                # Whole cycles of (interval iterations + one checkpoint) in closed form: every
-                # checkpoint but the last is durable by the end of the next cycle's pause.
-                cycle = interval * period + pause
-                cycles = int(remaining // cycle) if cycle > 0 else 0
-                if cycles:
-                    start = t1 - remaining
-                    ns["checkpoint"] += used * cycles * pause
-                    if cycles > 1:
-                        complete((cycles - 1) * interval, start)
-                        self._checkpoint_done(start + (cycles - 1) * cycle, lag)
-                    complete(interval, start + (cycles - 1) * cycle)
-                    self._checkpoint_done(start + cycles * cycle, lag)
-                    done[:] = [done[0] + cycles, min(done[1], start + cycle), start + cycles * cycle]
-                    remaining -= cycles * cycle
-                continue
-            need = period - run.inflight_s
-            if remaining < need:
-                run.inflight_s += remaining
-                remaining = 0.0
-                break
-            remaining -= need
-            run.inflight_s = 0.0
-            complete(1, now + need - period)
-            # Whole iterations up to the next checkpoint (or all of them without checkpoints).
-            todo = interval - run.iters_since_checkpoint if interval else math.inf
-            if todo > 0:
-                count = int(min(todo, remaining // period))
-                if count:
-                    complete(count, t1 - remaining)
-                    remaining -= count * period
-            if interval and run.iters_since_checkpoint >= interval:
-                run.in_checkpoint = True
-        if done[0]:
+        count, first, last = self.run.train(t0, t1, len(self.alive), interval, pause, lag)
+        if count:
             # One row per running period (a long trace has tens of thousands of checkpoints):
             # ``count`` checkpoints completed, the first at ``first_time_s``, the last at ``time_s``.
             self._event(
-                done[2],
+                last,
                 "checkpoint",
-                count=int(done[0]),
-                first_time_s=done[1],
+                count=int(count),
+                first_time_s=first,
                 downtime_s=pause,
                 durable_after_s=lag,
             )
@@ -475,17 +199,17 @@ class Simulator:
             # The iteration in flight is abandoned (a checkpoint in flight just has to be redone).
             if not run.in_checkpoint:
                 ns["lost"] += len(old.nodes) * run.inflight_s
-                self._abandon(time_s - run.inflight_s, time_s)
+                run.abandon(time_s - run.inflight_s, time_s)
             run.inflight_s = 0.0
             run.in_checkpoint = False
         if decision.checkpoint_first:
             # Written synchronously before the restart: everything done so far is durable.
-            self._commit(run.pending)
-            self._commit(run.uncommitted)
+            run.commit(run.pending)
+            run.commit(run.uncommitted)
             run.pending_durable_at = math.inf
             run.iters_since_checkpoint = 0
         elif decision.kind in (Kind.RESTART, Kind.STOP) and old is not None:
-            lost_samples = self._roll_back(time_s)
+            lost_samples = run.roll_back(time_s)
         run.layout = decision.layout
         restart_like = decision.kind in (Kind.RESTART, Kind.START)
         kind = "restart" if restart_like else "reconfiguration"
@@ -527,7 +251,7 @@ class Simulator:
     def _state(self, removed: list[int], joined: list[int], now: float) -> RunState:
         run = self.run
         assert run.layout is not None
-        self._settle(now)
+        run.settle(now)
         return RunState(
             layout=run.layout,
             alive=tuple(sorted(self.alive)),
@@ -552,7 +276,7 @@ class Simulator:
             return False  # still cannot run: already recorded
         restarting = run.started
         if restarting and decision.layout is not None:
-            self._settle(now)
+            run.settle(now)
             rollback = run.committed.iters if run.checkpointed else 0
             decision = Decision(Kind.START, decision.layout, rollback_to_step=rollback, reason=decision.reason)
         run.started = run.started or decision.layout is not None
@@ -586,7 +310,7 @@ class Simulator:
                 self._event(now, "failure", node=node)
             for node in arrived:
                 self._event(now, "join", node=node)
-            self._settle(now)
+            self.run.settle(now)
             run = self.run
             if removed and run.pending.iters:
                 # A checkpoint still being written when a node dies is abandoned (its writer may be
@@ -615,84 +339,16 @@ class Simulator:
             self.kept_samples = run.total_samples
         self._advance(now, self.end_s)
         self._finish_run()
-        self.segments = split_durable(self.segments, self.rolled_back)
-        return SimResult(self.segments, self.events, self._summary())
+        self.segments = split_durable(self.segments, self.run.rolled_back)
+        return SimResult(self.segments, self.events, summarize(self))
 
     def _finish_run(self) -> None:
         run, ns = self.run, self.run.node_seconds
         # Training simply ends here: completed iterations count, the one in flight does not.
-        self._commit(run.pending)
-        self._commit(run.uncommitted)
+        run.commit(run.pending)
+        run.commit(run.uncommitted)
         if run.layout is not None and run.recovery_until <= self.end_s and not run.in_checkpoint:
             ns["lost"] += len(run.layout.nodes) * run.inflight_s
-
-    def _summary(self) -> dict[str, Any]:
-        run, ns = self.run, self.run.node_seconds
-        duration = self.end_s - self.start_s
-        total = sum(ns.values())
-        samples = run.committed.samples
-        kept = samples if self.kept_samples is None else self.kept_samples
-        summary: dict[str, Any] = {
-            **self.labels,
-            "duration_s": duration,
-            "samples": samples,
-            "iterations": run.committed.iters,
-            "throughput": samples / duration if duration > 0 else 0.0,
-            "lost_samples": run.lost_samples,
-            "kept_samples": kept,
-            # Only a strategy that ran can lose its progress (one that never fits is marked OOM).
-            "no_durable_progress": bool(run.started and kept <= 0),
-            "ran": run.started,  # False: no layout ever started (out of memory, or refused the cluster)
-            "node_seconds": total,
-        }
-        for kind in (
-            "start",
-            "reconfiguration",
-            "failover",
-            "reroute",
-            "restart",
-            "continue",
-            "checkpoint",
-            "stop",
-            "oom",
-            "failure",
-            "join",
-        ):
-            summary[f"n_{kind}"] = self.counts.get(kind, 0)
-        for key in BREAKDOWN:
-            summary[f"{key}_node_s"] = ns[key]
-            summary[f"{key}_fraction"] = ns[key] / total if total > 0 else 0.0
-        # Out of memory only when it never ran: a strategy that could not lay the model out on the
-        # first nodes and started once more joined (ReCycle needs two pipelines) started late.
-        summary["oom"] = self.counts.get("oom", 0) > 0 and not run.started
-        opened = self.opened_s if self.opened_s is not None else self.start_s
-        summary["start_delay_s"] = self.first_start_s - opened if self.first_start_s is not None else math.nan
-        summary.update(self._recovery_cycle())
-        return summary
-
-    def _recovery_cycle(self) -> dict[str, float | None]:
-        """How long a failure keeps the job from durable progress when it restarts: the mean
-        restart a failure caused, plus one checkpoint interval of the layout it started on and
-        that checkpoint's pause and write (None when no failure made it restart or it never
-        checkpoints). Beyond the time between failures no checkpoint becomes durable: the cliff
-        of ``oobleck.sim.ratios``."""
-        reactions = [e for e in self.events if e.get("failure") and e["kind"] in REACTIONS]
-        restarts = [e["downtime_s"] for e in reactions if e["kind"] == "restart"]
-        restart = sum(restarts) / len(restarts) if restarts else None
-        cycle = None
-        layout, interval = self.first_layout, self.strategy.checkpoint_every_steps
-        if layout is not None and interval:
-            pause, lag = self._checkpoint_pause(layout)
-            cycle = interval * layout.iteration_s + pause + lag
-        total = restart + cycle if restart is not None and cycle is not None else None
-        return {
-            "restart_s_mean": restart,
-            "checkpoint_cycle_s": cycle,
-            "recovery_cycle_s": total,
-            # How often a failure made it restart (Varuna: every working node lost; Bamboo: only
-            # a stage and its only copy lost together).
-            "restart_share": len(restarts) / len(reactions) if reactions else 0.0,
-        }
 
 
 def simulate(

@@ -61,7 +61,8 @@ from oobleck.sim.calibration import (
     with_exposure,
     worker_count,
 )
-from oobleck.sim.engine import SimResult, simulate
+from oobleck.sim.engine import simulate
+from oobleck.sim.results import SimResult
 from oobleck.strategy import Decision, Strategy
 
 # The targets the simulator is held to (a figure built on it says how far it is from real runs).

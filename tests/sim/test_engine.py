@@ -12,7 +12,8 @@ from oobleck.planning.layouts import even_split
 from oobleck.planning.outputs import ExecutionPlan, PipelineInstance, PipelineTemplate, StageSpec
 from oobleck.planning.synthetic import synthetic_profile
 from oobleck.recovery_costs import CostConstants
-from oobleck.sim.engine import BREAKDOWN, simulate
+from oobleck.sim.engine import simulate
+from oobleck.sim.progress import BREAKDOWN
 from oobleck.strategy import Decision, Kind, Layout, Strategy, StrategyConfig, StrategyContext
 
 ONE_STAGE = PipelineTemplate(1, (StageSpec(0, 1, 0, 0, 1),), (10.0,), (0.0,), 4, 10.0)
@@ -139,7 +140,7 @@ def test_every_start_waits_for_its_nodes_and_pays_a_start():
 
 
 def test_a_node_lost_before_it_is_up_never_joins():
-    from oobleck.sim.engine import delayed_changes
+    from oobleck.sim.arrivals import delayed_changes
 
     trace = _trace("0,add,a\n10000,add,b\n30000,remove,b\n40000,add,b\n50000,remove,a\n")
     changes = [(c.time_ms, c.added, c.removed) for c in delayed_changes(trace, 45.0)]

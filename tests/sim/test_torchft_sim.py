@@ -10,7 +10,8 @@ from baselines.torchft.policy import TorchftLayout, shard_sizes
 from oobleck.errors import ConfigError
 from oobleck.faults.trace import parse_trace
 from oobleck.sim.charges import decision_downtime
-from oobleck.sim.engine import BREAKDOWN, simulate
+from oobleck.sim.engine import simulate
+from oobleck.sim.progress import BREAKDOWN
 from oobleck.strategy import Kind, RunInfo, RunState
 
 # torchft's own deployment at the planner's fewest nodes per group.

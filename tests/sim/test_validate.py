@@ -31,8 +31,8 @@ def _write_run(
     """A run dir as ``python -m oobleck.run`` writes it, for an ideal runtime slowed by ``slowdown``
     (``cfg``'s own strategy; ``victim``: the node lost, default the plan's last)."""
     from oobleck.sim.charges import decision_downtime
-    from oobleck.sim.engine import EVENT_KIND
     from oobleck.sim.experiment import build_context, simulated_strategy
+    from oobleck.sim.results import EVENT_KIND
     from oobleck.strategy import RunState
 
     profile = synthetic_profile(12, seed=1)
