@@ -1,4 +1,4 @@
-"""Calibrating the runtime model on real runs: ``RuntimeOverhead`` (oobleck/recovery_costs.py)
+"""Calibrating the runtime model on real runs: ``RuntimeOverhead`` (oobleck/sim/runtime_model.py)
 states the model; ``calibrate`` measures each of its terms on calibration runs (pooled), which
 ``oobleck.sim.validate`` then uses to predict other runs:
 
@@ -40,7 +40,8 @@ import pandas as pd
 from oobleck.errors import RunError
 from oobleck.planning.inputs import ModelProfile
 from oobleck.planning.outputs import ExecutionPlan, Worker
-from oobleck.recovery_costs import RuntimeOverhead, StepShape, checkpoint_cost, fit_step_model, restore_s, step_model
+from oobleck.recovery_costs import checkpoint_cost, restore_s
+from oobleck.sim.runtime_model import RuntimeOverhead, StepShape, fit_step_model, step_model
 from oobleck.strategy import Layout, RunState, Strategy, StrategyConfig
 
 EXPOSURE_STEPS = 20  # Bamboo's exposed share is fitted on a grid of 0, 1/20, ..., 1

@@ -26,7 +26,7 @@ Each for the planner's cost model as is, for a ``calibrated`` one (one per-micro
 fitted on the run's own first generation: in-sample for that generation) and, given a
 ``RuntimeOverhead`` measured on *different* calibration runs (``calibrate``), for a ``predicted``
 one: the out-of-sample validation, the one a simulated figure can lean on. ``RuntimeOverhead``
-(oobleck/recovery_costs.py) states the model; ``oobleck.sim.calibration`` measures its terms.
+(oobleck/sim/runtime_model.py) states the model; ``oobleck.sim.calibration`` measures its terms.
 
 CLI: ``python -m oobleck.sim.validate RUN_DIR [--calibration CAL_RUN_DIR ...]`` prints the table and
 writes ``validation.csv`` (and, with a calibration run, ``runtime_overhead.json``). The protocol over
@@ -51,7 +51,7 @@ from oobleck.faults.trace import parse_trace
 from oobleck.metrics.run_files import read_run_files
 from oobleck.planning.inputs import ModelProfile
 from oobleck.planning.outputs import ExecutionPlan
-from oobleck.recovery_costs import RuntimeOverhead, checkpoint_cost
+from oobleck.recovery_costs import checkpoint_cost
 from oobleck.sim.calibration import (
     calibrate,
     event_rows,
@@ -63,6 +63,7 @@ from oobleck.sim.calibration import (
 )
 from oobleck.sim.engine import simulate
 from oobleck.sim.results import SimResult
+from oobleck.sim.runtime_model import RuntimeOverhead
 from oobleck.strategy import Decision, Strategy
 
 # The targets the simulator is held to (a figure built on it says how far it is from real runs).

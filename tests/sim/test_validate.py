@@ -179,7 +179,7 @@ def test_run_dirs_without_what_validation_needs_are_named(tmp_path: Path, make_c
 
 def test_runtime_overhead_model_and_fit(tmp_path: Path):
     from oobleck.errors import ConfigError
-    from oobleck.recovery_costs import RuntimeOverhead, StepShape, fit_step_model, step_model
+    from oobleck.sim.runtime_model import RuntimeOverhead, StepShape, fit_step_model, step_model
 
     # The step is the longer of the critical path and the CPU every worker needs over the cores.
     shape = StepShape(planner_s=0.02, busiest_microbatches=4, stage_microbatches=10, workers=5, compute_s=0.1)
@@ -245,7 +245,7 @@ def test_runtime_overhead_model_and_fit(tmp_path: Path):
 
 
 def test_a_zero_overhead_prediction_is_the_planner(tmp_path: Path, make_config):
-    from oobleck.recovery_costs import RuntimeOverhead
+    from oobleck.sim.runtime_model import RuntimeOverhead
 
     # No overhead, cores to spare, and the reconfiguration's fixed part the planner model's own.
     runtime = RuntimeOverhead(per_microbatch_s=0.0, per_step_s=0.0, cores=1000, reconfigure_fixed_s=2.0, warmup_s=0.0)
@@ -261,8 +261,8 @@ def test_bamboo_exposure_is_fitted_where_the_steps_show_it(context):
 
     from simhelpers import make_strategy
 
-    from oobleck.recovery_costs import step_model
     from oobleck.sim.calibration import _fit_exposure, step_shape
+    from oobleck.sim.runtime_model import step_model
 
     strategy = make_strategy(context, "bamboo", pipeline_depth=4, redundancy="inline")
     layout = strategy.start(list(range(8))).layout
