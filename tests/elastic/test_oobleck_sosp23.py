@@ -111,7 +111,8 @@ def test_the_simulator_costs_its_decisions_single_source_copies_included():
     """The same loss, costed: the paper's copies (whole layers from one holder) take at least as long
     as ours (up to four holders per layer, fewest bytes); a trace replays through both."""
     from oobleck.faults.trace import parse_trace
-    from oobleck.sim.engine import decision_downtime, simulate
+    from oobleck.sim.charges import decision_downtime
+    from oobleck.sim.engine import simulate
 
     cfg = {**TWO_NODES_PER_PIPELINE, "cluster.nodes": 5}
     paper = make_strategy(tiny_config("strategy=oobleck_sosp23", **cfg))

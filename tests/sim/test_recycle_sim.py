@@ -12,7 +12,8 @@ from simhelpers import make_context, make_strategy
 from oobleck.faults.trace import parse_trace
 from oobleck.schedules import checked_schedule
 from oobleck.schedules.cost import schedule_cost
-from oobleck.sim.engine import decision_downtime, simulate
+from oobleck.sim.charges import decision_downtime
+from oobleck.sim.engine import simulate
 from oobleck.strategy import Kind, RunState
 
 
