@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from baselines.torchft.config import TorchftConfig
 from oobleck.runtime import keys
-from oobleck.runtime.comm import make_store
+from oobleck.runtime.store_client import make_store
 
 
 def group_store_key(group: int) -> str:

@@ -29,9 +29,9 @@ from oobleck.errors import RunError
 from oobleck.launcher import launcher_class
 from oobleck.planning.outputs import ExecutionPlan
 from oobleck.runtime import keys
-from oobleck.runtime.comm import connect
 from oobleck.runtime.entry import carry_out_strike, exit_now, read_strike
 from oobleck.runtime.liveness import Liveness
+from oobleck.runtime.store_client import connect
 from oobleck.strategy import strategy_config
 
 

@@ -48,8 +48,10 @@ from gpu_check_units.common import (
 )
 from oobleck.runtime import keys
 from oobleck.runtime.backend import GlooBackend, NcclBackend
-from oobleck.runtime.comm import Aborted, AbortWatch, Communicator, GroupSpec, Reaper, Waiter, run_in_thread
+from oobleck.runtime.comm import Communicator, GroupSpec, run_in_thread
+from oobleck.runtime.reaper import Reaper
 from oobleck.runtime.sealed_store import SealedStore
+from oobleck.runtime.waits import Aborted, AbortWatch, Waiter
 
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 SURVIVORS_KEY = "peer_death/survivors"

@@ -1,4 +1,5 @@
-"""Worker side of real training: generation-scoped communication (``comm``), the plan's meaning for
+"""Worker side of real training: generation-scoped communication (``comm``; its abortable waits:
+``waits``; aborted groups' disposal: ``reaper``; store connections: ``store_client``), the plan's meaning for
 communication (``topology``), the interpreter of each rank's schedule with gradient sync and
 clipping (``executor``; the schedules themselves: ``oobleck.schedules``), the overlapped gradient
 reduction (``reducer``), the transfer of layer state between workers (``transfer``; the state

@@ -32,7 +32,7 @@ from oobleck.errors import RunError
 from oobleck.launcher import launcher_class
 
 if TYPE_CHECKING:
-    from oobleck.runtime.comm import Waiter
+    from oobleck.runtime.waits import Waiter
 
 
 class Backend(abc.ABC):

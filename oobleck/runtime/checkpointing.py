@@ -28,8 +28,8 @@ from oobleck.errors import CheckpointError
 from oobleck.layer_state import LayerState
 from oobleck.planning.outputs import Worker
 from oobleck.runtime import keys
-from oobleck.runtime.comm import connect
 from oobleck.runtime.plan_document import CheckpointPlan
+from oobleck.runtime.store_client import connect
 
 
 class CheckpointWriter:

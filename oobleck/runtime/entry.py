@@ -124,7 +124,7 @@ def run_worker(
         text = traceback.format_exc()
         try:
             if store is None:
-                from oobleck.runtime.comm import connect
+                from oobleck.runtime.store_client import connect
 
                 store = connect(args.host, args.port, 10.0, keys.KeySpace.from_environment())
             store.set(keys.worker_error(args.node, args.local_rank, args.incarnation), text)

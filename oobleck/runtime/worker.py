@@ -45,14 +45,17 @@ from oobleck.models.spec import model_spec
 from oobleck.runtime import keys
 from oobleck.runtime.backend import open_backend
 from oobleck.runtime.checkpointing import CheckpointWriter, restore_layers
-from oobleck.runtime.comm import Aborted, AbortWatch, Communicator, Reaper, Waiter, connect
+from oobleck.runtime.comm import Communicator
 from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, read_strike, run_worker, stop_requested
 from oobleck.runtime.executor import StepContext, clip_and_step, global_grad_norm, run_schedule, sync_gradients
 from oobleck.runtime.liveness import DataPlaneProbe, Liveness
 from oobleck.runtime.plan_document import PlanDocument
+from oobleck.runtime.reaper import Reaper
 from oobleck.runtime.sealed_store import ForeignValue
+from oobleck.runtime.store_client import connect
 from oobleck.runtime.topology import Topology, build_topology, group_specs
 from oobleck.runtime.transfer import PreparedLayers, incoming_layers, probe_links, transfer_state
+from oobleck.runtime.waits import Aborted, AbortWatch, Waiter
 from oobleck.schema import from_container
 
 

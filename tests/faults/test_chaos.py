@@ -136,7 +136,7 @@ class Chaos:
             self.error = error
 
     def _run(self) -> None:
-        from oobleck.runtime.comm import connect
+        from oobleck.runtime.store_client import connect
 
         # Every kind within the first FAULTS (a seeded shuffle); more only while the generations
         # are short (a join and a failure absorbed together make one generation change).

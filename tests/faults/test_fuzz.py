@@ -37,7 +37,7 @@ from oobleck.elastic.agent_port import MAX_DROP_LINES
 from oobleck.elastic.job import launch
 from oobleck.elastic.local import run_processes
 from oobleck.runtime import keys
-from oobleck.runtime.comm import make_store
+from oobleck.runtime.store_client import make_store
 from testing import assert_matches_reference, ports_still_listening, tiny_config
 
 pytestmark = pytest.mark.slow  # starts processes

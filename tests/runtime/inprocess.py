@@ -18,9 +18,10 @@ import torch.distributed as dist
 from oobleck.planning.outputs import ExecutionPlan, ReconfigurationPlan
 from oobleck.runtime import keys
 from oobleck.runtime.backend import GlooBackend
-from oobleck.runtime.comm import AbortWatch, Communicator, Waiter
+from oobleck.runtime.comm import Communicator
 from oobleck.runtime.sealed_store import SealedStore
 from oobleck.runtime.topology import Topology, build_topology, group_specs
+from oobleck.runtime.waits import AbortWatch, Waiter
 
 TIMEOUT_S = 20.0  # bound on every collective here (seconds; loopback ops take milliseconds)
 SPACE = keys.KeySpace("in-process ranks")  # their run's key space (the controller's abort is set in it)

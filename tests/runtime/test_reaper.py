@@ -10,7 +10,7 @@ import threading
 import time
 import weakref
 
-from oobleck.runtime.comm import Reaper
+from oobleck.runtime.reaper import Reaper
 
 WAIT_S = 10.0  # a bound on waits for the reaper's thread, not a timing assertion
 

@@ -21,8 +21,8 @@ import torch.distributed as dist
 from oobleck.errors import RunError
 from oobleck.runtime import keys
 from oobleck.runtime.backend import GlooBackend, NcclBackend
-from oobleck.runtime.comm import Aborted, AbortWatch, Waiter
 from oobleck.runtime.sealed_store import SealedStore
+from oobleck.runtime.waits import Aborted, AbortWatch, Waiter
 
 
 class EnqueuedWork:
