@@ -5,5 +5,6 @@ store host, membership (with ``node_probes``: boot waits, error reports, data-pl
 and the torch-free node agent with its wire protocol (``protocol``), the step ledger, fault
 firing, the worker watchdog (``watchdog``: its rules; ``worker_verdicts``: what the controller
 does about them), the checkpoint coordinator, stopping; the local and Slurm launchers
-(``oobleck.launcher`` is their interface) and the local fork server; and ``job.launch``, which
+(``oobleck.launcher`` is their interface) and the local fork server (``forkserver``; its loop:
+``forkserver_loop``; the agent's side: ``forked_worker``); and ``job.launch``, which
 runs one training job end to end (what ``python -m oobleck.run`` calls)."""

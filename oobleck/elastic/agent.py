@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any
 
-from oobleck.elastic.forkserver import ForkedWorker
+from oobleck.elastic.forked_worker import ForkedWorker
 from oobleck.elastic.protocol import SECRET_ENV, Channel, ProtocolError
 
 CONNECT_TIMEOUT_S = 30.0

@@ -34,11 +34,8 @@ from __future__ import annotations
 import argparse
 import atexit
 import importlib
-import json
 import logging
 import os
-import runpy
-import selectors
 import shutil
 import signal
 import socket
@@ -49,6 +46,9 @@ import threading
 import time
 import traceback
 from typing import Any
+
+from oobleck.elastic.forked_worker import EXITED_POLL_S
+from oobleck.elastic.forkserver_loop import serve
 
 # What a worker imports that costs: torch above all, and torch._dynamo, which the optimizer's
 # constructor imports on first use (~1 s of CPU more). The worker module itself is not preloaded:
@@ -66,10 +66,7 @@ PRELOAD = (
 )
 # What the launcher imports anyway, before a server forked from it (``from_this_process``).
 LAUNCHER_PRELOAD = ("torch", "torch.distributed")
-REQUEST_TIMEOUT_S = 10.0  # an agent that connects sends its request at once
-MAX_REQUEST_BYTES = 1 << 20
 CLOSE_TIMEOUT_S = 5.0  # a killed server is reaped within this
-EXITED_POLL_S = 0.05  # after losing the server, how often a worker's agent checks it is gone
 
 
 def own_process_group() -> dict[str, Any]:
@@ -237,225 +234,6 @@ class ForkedServerProcess:
     def kill(self) -> None:
         if self.returncode is None:
             os.kill(self.pid, signal.SIGKILL)
-
-
-class ForkedWorker:
-    """The agent's handle on a forked worker: the part of ``subprocess.Popen`` the agent uses."""
-
-    def __init__(self, address: str, argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> None:
-        """Fork ``python <argv>`` (``argv``: ``["-m", module, args...]``, also its command line)
-        with ``env`` (default: this process's), this process's working directory, standard streams
-        and process group. Raises ``OSError`` if the server does not answer within ``timeout_s``."""
-        env = dict(os.environ) if env is None else env
-        title = " ".join(["python", *argv])
-        request = {"argv": argv, "title": title, "env": env, "cwd": os.getcwd(), "pgid": os.getpgrp()}
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.settimeout(timeout_s)  # bounds the connect and the reply (the server's imports)
-        self._sock.connect(address)
-        socket.send_fds(self._sock, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
-        reply = self._sock.makefile("rb")
-        line = reply.readline(MAX_REQUEST_BYTES)
-        if not line:
-            raise OSError(f"the fork server at {address} closed the connection before starting the worker")
-        started = json.loads(line)
-        if "error" in started:
-            raise OSError(f"the fork server could not start the worker: {started['error']}")
-        self.pid = int(started["pid"])
-        self.returncode: int | None = None
-        self._exited = threading.Event()
-        self._sock.settimeout(None)
-        threading.Thread(target=self._await_exit, args=(reply,), daemon=True, name=f"forked-worker-{self.pid}").start()
-
-    def _await_exit(self, reply: Any) -> None:
-        try:
-            line = reply.readline(MAX_REQUEST_BYTES)
-        except OSError:
-            line = b""
-        if line:
-            self.returncode = int(json.loads(line)["code"])
-        else:  # the server is gone (the run is ending): the worker's status is lost with it
-            while _alive(self.pid):
-                time.sleep(EXITED_POLL_S)
-            self.returncode = -signal.SIGKILL
-        self._sock.close()
-        self._exited.set()
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if not self._exited.wait(timeout):
-            raise subprocess.TimeoutExpired(f"forked worker {self.pid}", timeout or 0.0)
-        assert self.returncode is not None
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie does not: its new parent may never reap it)."""
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-# ---------------------------------------------------------------------------------- the server
-def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """One request: a JSON line, and the worker's stdin, stdout and stderr (closed on an error)."""
-    conn.settimeout(REQUEST_TIMEOUT_S)
-    data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST_BYTES, 3)
-    try:
-        while not data.endswith(b"\n"):
-            more = conn.recv(MAX_REQUEST_BYTES)
-            if not more or len(data) > MAX_REQUEST_BYTES:
-                raise OSError("incomplete request")
-            data += more
-        if len(fds) != 3:
-            raise OSError(f"a request carries the worker's stdin, stdout and stderr; got {len(fds)} descriptors")
-        return json.loads(data), fds
-    except (OSError, ValueError):
-        for fd in fds:
-            os.close(fd)
-        raise
-
-
-def _become_worker(request: dict[str, Any], fds: list[int]) -> int:
-    """In the forked child: take on the agent's context, run the program, return its exit code."""
-    for sig in (signal.SIGCHLD, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # a background process group may still print
-    os.setpgid(0, int(request["pgid"]))
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        os.close(fd)
-    # The title first: setproctitle finds the argv area by the environment that follows it, which
-    # replacing os.environ would change.
-    import setproctitle
-
-    setproctitle.setproctitle(request["title"])
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    # An exec'd interpreter would put the requester's PYTHONPATH first on its path.
-    for entry in reversed([e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
-    argv = list(request["argv"])  # ["-m", module, args...] as after the interpreter
-    if len(argv) < 2 or argv[0] != "-m":
-        raise ValueError(f"a request runs a module: ['-m', module, ...], not {argv[:2]}")
-    sys.argv = [argv[1], *argv[2:]]
-    try:
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        return 0
-    except SystemExit as done:
-        code = done.code
-        if code is None or isinstance(code, int):
-            return int(code or 0)
-        print(code, file=sys.stderr)
-        return 1
-
-
-def _run_child(request: dict[str, Any], fds: list[int]) -> None:
-    """The forked child's whole life: like an interpreter's exit (threads joined, atexit run)."""
-    code = 1
-    try:
-        code = _become_worker(request, fds)
-    except BaseException:
-        traceback.print_exc()
-    try:
-        threading._shutdown()  # type: ignore[attr-defined]  # as multiprocessing's forked children do
-        import atexit
-
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(code)
-
-
-def serve(listener: socket.socket, alive_fd: int) -> None:
-    """Fork a worker per request until ``alive_fd`` closes; report each exit to its requester."""
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # the wakeup fd says a child exited
-    selector = selectors.DefaultSelector()
-    selector.register(listener, selectors.EVENT_READ, "request")
-    selector.register(alive_fd, selectors.EVENT_READ, "alive")
-    selector.register(wake_read, selectors.EVENT_READ, "child")
-    requesters: dict[int, socket.socket] = {}
-    while True:
-        for key, _ in selector.select():
-            if key.data == "alive":
-                if not os.read(alive_fd, 1):
-                    return
-            elif key.data == "child":
-                os.read(wake_read, 4096)
-                _reap(requesters)
-            else:
-                conn, _ = listener.accept()
-                try:
-                    request, fds = _read_request(conn)
-                except (OSError, ValueError) as error:
-                    _reply(conn, {"error": f"bad request: {error}"})
-                    conn.close()
-                    continue
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:  # the child: drop everything of the server's before becoming the worker
-                    signal.set_wakeup_fd(-1)
-                    selector.close()
-                    for sock in (listener, conn, *requesters.values()):
-                        sock.close()
-                    for fd in (alive_fd, wake_read, wake_write):
-                        os.close(fd)
-                    _run_child(request, fds)
-                for fd in fds:
-                    os.close(fd)
-                # The child joins its agent's group itself too; doing it here as well (as shells do
-                # for job control) means the group holds it before the agent learns its pid, so a
-                # node kill right after the start cannot miss it.
-                try:
-                    os.setpgid(pid, int(request["pgid"]))
-                except OSError:
-                    pass  # the child got there first (EACCES), or the agent is gone: the child says so
-                requesters[pid] = conn
-                _reply(conn, {"pid": pid})
-        _reap(requesters)  # a SIGCHLD that arrived while a request was served
-
-
-def _reap(requesters: dict[int, socket.socket]) -> None:
-    while requesters:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        conn = requesters.pop(pid, None)
-        if conn is not None:
-            _reply(conn, {"code": os.waitstatus_to_exitcode(status)})
-            conn.close()
-
-
-def _reply(conn: socket.socket, message: dict[str, Any]) -> None:
-    try:
-        conn.settimeout(REQUEST_TIMEOUT_S)
-        conn.sendall(json.dumps(message).encode() + b"\n")
-    except OSError:
-        pass  # the agent is gone (its node was killed): nobody is waiting for this
 
 
 def main(argv: list[str] | None = None) -> int:

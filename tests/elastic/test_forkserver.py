@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from oobleck.elastic.forkserver import ForkedWorker, ForkServer
+from oobleck.elastic.forked_worker import ForkedWorker
+from oobleck.elastic.forkserver import ForkServer
 from oobleck.elastic.local import node_processes, run_processes
 
 pytestmark = pytest.mark.slow  # starts processes
@@ -101,7 +102,7 @@ def test_a_node_kill_takes_its_forked_workers(tmp_path):
     with ForkServer(RUN_ID) as fork_server:
         code = (
             "import os, sys, time\n"
-            "from oobleck.elastic.forkserver import ForkedWorker\n"
+            "from oobleck.elastic.forked_worker import ForkedWorker\n"
             f"argv = ['-m', 'forkprog', 'sleep', '--run-id', {RUN_ID!r}]\n"
             f"w = ForkedWorker({fork_server.address!r}, argv, 60.0, env={{**os.environ, 'PYTHONPATH': {str(PROGRAMS)!r}}})\n"
             "os.write(1, f'PID {w.pid}\\n'.encode())\n"  # one write: the worker prints to this pipe too
@@ -161,7 +162,8 @@ def test_a_server_forked_from_its_launcher_keeps_nothing_of_the_launchers(tmp_pa
     run_id = f"{RUN_ID}-forked"  # not the module's server's
     code = f"""
 import atexit, json, logging, os, sys
-from oobleck.elastic.forkserver import ForkServer, ForkedWorker
+from oobleck.elastic.forked_worker import ForkedWorker
+from oobleck.elastic.forkserver import ForkServer
 from oobleck.elastic.local import run_processes
 logging.basicConfig(filename={str(launcher_log)!r})
 atexit.register(lambda: open({str(tee)!r} + ".atexit", "a").write("x"))
