@@ -27,11 +27,11 @@ from oobleck.runtime import keys
 from oobleck.runtime.backend import GlooBackend, NcclBackend
 from oobleck.runtime.comm import Communicator
 from oobleck.runtime.executor import StepContext, clip_and_step, global_grad_norm, run_schedule, sync_gradients
+from oobleck.runtime.resources import resource_probe
 from oobleck.runtime.sealed_store import SealedStore
 from oobleck.runtime.state import learning_rate, new_layer_state
 from oobleck.runtime.topology import build_topology, group_specs
 from oobleck.runtime.waits import AbortWatch, Waiter
-from oobleck.runtime.worker import resource_probe
 from testing import hand_plan, template
 
 REPO = Path(__file__).resolve().parents[2]

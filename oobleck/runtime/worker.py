@@ -24,17 +24,13 @@ controller stops the run and prints it.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
-import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from oobleck.data import GlobalBatchSampler, build_dataset
 from oobleck.errors import RunError
@@ -46,55 +42,19 @@ from oobleck.runtime import keys
 from oobleck.runtime.backend import open_backend
 from oobleck.runtime.checkpointing import CheckpointWriter, restore_layers
 from oobleck.runtime.comm import Communicator
-from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, read_strike, run_worker, stop_requested
+from oobleck.runtime.control import ControlWaits
+from oobleck.runtime.entry import WorkerArgs, carry_out_strike, exit_now, read_strike, run_worker
 from oobleck.runtime.executor import StepContext, clip_and_step, global_grad_norm, run_schedule, sync_gradients
 from oobleck.runtime.liveness import DataPlaneProbe, Liveness
 from oobleck.runtime.plan_document import PlanDocument
 from oobleck.runtime.reaper import Reaper
+from oobleck.runtime.resources import resource_probe
 from oobleck.runtime.sealed_store import ForeignValue
 from oobleck.runtime.store_client import connect
 from oobleck.runtime.topology import Topology, build_topology, group_specs
 from oobleck.runtime.transfer import PreparedLayers, incoming_layers, probe_links, transfer_state
 from oobleck.runtime.waits import Aborted, AbortWatch, Waiter
 from oobleck.schema import from_container
-
-
-def resource_probe(extra: dict[str, Any]) -> dict[str, Any]:
-    """Threads, open file descriptors and resident memory of this process (from /proc), its Python
-    threads by name (without a generation suffix) and how many threads are gloo's (one per live
-    process group, and its transport loop), which say what a growing count is."""
-    status = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            name, _, value = line.partition(":")
-            status[name] = value.strip()
-    fds = os.listdir("/proc/self/fd")
-    return {
-        "threads": int(status.get("Threads", "0")),
-        "fds": len(fds),
-        "sockets": sum(1 for fd in fds if _is_socket(f"/proc/self/fd/{fd}")),
-        "rss_kb": int(status.get("VmRSS", "0 kB").split()[0]),
-        "python_threads": dict(collections.Counter(t.name.split("-g")[0] for t in threading.enumerate())),
-        "gloo_threads": sum(
-            1 for task in os.listdir("/proc/self/task") if _thread_name(task).startswith(("pt_gloo", "gloo"))
-        ),
-        **extra,
-    }
-
-
-def _thread_name(task: str) -> str:
-    try:
-        with open(f"/proc/self/task/{task}/comm") as f:
-            return f.read().strip()
-    except OSError:  # the thread ended
-        return ""
-
-
-def _is_socket(path: str) -> bool:
-    try:
-        return os.readlink(path).startswith("socket:")
-    except OSError:  # closed since the listing
-        return False
 
 
 class Superseded(Exception):
@@ -129,6 +89,7 @@ class Worker:
         self.waiter = Waiter(
             self.watch, self.timeout_s, float(cluster.heartbeat_timeout_s) + 5.0, self.backend, self.liveness
         )
+        self.control = ControlWaits(self.store, self.liveness, self.waiter, self.timeout_s, self.wait_s)
         self.spec = model_spec(self.cfg.model, int(job.seed))
         self.dataset = build_dataset(job, self.cfg.model)
         self.sampler = GlobalBatchSampler(len(self.dataset), int(job.global_batch_size), int(job.seed))
@@ -141,65 +102,8 @@ class Worker:
         self.checkpointer = CheckpointWriter(host, port, self.worker, self.cfg.checkpoint, self.space)
 
     # ------------------------------------------------------------------ generations
-    def _wait_key(self, key: str, timeout_s: float, what: str) -> None:
-        try:
-            self.store.wait([key], timedelta(seconds=timeout_s))
-        except Exception as error:
-            raise _timed_out(timeout_s, what, key) from error
-
-    def _wait_world(self, key: str, what: str) -> None:
-        """Wait for a decision every rank of the generation takes part in; past the collective
-        timeout the controller fails the ranks that did not answer (and aborts), so wait for it."""
-        with self.liveness.waiting(what):
-            self._wait_key(key, self.timeout_s + self.waiter.peer_grace_s, what)
-
-    def _get_world(self, key: str, what: str) -> bytes:
-        """``_wait_world``, then the key's value, in one store operation (a get waits for its key)."""
-        timeout_s = self.timeout_s + self.waiter.peer_grace_s
-        default = self.store.timeout
-        self.store.set_timeout(timedelta(seconds=timeout_s))
-        try:
-            with self.liveness.waiting(what):
-                return self.store.get(key)
-        except dist.DistStoreError as error:
-            raise _timed_out(timeout_s, what, key) from error
-        finally:
-            self.store.set_timeout(default)
-
-    def _stopped(self) -> bool:
-        return stop_requested(self.store)
-
-    def next_generation(self, after: int | None) -> int | None:
-        """The newest generation after ``after`` (None: at start-up); None when the run stops."""
-        if after is None:
-            self._wait_key(keys.GEN, self.wait_s, "the first plan")
-            after = int(self.store.get(keys.GEN))
-            # A restarted worker may find the generation its predecessors were aborted in: it
-            # waits for the next one like everybody else.
-            if not self.store.check([keys.abort(after)]):
-                return None if self._stopped() else after
-        # A worker may sit out generations (a plan that does not use it): wait as long as the
-        # run lives, in bounded slices so a vanished controller still ends the wait. A worker of
-        # the generation that left it (an abort it read) says so in its heartbeat: if the
-        # controller never ended that generation, it publishes the next one (Membership.stranded).
-        with self.liveness.awaiting(after + 1):
-            while True:
-                try:
-                    self.store.wait([keys.abort(after)], timedelta(seconds=self.wait_s))
-                    break
-                except Exception:
-                    if self._stopped():
-                        return None
-            if self._stopped():
-                return None
-            self._wait_key(keys.plan(after + 1), self.wait_s, f"the plan of generation {after + 1}")
-        if self._stopped():
-            return None
-        newest = self.store.read(keys.GEN, keys.parse_step)
-        return newest if isinstance(newest, int) and newest > after else after + 1
-
     def run(self) -> None:
-        generation = self.next_generation(None)
+        generation = self.control.next_generation(None)
         while generation is not None:
             document = PlanDocument.from_json(self.store.get(keys.plan(generation)))
             if document.incarnation(self.node) > self.incarnation:
@@ -207,7 +111,7 @@ class Worker:
             topology = build_topology(document.plan, self.worker, self.spec.tied_layers)
             self.liveness.enter(generation, topology.rank if topology is not None else -1)
             if topology is None:  # not used by this generation: wait for the next one
-                generation = self.next_generation(generation)
+                generation = self.control.next_generation(generation)
                 continue
             self.watch.watch(generation)
             comm = Communicator(
@@ -230,7 +134,7 @@ class Worker:
             if finished:
                 self.checkpointer.close(float(self.cfg.checkpoint.write_timeout_s))
                 return
-            generation = self.next_generation(generation)
+            generation = self.control.next_generation(generation)
 
     # ------------------------------------------------------------------ establish
     def establish(self, generation: int, document: PlanDocument, topology: Topology, comm: Communicator) -> None:
@@ -281,7 +185,7 @@ class Worker:
         if count == len(topology.world):
             self.store.compare_set(keys.established(generation), "", keys.YES)
         what = f"generation {generation} to be established"
-        self._wait_world(keys.established(generation), what)
+        self.control.wait_world(keys.established(generation), what)
         try:
             established = self.store.get(keys.established(generation)).decode()
         except ForeignValue as error:  # never acted on: the controller ends the generation
@@ -398,7 +302,7 @@ class Worker:
                 self.store.set(keys.work(generation, step, topology.rank), json.dumps(ctx.work))
             # The last rank to vote decides; compare_set hands it the decision that stands (the
             # controller's abort may have come first), and the others read it: two round trips.
-            decision = self._decide(generation, step, world, every_steps, time.perf_counter() - t0)
+            decision = self.control.decide(generation, step, world, every_steps, time.perf_counter() - t0)
             if not keys.is_commit(decision):
                 raise Aborted()
             t3 = time.perf_counter()
@@ -422,37 +326,6 @@ class Worker:
         self.store.set(keys.phase_times(self.node, self.local_rank), json.dumps(times))
         return True
 
-    def _decide(self, generation: int, step: int, world: int, every_steps: int, step_s: float) -> str:
-        """The commit decision of ``step``: the last rank to vote proposes it (``compare_set`` hands
-        it the decision that stands: the controller's abort may have come first), the others read
-        it. A decision the run did not write, or cannot parse, is never acted on: this rank waits
-        for the controller, which aborts the generation and has the step redone."""
-        what = f"the commit decision of step {step}"
-        key = keys.decision(generation, step)
-        try:
-            if self.store.add(keys.commit_count(generation, step), 1) == world:
-                proposal = keys.commit_decision(self._checkpoint_after(step + 1, every_steps), step_s)
-                decision = self.store.compare_set(key, "", proposal).decode()
-            else:
-                decision = self._get_world(key, what).decode()
-            keys.parse_decision(decision)
-        except (ForeignValue, ValueError) as error:
-            with self.liveness.waiting(what):
-                self.waiter.await_abort(what, error)
-        return decision
-
-    def _checkpoint_after(self, boundary: int, every_steps: int) -> bool:
-        """Whether the commit this rank decides for the step ending at ``boundary`` committed steps
-        has a checkpoint after it: every ``every_steps``, or when the controller asked for one (a
-        request the run did not write, or not a step, is dropped)."""
-        if every_steps > 0 and boundary % every_steps == 0:
-            return True
-        requested = self.store.read(keys.CHECKPOINT_REQUEST, keys.parse_step)
-        if isinstance(requested, int) and boundary >= requested:
-            self.store.delete_key(keys.CHECKPOINT_REQUEST)
-            return True
-        return False
-
     def publish_final_params(self, topology: Topology) -> None:
         import io
 
@@ -461,10 +334,6 @@ class Worker:
                 buffer = io.BytesIO()
                 torch.save({k: v.detach().cpu() for k, v in self.layers[index].module.state_dict().items()}, buffer)
                 self.store.set(keys.final_params(index), buffer.getvalue())
-
-
-def _timed_out(timeout_s: float, what: str, key: str) -> RunError:
-    return RunError(f"timed out after {timeout_s} s waiting for {what} (store key {key!r})")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,7 +43,7 @@ from oobleck.elastic.job import launch
 from oobleck.elastic.local import node_processes, run_processes
 from oobleck.errors import EXIT_REQUEUE, Stopped
 from oobleck.runtime import keys
-from oobleck.runtime.worker import resource_probe
+from oobleck.runtime.resources import resource_probe
 from testing import ports_still_listening, tcp_states, tiny_config
 from testing.stopping import assert_stopped_run_matches_reference
 
