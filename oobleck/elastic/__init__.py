@@ -1,5 +1,6 @@
-"""Control plane: the controller (``controller``: the store, the parts, the loop) and its core
-(``execution``: decisions carried out by kind, one plan document per generation); what it reports
+"""Control plane: the controller (``controller``: the store, the parts, the loop; ``startup``: the
+run's start) and its core (``execution``: decisions carried out by kind; ``publishing``: one plan
+document per generation); what it reports
 (``events``: event kinds and observer hooks; ``accounting``: recoveries and summary.json); the
 store host, membership (with ``node_probes``: boot waits, error reports, data-plane reachability)
 and the torch-free node agent with its wire protocol (``protocol``), the step ledger, fault

@@ -13,6 +13,8 @@ It ties together the parts that each own one thing, and has no strategy-specific
 - ``act_on_findings`` (``oobleck.elastic.worker_verdicts``) fails the nodes of the ranks a
   timed-out collective waited on (or whose data plane does not answer) and redoes a generation
   ranks were stranded out of;
+- ``oobleck.elastic.startup`` waits for every node, writes the first plan and continues a
+  resumed run from its checkpoint;
 - ``FaultFiring`` carries out the scheduled faults; ``CheckpointCoordinator`` completes the
   checkpoints the workers write; ``StopRequests`` and ``wind_down`` end the run
   (``oobleck.elastic.stopping``);
@@ -53,6 +55,7 @@ from oobleck.elastic.firing import FaultFiring
 from oobleck.elastic.ledger import DecisionWatch, Outcome, StepLedger
 from oobleck.elastic.membership import Membership
 from oobleck.elastic.protocol import new_run_id, new_secret
+from oobleck.elastic.startup import first_decision, resume_from, wait_for_nodes, write_plan_file
 from oobleck.elastic.stopping import StopRequests, send_stop, wind_down
 from oobleck.elastic.store_host import RunPorts, StoreHost
 from oobleck.elastic.worker_verdicts import act_on_findings
@@ -62,7 +65,7 @@ from oobleck.faults.schedule import FaultEvent
 from oobleck.launcher import launcher_class
 from oobleck.runtime import keys
 from oobleck.runtime.sealed_store import SealedStore
-from oobleck.strategy import Decision, Kind, RunInfo, Strategy, checkpoint_every_steps
+from oobleck.strategy import Decision, RunInfo, Strategy, checkpoint_every_steps
 
 # How long the loop sleeps between looks: briefly while it polls the store for something only
 # polling shows (a generation being established, checkpoint shards being reported, a change
@@ -283,69 +286,28 @@ class Controller:
             membership.start_node(node)
 
     def _wait_up(self) -> None:
-        membership = self.membership
-        assert membership is not None
-        deadline = time.monotonic() + float(self.cfg.cluster.startup_timeout_s)
-        wanted = set(range(int(self.cfg.cluster.nodes)))
-        while not all(membership.nodes[n].up for n in wanted):
-            if time.monotonic() > deadline:
-                missing = sorted(n for n in wanted if not membership.nodes[n].up)
-                raise RunError(
-                    f"nodes {missing} did not start within cluster.startup_timeout_s={self.cfg.cluster.startup_timeout_s}; "
-                    "check that agents can reach the controller"
-                )
-            membership.drain(LOOP_TICK_S * 5)
-            for n in wanted:
-                if membership.nodes[n].failed:
-                    raise RunError(f"node {n} failed while starting (its agent or a worker exited)")
-        membership.take_changes()  # nodes that came up before the first plan are not joins
-        membership.accepting_joins = True
+        assert self.membership is not None
+        nodes = range(int(self.cfg.cluster.nodes))
+        wait_for_nodes(self.membership, nodes, float(self.cfg.cluster.startup_timeout_s), LOOP_TICK_S * 5)
 
     def _publish_initial(self) -> None:
-        assert self.membership is not None and self.checkpoints is not None and self.ledger is not None
-        decision = self.initial
-        alive = self.membership.alive()
-        if decision.layout is None or not set(decision.layout.nodes) <= set(alive):
-            decision = self.strategy.start(alive)  # the nodes that came up differ from the plan's
-        if decision.kind is Kind.STOP:
-            raise RunError(f"strategy {self.strategy.name} cannot start on nodes {alive}: {decision.reason}")
-        layout = decision.layout
-        assert layout is not None
+        membership, checkpoints, ledger, firing = self.membership, self.checkpoints, self.ledger, self.firing
+        assert membership is not None and checkpoints is not None and ledger is not None and firing is not None
+        assert self.executor is not None
+        layout = first_decision(self.strategy, self.initial, membership.alive())
         if self.recorder is not None:
-            templates = self.strategy.context.generated_templates()
-            self.recorder.write_plan(
-                {
-                    "templates": templates.to_dict() if templates is not None else None,
-                    "plan": layout.plan.to_dict(),
-                    "layout": layout.description,
-                    "strategy": self.strategy.name,
-                }
-            )
+            write_plan_file(self.recorder, self.strategy, layout)
         resume_step, checkpoint = 0, None
-        assert self.executor is not None and self.firing is not None
         if self.resume is not None:
-            resume_step, checkpoint = self.resume.step, str(self.resume.step_dir)
-            self.checkpoints.adopt(resume_step, self.resume.step_dir)
-            self.ledger.next_step = self.outcome.resume_step = resume_step
-            # The schedule's events before the checkpoint happened in the run already.
-            passed = self.firing.injector.skip_before(resume_step, self.train_time_offset)
-            skipped = [entry.describe() for entry in self.resume.skipped]
-            self._event(
-                EventKind.RESUME,
-                checkpoint=checkpoint,
-                resume_step=resume_step,
-                train_time_s=round(self.train_time_offset, 4),
-                events_before=passed,
-                skipped="; ".join(skipped),
+            resume_step, checkpoint = resume_from(
+                self.resume, checkpoints, ledger, firing, self.train_time_offset, self._event
             )
-            for line in skipped:
-                print(f"oobleck: warning: {line}", flush=True)
         self._fire_faults()
         self.executor.publish(0, layout, resume_step, checkpoint=checkpoint)
         if checkpoint is not None:
             self.executor.restarting_from(resume_step)  # its workers load it: a change first restarts from it
         self.train_started = time.monotonic()
-        self.ledger.last_commit_time = time.time()
+        ledger.last_commit_time = time.time()
 
     # ------------------------------------------------------------------ the loop
     def _run_finished(self) -> bool:
