@@ -4,8 +4,10 @@ Pure Python (numpy at most): this package never imports torch.distributed, so th
 the same in workers, the controller, the simulator and the CLI.
 
 - ``pipeline_cost``: the cost model (Eq. 1-4, exact 1F1B makespan, memory, gradient sync);
-- ``templates``: n0 and the exact template DP for every node count (``node_bounds``: the
-  node-level bounds that let it skip most of the search);
+- ``templates``: n0 and the exact template DP for every node count, from the stage table
+  (``stage_table``), the seeds and least slowest stage (``bottleneck_search``), the DP at one
+  bottleneck (``threshold_search``) and the sweep over bottlenecks (``threshold_sweep``), with the
+  bounds that let it skip most of the search (``marker_bounds``, ``gpu_relaxation``, ``node_bounds``);
 - ``instantiate``: exact batch distribution and the choice of pipelines over live nodes;
 - ``inputs`` / ``outputs``: what the planner takes (profile, cluster) and gives (templates, plans);
 - ``reconfigure``: new pipelines, their node placement and layer copies after failures or joins

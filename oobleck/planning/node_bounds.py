@@ -1,6 +1,6 @@
 """Node-level lower bounds for template search: Eq. 1-4 relaxed to whole nodes, for one threshold W.
 
-The template DP (``oobleck.planning.templates``) places one stage at a time; these bounds look at
+The template DP (``threshold_search``) places one stage at a time; these bounds look at
 whole nodes instead. With W the bottleneck (the rightmost slowest stage, the "marker"), Eq. 1-4 at
 m = r S adds up per stage (module docstring of ``templates``): a stage left of the marker costs
 ``w + rW``, the marker ``rW``, a stage right of it ``2w + (r-1)W``. Summing over the stages of one
@@ -38,7 +38,7 @@ from oobleck.planning.pipeline_cost import LINK_INTER, LINK_INTRA, LINK_NONE, li
 
 if TYPE_CHECKING:
     from oobleck.planning.inputs import ClusterSpec
-    from oobleck.planning.templates import _StageTable
+    from oobleck.planning.stage_table import _StageTable
 
 INF = math.inf
 # Bounds are compared with sums the DP adds in another order: keep them below by this much.

@@ -1,7 +1,7 @@
-"""The seeds' descent (``templates._descend``): a one-stage-per-node layout whose T is at most the
-seed's, valid, within memory and priced as ``make_template`` prices it; and what it buys, tighter
-starting budgets, changes no template value (the brute-force tests of ``test_templates.py`` check
-the values themselves)."""
+"""The seeds' descent (``bottleneck_search._descend``): a one-stage-per-node layout whose T is at
+most the seed's, valid, within memory and priced as ``make_template`` prices it; and what it buys,
+tighter starting budgets, changes no template value (the brute-force tests of ``test_templates.py``
+check the values themselves)."""
 
 from __future__ import annotations
 
@@ -14,19 +14,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import oobleck.planning.templates as templates_module
-from oobleck.planning.pipeline_cost import pipeline_iteration_time
-from oobleck.planning.synthetic import synthetic_profile
-from oobleck.planning.templates import (
+import oobleck.planning.threshold_sweep as sweep_module
+from oobleck.planning.bottleneck_search import (
     _additive_times,
     _descend,
     _layout_seconds,
     _one_stage_per_node,
-    _StageTable,
     _to_stages,
-    generate_templates,
-    stage_memories_of,
 )
+from oobleck.planning.pipeline_cost import pipeline_iteration_time
+from oobleck.planning.stage_table import _StageTable
+from oobleck.planning.synthetic import synthetic_profile
+from oobleck.planning.templates import generate_templates, stage_memories_of
 from testing.plans import cluster
 
 
@@ -105,7 +104,7 @@ def test_templates_do_not_depend_on_the_descent(monkeypatch):
     assert any(_descend(table, 2, 4, seed)[0] < _value(table, seed, 2, 4) for seed in seeds)
     with_descent = generate_templates(profile, spec, 1)
     monkeypatch.setattr(
-        templates_module, "_descend", lambda table, gpus, r, layout: (_value(table, layout, gpus, r), layout)
+        sweep_module, "_descend", lambda table, gpus, r, layout: (_value(table, layout, gpus, r), layout)
     )
     without = generate_templates(profile, spec, 1)
     assert with_descent.sizes == without.sizes

@@ -1,4 +1,4 @@
-"""The GPU-level relaxation (``templates._GpuRelaxation``) against the exact searches.
+"""The GPU-level relaxation (``gpu_relaxation._GpuRelaxation``) against the exact searches.
 
 It bounds T, at one bottleneck W, of every layout on n nodes, with exact stage times, GPU counts,
 node boundaries and the marker, and only the microbatches each stage keeps in flight relaxed.
@@ -21,16 +21,12 @@ from planning_brute import all_layouts
 from test_identical_layer_runs import RUN_CASES, memory_tight_case, runs_profile
 
 from oobleck.errors import PlanningError
+from oobleck.planning.bottleneck_search import _stage_links
+from oobleck.planning.gpu_relaxation import _GpuRelaxation
 from oobleck.planning.pipeline_cost import pipeline_iteration_time
-from oobleck.planning.templates import (
-    _DeepRecursion,
-    _feasibility,
-    _GpuRelaxation,
-    _solve_for_threshold,
-    _stage_links,
-    _StageTable,
-    stage_memories_of,
-)
+from oobleck.planning.stage_table import _StageTable
+from oobleck.planning.templates import _DeepRecursion, _feasibility, stage_memories_of
+from oobleck.planning.threshold_search import _solve_for_threshold
 from testing.plans import cluster
 
 # Sums in another order than the brute force's: equal up to rounding.

@@ -20,7 +20,9 @@ from planning_brute import all_layouts, brute_force_template
 from oobleck.errors import PlanningError
 from oobleck.planning.inputs import LayerProfile, ModelProfile
 from oobleck.planning.pipeline_cost import LINK_INTER, LINK_INTRA, LINK_NONE, ProfileArrays
-from oobleck.planning.templates import _fewest_stages, _StageTable, generate_templates, stage_memories_of
+from oobleck.planning.stage_table import _StageTable
+from oobleck.planning.templates import generate_templates, stage_memories_of
+from oobleck.planning.threshold_sweep import _fewest_stages
 from testing.plans import cluster
 
 # Per-layer forward seconds a run may have: decimals that binary floats do not hold exactly, so

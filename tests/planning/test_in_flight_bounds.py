@@ -19,11 +19,13 @@ from hypothesis import strategies as st
 from planning_brute import SMALL_PROBLEMS
 from test_identical_layer_runs import memory_tight_case
 
-import oobleck.planning.templates as templates_module
+import oobleck.planning.threshold_sweep as sweep_module
 from oobleck.errors import PlanningError
 from oobleck.planning.pipeline_cost import stage_memory_bytes
+from oobleck.planning.stage_table import _StageTable
 from oobleck.planning.synthetic import synthetic_profile
-from oobleck.planning.templates import _DeepRecursion, _feasibility, _StageTable, _sweep_thresholds
+from oobleck.planning.templates import _DeepRecursion, _feasibility
+from oobleck.planning.threshold_sweep import _sweep_thresholds
 from testing.plans import cluster
 
 
@@ -92,7 +94,7 @@ def _sweeps(profile, spec, r):
     except PlanningError:
         return None
     wanted = [n for n in bottleneck if bottleneck[n] < math.inf]
-    real = templates_module._solve_for_threshold
+    real = sweep_module._solve_for_threshold
     searches = {True: 0, False: 0}
     results = {}
     with _DeepRecursion(profile.num_layers):
@@ -102,13 +104,13 @@ def _sweeps(profile, spec, r):
                 searches[flag] += 1
                 return real(*args, **kwargs)
 
-            templates_module._solve_for_threshold = counting
+            sweep_module._solve_for_threshold = counting
             try:
                 results[in_flight] = _sweep_thresholds(
                     table, spec.gpus_per_node, r, wanted, bottleneck, in_flight=in_flight
                 )
             finally:
-                templates_module._solve_for_threshold = real
+                sweep_module._solve_for_threshold = real
     return results[True], results[False], searches
 
 

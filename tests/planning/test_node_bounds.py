@@ -25,8 +25,9 @@ from oobleck.planning.node_bounds import (
     root_bounds,
 )
 from oobleck.planning.pipeline_cost import bottleneck_index, pipeline_iteration_time
+from oobleck.planning.stage_table import _StageTable
 from oobleck.planning.synthetic import synthetic_profile
-from oobleck.planning.templates import _StageTable, stage_memories_of, stage_seconds_of
+from oobleck.planning.templates import stage_memories_of, stage_seconds_of
 from testing.plans import cluster
 
 
@@ -194,7 +195,7 @@ def test_prefix_rows_are_made_as_a_search_reads_them():
     """``PrefixBounds`` hands the template search its tables as rows made on first read: every
     row made equals the table's, a row is made once, and the searches of a template generation
     read fewer rows than their tables have (the conversions this saves)."""
-    import oobleck.planning.templates as templates_module
+    import oobleck.planning.threshold_sweep as sweep_module
     from oobleck.planning.node_bounds import LazyRows
     from oobleck.planning.templates import generate_templates
 
@@ -211,12 +212,12 @@ def test_prefix_rows_are_made_as_a_search_reads_them():
             handed.extend(found)
             return found
 
-    real = templates_module.PrefixBounds
-    templates_module.PrefixBounds = Recording
+    real = sweep_module.PrefixBounds
+    sweep_module.PrefixBounds = Recording
     try:
         generate_templates(synthetic_profile(40, seed=5), cluster(12, 4, 1e13), 1)
     finally:
-        templates_module.PrefixBounds = real
+        sweep_module.PrefixBounds = real
     tables = {id(rows): rows for rows in handed}.values()
     made = [(rows, index) for rows in tables for index in list(rows)]
     assert made

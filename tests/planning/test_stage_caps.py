@@ -20,21 +20,14 @@ from hypothesis import strategies as st
 from planning_brute import SMALL_PROBLEMS, all_layouts
 from test_identical_layer_runs import memory_tight_case, transformer
 
-import oobleck.planning.templates as templates_module
+import oobleck.planning.threshold_sweep as sweep_module
 from oobleck.errors import PlanningError
+from oobleck.planning.bottleneck_search import _bottleneck_dp, _layout_seconds, _one_stage_per_node
 from oobleck.planning.node_bounds import NodeGeometry, split_node_floors
+from oobleck.planning.stage_table import _StageTable
 from oobleck.planning.synthetic import synthetic_profile
-from oobleck.planning.templates import (
-    _bottleneck_dp,
-    _DeepRecursion,
-    _feasibility,
-    _layout_seconds,
-    _one_stage_per_node,
-    _StageTable,
-    _sweep_thresholds,
-    stage_memories_of,
-    stage_seconds_of,
-)
+from oobleck.planning.templates import _DeepRecursion, _feasibility, stage_memories_of, stage_seconds_of
+from oobleck.planning.threshold_sweep import _sweep_thresholds
 from testing.plans import cluster
 
 
@@ -73,7 +66,7 @@ def _sweeps(profile, spec, r):
         return None
     wanted = [n for n in bottleneck if bottleneck[n] < math.inf]
     capped = []
-    real = templates_module._bottleneck_dp
+    real = sweep_module._bottleneck_dp
 
     def counting(*args, **kwargs):
         if kwargs.get("stage_cap") is not None:
@@ -81,11 +74,11 @@ def _sweeps(profile, spec, r):
         return real(*args, **kwargs)
 
     with _DeepRecursion(profile.num_layers):
-        templates_module._bottleneck_dp = counting
+        sweep_module._bottleneck_dp = counting
         try:
             fast = _sweep_thresholds(table, spec.gpus_per_node, r, wanted, bottleneck)
         finally:
-            templates_module._bottleneck_dp = real
+            sweep_module._bottleneck_dp = real
         slow = _sweep_thresholds(table, spec.gpus_per_node, r, wanted, bottleneck, stage_caps=False)
     return fast, slow, len(capped)
 
@@ -172,24 +165,24 @@ def _counted_sweeps(profile, spec, variants):
     each."""
     table, bottleneck, _ = _feasibility(profile, spec, spec.gpus_per_node)
     wanted = [n for n in bottleneck if bottleneck[n] < math.inf]
-    real, most = templates_module._promising_markers, templates_module.MOST_SPLITS
+    real, most = sweep_module._promising_markers, sweep_module.MOST_SPLITS
     results, attempts = [], []
 
     def counting(*args, **kwargs):
         attempts[-1] += 1
         return real(*args, **kwargs)
 
-    templates_module._promising_markers = counting
+    sweep_module._promising_markers = counting
     try:
         with _DeepRecursion(profile.num_layers):
             for variant in variants:
                 options = dict(variant)
-                templates_module.MOST_SPLITS = options.pop("most_splits", most)
+                sweep_module.MOST_SPLITS = options.pop("most_splits", most)
                 attempts.append(0)
                 results.append(_sweep_thresholds(table, spec.gpus_per_node, 4, wanted, bottleneck, **options))
     finally:
-        templates_module._promising_markers = real
-        templates_module.MOST_SPLITS = most
+        sweep_module._promising_markers = real
+        sweep_module.MOST_SPLITS = most
     return results, attempts
 
 
