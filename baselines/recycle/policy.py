@@ -101,6 +101,10 @@ class ReCycle(FixedDepthPipelines[ReCycleState]):
         # The intact plan's operation-level makespan depends only on the split and the number of
         # pipelines (its nodes are renumbered), and every gapped state of a run shares it: cost it once.
         self._intact_makespan: dict[tuple[tuple[tuple[int, int], ...], int, int], float] = {}
+        # Likewise a gapped plan's depends only on where its gaps are, not on which nodes hold the
+        # other stages (the cluster's nodes are alike): states of equal gaps share one costing,
+        # however the nodes of a run, a trace or a shifted start are numbered.
+        self._rerouted_makespan: dict[tuple, float] = {}
 
     # ----- layouts -------------------------------------------------------------------------------
     def partition(self, depth: int) -> tuple[tuple[int, int], ...]:
@@ -153,8 +157,14 @@ class ReCycle(FixedDepthPipelines[ReCycleState]):
         """Seconds the re-routes add to a step: the operation-level makespan of ``state``'s plan
         (``plan`` when the caller has it) less that of the same pipelines intact
         (``oobleck.schedules.cost``)."""
-        rerouted = self.plan(state) if plan is None else plan
-        return max(0.0, self._makespan_s(rerouted) - self.intact_makespan_s(state))
+        key = (
+            state.partition,
+            state.depth,
+            tuple(tuple(node == FAILED for node in nodes) for nodes in state.pipelines),
+        )
+        if key not in self._rerouted_makespan:
+            self._rerouted_makespan[key] = self._makespan_s(self.plan(state) if plan is None else plan)
+        return max(0.0, self._rerouted_makespan[key] - self.intact_makespan_s(state))
 
     def intact_makespan_s(self, state: ReCycleState) -> float:
         """The operation-level makespan of ``state``'s pipelines with no gap, once per

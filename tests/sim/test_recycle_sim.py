@@ -4,6 +4,7 @@ state copy), its layouts timed from the runtime's own operation lists, its decis
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -181,3 +182,23 @@ def test_a_strategy_that_started_once_nodes_joined_is_not_out_of_memory():
         parse_trace("0,add,n0\n0,add,n1\n9000,remove,n1\n", origin="x.csv"),
     )
     assert never.summary["oom"] and not never.summary["ran"] and math.isnan(never.summary["start_delay_s"])
+
+
+def test_states_with_equal_gaps_share_one_costing_that_equals_their_own(context):
+    """A re-routed plan's makespan is costed once per gap pattern, whichever nodes hold the rest
+    (the cluster's nodes are alike); what the shared value gives each state is what costing that
+    state's own plan gives."""
+    strategy = make_strategy(context, "recycle", pipeline_depth=4)
+    layout = strategy.start(list(range(8))).layout
+    # Stage 1 of pipeline 1 lost, once as node 5 on nodes 0-7, once after the nodes were renumbered.
+    first = strategy.on_change(RunState(layout, (0, 1, 2, 3, 4, 6, 7), (5,), (), 3)).layout
+    renamed = replace(
+        first.state, pipelines=tuple(tuple(n + 10 if n >= 0 else n for n in p) for p in first.state.pipelines)
+    )
+    assert renamed.pipelines != first.state.pipelines
+    shared = strategy.layout(renamed)
+    assert len(strategy._rerouted_makespan) == 1
+    for state, seconds in ((first.state, first.iteration_s), (renamed, shared.iteration_s)):
+        plan = strategy.plan(state)
+        own = schedule_cost(plan, checked_schedule(plan), context.profile, context.cluster).makespan_s
+        assert seconds == pytest.approx(plan.predicted_iteration_s + own - strategy.intact_makespan_s(state), rel=1e-12)
