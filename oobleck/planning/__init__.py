@@ -7,11 +7,14 @@ the same in workers, the controller, the simulator and the CLI.
 - ``templates``: n0 and the exact template DP for every node count, from the stage table
   (``stage_table``), the seeds and least slowest stage (``bottleneck_search``), the DP at one
   bottleneck (``threshold_search``) and the sweep over bottlenecks (``threshold_sweep``), with the
-  bounds that let it skip most of the search (``marker_bounds``, ``gpu_relaxation``, ``node_bounds``);
-- ``instantiate``: exact batch distribution and the choice of pipelines over live nodes;
+  bounds that let it skip most of the search (``marker_bounds``, ``gpu_relaxation``, ``node_bounds``
+  with ``node_geometry``, ``node_costs`` and ``prefix_bounds``);
+- ``instantiate``: the choice of pipelines over live nodes (one pipeline count: ``count_search``),
+  with exact batch distribution (``batch_distribution``) and gradient sync (``gradient_sync``);
 - ``inputs`` / ``outputs``: what the planner takes (profile, cluster) and gives (templates, plans);
-- ``reconfigure``: new pipelines, their node placement and layer copies after failures or joins
-  (regroup or re-plan, decided by the cost model; copies relayed down chains); the f check;
+- ``reconfigure``: new pipelines, their node placement (``placement``) and layer copies
+  (``layer_copies``) after failures or joins (regroup or re-plan, decided by the cost model;
+  copies relayed down chains); the f check;
 - ``horizon``: how many steps a new plan is expected to run (the regroup-or-re-plan horizon);
 - ``synthetic``: seeded synthetic profiles for tests, benchmarks and the CLI.
 """

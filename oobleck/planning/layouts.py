@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from oobleck.errors import PlanningError
-from oobleck.planning.instantiate import _intra_sync
+from oobleck.planning.gradient_sync import _intra_sync
 from oobleck.planning.outputs import ExecutionPlan, PipelineInstance, PipelineTemplate, ShadowCopy
 from oobleck.planning.pipeline_cost import pipeline_time, ring_allreduce_seconds
 

@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from oobleck.planning.inputs import ClusterSpec, ModelProfile
-from oobleck.planning.node_bounds import NodeGeometry
+from oobleck.planning.node_geometry import NodeGeometry
 from oobleck.planning.pipeline_cost import LINK_INTER, LINK_INTRA, LINK_NONE, ProfileArrays, link_seconds
 
 INF = math.inf

@@ -50,7 +50,7 @@ from typing import Any
 from oobleck.errors import PlanningError
 from oobleck.planning.bottleneck_search import _bottleneck_dp, _stage_links, _to_stages
 from oobleck.planning.inputs import ClusterSpec, ModelProfile
-from oobleck.planning.node_bounds import bottleneck_floor
+from oobleck.planning.node_geometry import bottleneck_floor
 from oobleck.planning.outputs import PipelineTemplate, StageSpec
 from oobleck.planning.pipeline_cost import ProfileArrays, link_seconds, pipeline_iteration_time
 from oobleck.planning.stage_table import _StageTable

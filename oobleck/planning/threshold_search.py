@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from oobleck.planning.marker_bounds import _fewest_nodes
-from oobleck.planning.node_bounds import PrefixBounds
 from oobleck.planning.pipeline_cost import LINK_INTER, LINK_INTRA, LINK_NONE
+from oobleck.planning.prefix_bounds import PrefixBounds
 from oobleck.planning.stage_table import STAGE_COUNT_NODES, _StageTable
 
 INF = math.inf

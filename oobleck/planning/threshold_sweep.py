@@ -4,7 +4,7 @@ The sweep over W stops for a node count once a lower bound, ``max(2 D + ((r-1) S
 ((r-1) S + 1) W)``, reaches the best T found. Both follow from Eq. 1-4, T = sum w + ((r-1)S - 1) W +
 k W + sum_{i>=k} w_i, with S at least n and at least the stages memory forces (``_fewest_stages``),
 and D <= sum w: the total compute C over G, or spread over the n G GPUs with no stage holding more
-than memory lets it (``node_bounds._spread``), plus the cheapest cross-node boundary per node
+than memory lets it (``node_costs._spread``), plus the cheapest cross-node boundary per node
 boundary.
 
 Every node count starts from its seed (``bottleneck_search``). Node counts for which memory rules
@@ -23,7 +23,7 @@ thresholds need more than s, and ``lower_bound`` with that many stages rules the
 memory allows one stage per node, the seed's slowest stage is that least value for n stages on n
 nodes (one stage of all G GPUs per node), so a threshold below it forces n + 1 stages, without a
 DP; and below the floor under the slowest stage of layouts with at most e nodes of two or more
-stages (``node_bounds.split_node_floors``: whole nodes exact, split nodes at their compute floor,
+stages (``node_geometry.split_node_floors``: whole nodes exact, split nodes at their compute floor,
 one DP for every node count and e), more than n + e (on gpt128 that rules out half the thresholds
 that reached the chain bound). For node counts where memory forces more stages than nodes, a
 threshold the compute and per-marker bounds leave meets ``_GpuRelaxation`` (``gpu_relaxation``)
@@ -42,14 +42,10 @@ import numpy as np
 from oobleck.planning.bottleneck_search import _bottleneck_dp, _descend, _layout_seconds, _one_stage_per_node
 from oobleck.planning.gpu_relaxation import _GpuRelaxation
 from oobleck.planning.marker_bounds import _marker_bounds, _promising_markers
-from oobleck.planning.node_bounds import (
-    BOUND_SLACK,
-    NodeCosts,
-    PrefixBounds,
-    _spread,
-    root_bounds,
-    split_node_floors,
-)
+from oobleck.planning.node_bounds import root_bounds
+from oobleck.planning.node_costs import NodeCosts, _spread
+from oobleck.planning.node_geometry import BOUND_SLACK, split_node_floors
+from oobleck.planning.prefix_bounds import PrefixBounds
 from oobleck.planning.stage_table import _StageTable
 from oobleck.planning.threshold_search import _solve_for_threshold
 
@@ -63,7 +59,7 @@ MARKER_BOUND_LIMIT = 4
 PROBE_THRESHOLDS = 64
 PROBE_ATTEMPTS = 8
 # Where memory allows one stage per node, the sweep tells thresholds that force more than
-# n + e stages on n nodes for e up to this (``node_bounds.split_node_floors``; one DP whose cost
+# n + e stages on n nodes for e up to this (``node_geometry.split_node_floors``; one DP whose cost
 # grows with it): past it the chain bound decides (on gpt128, gpt100 and the realistic profile
 # no threshold needed more).
 MOST_SPLITS = 8
@@ -114,7 +110,7 @@ def _sweep_thresholds(
     # kept as a range of candidate indices and refreshed whenever its best T improves.
     nodes = sorted(wanted)
     # sum w >= sum_i C_i / g_i >= (sum_i sqrt C_i)^2 / (n G), least when stages hold all they
-    # may (memory) and one the rest (``node_bounds._spread``); and >= C / G.
+    # may (memory) and one the rest (``node_costs._spread``); and >= C / G.
     most = geometry.most_compute(1) * (1 + 1e-9)
     spread = _spread(np.array([table.total_compute] * len(nodes)), most, 1) if most > 0 else None
     least_sum = {

@@ -220,10 +220,10 @@ def sweeping_1f1b_makespan(stage_seconds, microbatches: int, forward_fraction: f
 
 
 def straightforward_copies(new, held, live_holders, layer_param_bytes, max_sources: int, piece_bytes: int):
-    """``reconfigure._copies`` as first written (a membership test per layer, a full sort of the
+    """``layer_copies._copies`` as first written (a membership test per layer, a full sort of the
     holders per layer): the faster one must return the same rows."""
+    from oobleck.planning.layer_copies import _chain, _held_by_worker
     from oobleck.planning.pipeline_cost import MOVED_BYTES_PER_PARAM_BYTE
-    from oobleck.planning.reconfigure import _chain, _held_by_worker
 
     needed: dict = {}
     for worker, layers in _held_by_worker(new):

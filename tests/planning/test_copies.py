@@ -146,7 +146,7 @@ def test_copies_match_the_straightforward_computation():
 
     from oobleck.errors import PlanningError
     from oobleck.planning.instantiate import instantiate
-    from oobleck.planning.reconfigure import _check_replicas, _copies, _held_ranges
+    from oobleck.planning.layer_copies import _check_replicas, _copies, _held_ranges
     from oobleck.planning.synthetic import synthetic_profile
     from oobleck.planning.templates import generate_templates
 
@@ -182,7 +182,7 @@ def test_copies_match_the_straightforward_computation():
 
 
 def test_missing_layers_of_ranges_are_the_set_difference():
-    from oobleck.planning.reconfigure import _missing
+    from oobleck.planning.layer_copies import _missing
 
     for a in range(6):
         for b in range(a, 7):
@@ -199,8 +199,8 @@ def test_surviving_holders_of_plans_with_shadow_copies():
     import dataclasses
 
     from oobleck.planning.instantiate import instantiate
+    from oobleck.planning.layer_copies import _check_replicas
     from oobleck.planning.outputs import ShadowCopy
-    from oobleck.planning.reconfigure import _check_replicas
     from oobleck.planning.synthetic import synthetic_profile
     from oobleck.planning.templates import generate_templates
 
@@ -237,7 +237,10 @@ def test_reconfiguration_equals_the_straightforward_path(monkeypatch):
     from oobleck.planning.synthetic import synthetic_profile
     from oobleck.planning.templates import generate_templates
 
-    module = __import__("oobleck.planning.reconfigure", fromlist=["_copies"])
+    # Patched where a reconfiguration looks them up: ``reconfigure`` checks the replicas, ``_place``
+    # builds the copies.
+    module = __import__("oobleck.planning.reconfigure", fromlist=["_check_replicas"])
+    placement = __import__("oobleck.planning.placement", fromlist=["_copies"])
     rng = random.Random(3030)
     cases = []
     while len(cases) < 40:
@@ -265,7 +268,7 @@ def test_reconfiguration_equals_the_straightforward_path(monkeypatch):
         return live
 
     monkeypatch.setattr(module, "_check_replicas", holders_per_layer)
-    monkeypatch.setattr(module, "_copies", lambda *a, relay=True: straightforward_copies(*a))
+    monkeypatch.setattr(placement, "_copies", lambda *a, relay=True: straightforward_copies(*a))
     monkeypatch.setattr(LayerTransfer, "of_rows", classmethod(lambda cls, rows: tuple(cls(*row) for row in rows)))
     for old, templates, args, fast in cases:
         templates.memo.clear()

@@ -190,7 +190,7 @@ def test_banded_knapsack_matches_enumeration():
 
     import numpy as np
 
-    knapsack_of = importlib.import_module("oobleck.planning.instantiate")._Knapsack
+    knapsack_of = importlib.import_module("oobleck.planning.count_search")._Knapsack
     rng = random.Random(30)
     compared = 0
     for _ in range(300):
@@ -228,7 +228,7 @@ def test_sync_figures_equal_the_per_template_sums():
     per node, several stages per node)."""
     import random
 
-    from oobleck.planning.instantiate import _intra_sync, _node_param_bytes, sync_of
+    from oobleck.planning.gradient_sync import _intra_sync, _node_param_bytes, sync_of
 
     rng = random.Random(34)
     checked = 0

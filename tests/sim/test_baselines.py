@@ -10,7 +10,8 @@ from simhelpers import make_strategy
 from baselines.bamboo.config import FAILED
 from baselines.fixed_depth import balanced_partition
 from oobleck.faults.trace import parse_trace
-from oobleck.planning.instantiate import _Sync, plan_iteration_time
+from oobleck.planning.gradient_sync import _Sync
+from oobleck.planning.instantiate import plan_iteration_time
 from oobleck.recovery_costs import checkpoint_cost, restore_s
 from oobleck.sim.charges import decision_downtime
 from oobleck.sim.engine import simulate
