@@ -104,3 +104,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    # Groups with a multi-process test first: xdist hands groups out in this order, so the long
+    # ones start early and the many short ones fill the workers' ends instead of one long group
+    # running alone while the other workers idle (longest first, as in list scheduling).
+    slow = {_group(item) for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: _group(item) not in slow)
+
+
+def _group(item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    return mark.kwargs.get("name", mark.args[0] if mark.args else "")
