@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from oobleck.errors import ConfigError, PlanningError
 from oobleck.faults.trace import Trace, load_trace
+from oobleck.plain import merged, resolved_dict
 from oobleck.planning.inputs import GB, ClusterSpec, ModelProfile
 from oobleck.schema import CONF_DIR
 from oobleck.sim.charges import CostCache
@@ -122,8 +123,7 @@ def sim_overrides(cfg: Any, name: str) -> dict[str, Any]:
         raise ConfigError(
             f"sim.costs={cluster_costs!r} must be a mapping of cost constants (oobleck/recovery_costs.py, CostConstants)"
         )
-    merged = OmegaConf.merge({"costs": cluster_costs} if cluster_costs else {}, overrides or {})
-    return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
+    return resolved_dict(merged({"costs": cluster_costs} if cluster_costs else {}, overrides or {}))
 
 
 def strategy_settings(cfg: Any, name: str) -> dict[str, Any]:
@@ -137,8 +137,8 @@ def strategy_settings(cfg: Any, name: str) -> dict[str, Any]:
 
 def simulated_strategy(cfg: Any, name: str, context: StrategyContext, extra: dict[str, Any] | None = None) -> Strategy:
     """Strategy ``name`` as the simulator runs it: its config, ``sim.params.<name>``, then ``extra``."""
-    overrides = OmegaConf.merge(sim_overrides(cfg, name), extra or {})
-    return build_strategy(strategy_section(cfg, name), context, OmegaConf.to_container(overrides))  # type: ignore[arg-type]
+    overrides = merged(sim_overrides(cfg, name), extra or {})
+    return build_strategy(strategy_section(cfg, name), context, resolved_dict(overrides))
 
 
 @dataclass
