@@ -32,6 +32,10 @@ INF = math.inf
 # (realistic 64 x 8: a budget within 0.1% of the optimum halves the time; block moves longer than
 # one boundary gain little more on the profiles measured and cost more).
 DESCENT_BLOCK = 1
+# ``_refine``: a step shifts one boundary by at most this many layers (with one GPU moved between
+# the two stages where they share a node), for at most this many steps.
+REFINE_SHIFT = 4
+REFINE_STEPS = 200
 
 
 def _stage_links(stages: Sequence[StageSpec]) -> list[int]:
@@ -119,6 +123,63 @@ def _descend(
         if not moved_value < value:
             break
         bounds, layout, value = choice, moved, moved_value
+    return value, layout
+
+
+def _refine(
+    table: _StageTable, gpus: int, r: int, layout: list[tuple[int, int, int]], most_steps: int = REFINE_STEPS
+) -> tuple[float, list[tuple[int, int, int]]]:
+    """Any layout (right to left) improved by steepest descent on its T: each step shifts one
+    boundary by up to ``REFINE_SHIFT`` layers, where the two stages share a node moving one GPU
+    between them too, keeping every stage within memory at its in-flight count and every node's
+    GPUs as they were; it takes the move that lowers T most, until none does (or after
+    ``most_steps``). Returns (T, layout). A heuristic for the budgets of node counts where memory
+    puts several stages on a node (the search's first layout there can be several percent above
+    the optimum, and every search after it then looks that much wider); it never decides a
+    template."""
+    G, S = gpus, len(layout)
+    value = pipeline_iteration_time(_layout_seconds(table, layout, G), r * S)
+    if S < 2:
+        return value, layout
+    stages = _to_stages(layout, G)
+    bounds = np.array([0] + [stage.end for stage in stages])
+    widths = np.array([stage.gpus for stage in stages])
+    links = np.array(_stage_links(stages))
+    shared = np.array([stages[i].node == stages[i + 1].node for i in range(S - 1)])
+    cost = table.cost_stack
+    cap = table.cap_stack()
+    in_flight = S - np.arange(S)  # stage i of S keeps S - i microbatches in flight
+    # Moves: boundary i + 1 (between stages i and i + 1) by `shift`, and `moved` GPUs from stage
+    # i + 1 to stage i where they share a node.
+    shifts = np.arange(-REFINE_SHIFT, REFINE_SHIFT + 1)
+    pair, shift, moved = (a.ravel() for a in np.meshgrid(np.arange(S - 1), shifts, (-1, 0, 1), indexing="ij"))
+    keep = ((shift != 0) | (moved != 0)) & ((moved == 0) | shared[pair])
+    pair, shift, moved = pair[keep], shift[keep], moved[keep]
+    rows = np.arange(len(pair))
+    for _ in range(most_steps):
+        new_bounds = np.repeat(bounds[None, :], len(pair), axis=0)
+        new_bounds[rows, pair + 1] += shift
+        new_widths = np.repeat(widths[None, :], len(pair), axis=0)
+        new_widths[rows, pair] += moved
+        new_widths[rows, pair + 1] -= moved
+        starts, ends = new_bounds[:, :-1], new_bounds[:, 1:]
+        valid = (ends > starts).all(axis=1) & (new_widths >= 1).all(axis=1)
+        valid &= (new_widths <= table.stage_gpu_limit).all(axis=1)
+        starts, ends, new_widths = starts[valid], ends[valid], new_widths[valid]
+        fits = (cap[new_widths, starts, ends] >= in_flight[None, :]).all(axis=1)
+        starts, ends, new_widths = starts[fits], ends[fits], new_widths[fits]
+        if not len(starts):
+            break
+        totals = _additive_times(cost[new_widths, links[None, :], starts, ends], r)
+        choice = int(np.argmin(totals))
+        moved_layout = [
+            (int(starts[choice, i]), int(ends[choice, i]), int(new_widths[choice, i])) for i in range(S - 1, -1, -1)
+        ]
+        moved_value = pipeline_iteration_time(_layout_seconds(table, moved_layout, G), r * S)
+        if not moved_value < value:
+            break
+        bounds = np.concatenate(([0], ends[choice]))
+        widths, layout, value = new_widths[choice], moved_layout, moved_value
     return value, layout
 
 
@@ -245,3 +306,70 @@ def _to_stages(layout_right_to_left: list[tuple[int, int, int]], gpus: int) -> l
         stages.append(StageSpec(start=start, end=end, node=node, gpu_offset=offset, gpus=g))
         offset += g
     return stages
+
+
+def _least_t_one_stage_per_node(
+    table: _StageTable, gpus: int, r: int, W: float, max_nodes: int
+) -> dict[int, list[tuple[int, int, int]]]:
+    """For every n up to ``max_nodes``, the layout of one stage of all G GPUs per node with the
+    least T among those whose slowest stage is exactly W (memory-feasible), right to left.
+
+    T is additive over stages once W is fixed (``templates``' module docstring): from the right,
+    stages before the marker cost 2w + (r-1)W, the marker (w == W) rW, stages after it w + rW.
+    The k-th stage from the right keeps k microbatches in flight whatever n is, so one DP over
+    k gives every n at once. Stages whose w <= W hold few layers where n is large, so the DP
+    runs over a band of stage lengths."""
+    L, G = table.num_layers, gpus
+    costs = table.cost_stack[G]
+    cap = table.cap_matrix(G)
+    starts = np.arange(L + 1)
+    # Stages no slower than W, with or without a link after them (start >= end is no stage).
+    allowed = np.argwhere((costs[LINK_INTER] <= W) | (costs[LINK_NONE] <= W))
+    allowed = allowed[allowed[:, 1] > allowed[:, 0]]
+    if not len(allowed):
+        return {}
+    band = int((allowed[:, 1] - allowed[:, 0]).max())  # the most layers such a stage holds
+    ends = starts[None, :] + np.arange(1, band + 1)[:, None]  # [d, a]: stage [a, a + d + 1)
+    inside = ends <= L
+    clipped = np.minimum(ends, L)
+    rW, r1W = r * W, (r - 1) * W
+    result: dict[int, list[tuple[int, int, int]]] = {}
+    # By the first layer a of the k stages placed: the least cost of [a, L) with the marker still
+    # to come (every stage placed right of it) and with the marker among them.
+    before = np.full(L + 2, INF)
+    after = np.full(L + 2, INF)
+    before[L] = 0.0
+    choices: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for k in range(1, min(max_nodes, L) + 1):
+        link = LINK_NONE if k == 1 else LINK_INTER
+        w = np.where(inside, costs[link][starts[None, :], clipped], INF)
+        fits = inside & (cap[starts[None, :], clipped] >= k)
+        w = np.where(fits, w, INF)
+        next_before = before[np.where(inside, ends, L + 1)]
+        next_after = after[np.where(inside, ends, L + 1)]
+        keep_before = np.where(w < W, 2 * w + r1W + next_before, INF)
+        become = np.where(w == W, rW + next_before, INF)
+        keep_after = np.where(w <= W, w + rW + next_after, INF)
+        d_before = np.argmin(keep_before, axis=0)
+        d_become = np.argmin(become, axis=0)
+        d_after = np.argmin(keep_after, axis=0)
+        new_before = keep_before[d_before, starts]
+        via_become = become[d_become, starts]
+        via_after = keep_after[d_after, starts]
+        marked_here = via_become <= via_after
+        before = np.append(new_before, INF)
+        after = np.append(np.minimum(via_become, via_after), INF)
+        choices.append((d_before, np.where(marked_here, d_become, d_after), marked_here))
+        if after[0] < INF:
+            a, marked, stages = 0, True, []
+            for level in range(k - 1, -1, -1):
+                d_b, d_a, here = choices[level]
+                if marked:
+                    d = int(d_a[a])
+                    marked = not bool(here[a])
+                else:
+                    d = int(d_b[a])
+                stages.append((a, a + d + 1, G))
+                a += d + 1
+            result[k] = list(reversed(stages))
+    return result

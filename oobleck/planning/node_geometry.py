@@ -24,6 +24,14 @@ if TYPE_CHECKING:
 INF = math.inf
 # Bounds are compared with sums the DP adds in another order: keep them below by this much.
 BOUND_SLACK = 1e-9
+# Ties. Equal layers give many layouts of the same T (the same stage times in another order or
+# place, equal up to the order their sums add in), and a search looks only for layouts strictly
+# better than its budget: without a margin, proving that none of the ties beats the one found
+# costs as much as the search that found it. A bound (already rounded down by BOUND_SLACK) at or
+# above the budget times TIE_FACTOR rules a search out, so a template's T is the least to within
+# TIE_SLACK (relative), far below what the cost model resolves.
+TIE_SLACK = 1e-12
+TIE_FACTOR = (1 - BOUND_SLACK) * (1 - TIE_SLACK)
 
 
 class NodeGeometry:

@@ -124,6 +124,7 @@ class _StageTable:
         self._stage_bands: _StageBands | None = None
         self._node_geometry: NodeGeometry | None = None
         self._cap_matrices: dict[int, np.ndarray] = {}
+        self._cap_stack: np.ndarray | None = None
         self.total_compute = float(arrays.compute[-1])
         self.compute_prefix: list[float] = arrays.compute.tolist()  # compute of layers [0, i)
         # Every node boundary costs at least this much (the cheapest boundary tensor, cross-node).
@@ -224,6 +225,14 @@ class _StageTable:
                 matrix[:end, end] = self.cap[gpus][end]
             self._cap_matrices[gpus] = matrix
         return self._cap_matrices[gpus]
+
+    def cap_stack(self) -> np.ndarray:
+        """``cap_matrix`` of every GPU count as one array ``[gpus, start, end]`` (made on first use)."""
+        if self._cap_stack is None:
+            self._cap_stack = np.stack(
+                [np.zeros((self.num_layers + 1,) * 2)] + [self.cap_matrix(g) for g in range(1, self.max_gpus + 1)]
+            )
+        return self._cap_stack
 
     def node_geometry(self) -> NodeGeometry:
         """The node bounds' threshold-independent arrays (made on first use, shared by the

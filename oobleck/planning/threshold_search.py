@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from oobleck.planning.marker_bounds import _fewest_nodes
+from oobleck.planning.node_geometry import TIE_FACTOR
 from oobleck.planning.pipeline_cost import LINK_INTER, LINK_INTRA, LINK_NONE
 from oobleck.planning.prefix_bounds import PrefixBounds
 from oobleck.planning.stage_table import STAGE_COUNT_NODES, _StageTable
@@ -213,6 +214,8 @@ def _solve_for_threshold(
                 if prefix is not None and start:
                     tables = prefix_tables[j1 * (G + 1) + h2] or prefix_at(j1, h2)
                     whole = tables[1 - p2][nl2][start]
+                    if whole >= limit * TIE_FACTOR:
+                        continue  # no better than a tie of the best layout found
                     if whole > lower:
                         lower = whole
                 if lower >= limit:

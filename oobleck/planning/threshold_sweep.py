@@ -39,12 +39,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from oobleck.planning.bottleneck_search import _bottleneck_dp, _descend, _layout_seconds, _one_stage_per_node
+from oobleck.planning.bottleneck_search import (
+    _bottleneck_dp,
+    _descend,
+    _layout_seconds,
+    _least_t_one_stage_per_node,
+    _one_stage_per_node,
+    _refine,
+)
 from oobleck.planning.gpu_relaxation import _GpuRelaxation
 from oobleck.planning.marker_bounds import _marker_bounds, _promising_markers
 from oobleck.planning.node_bounds import root_bounds
 from oobleck.planning.node_costs import NodeCosts, _spread
-from oobleck.planning.node_geometry import BOUND_SLACK, split_node_floors
+from oobleck.planning.node_geometry import BOUND_SLACK, TIE_FACTOR, split_node_floors
+from oobleck.planning.pipeline_cost import pipeline_iteration_time
 from oobleck.planning.prefix_bounds import PrefixBounds
 from oobleck.planning.stage_table import _StageTable
 from oobleck.planning.threshold_search import _solve_for_threshold
@@ -101,6 +109,16 @@ def _sweep_thresholds(
         if n in wanted:
             one_stage_slowest[n] = max(_layout_seconds(table, layout, gpus))
             best[n] = _descend(table, gpus, r, layout)
+    by_slowest: dict[float, list[int]] = {}
+    for n, W in one_stage_slowest.items():
+        by_slowest.setdefault(W, []).append(n)
+    for W, counts in by_slowest.items():
+        found = _least_t_one_stage_per_node(table, gpus, r, W, max(counts))
+        for n in counts:
+            if n in found:
+                value = pipeline_iteration_time(_layout_seconds(table, found[n], gpus), r * n)
+                if value < best[n][0]:
+                    best[n] = (value, found[n])
 
     # The bound max(2 least_sum + ((r-1) S - 1) W, ((r-1) S + 1) W) per node count, with S the
     # fewest stages a layout on n nodes has and
@@ -244,13 +262,15 @@ def _sweep_thresholds(
         crowded = [n for n in budgets if stages[n] > n * table.stages_per_node] if in_flight else []
         if crowded:
             relaxed = _GpuRelaxation(table, gpus, W, r, markers).bounds(max(crowded))
-            budgets = {n: b for n, b in budgets.items() if n not in crowded or relaxed[n] * (1 - BOUND_SLACK) < b}
+            budgets = {
+                n: b for n, b in budgets.items() if n not in crowded or relaxed[n] * (1 - BOUND_SLACK) < b * TIE_FACTOR
+            }
             if not budgets:
                 return
         starts, ends, widths = (np.array([m[i] for m in markers]) for i in range(3))
         costs = NodeCosts(geometry, W, r, starts, ends, widths)
         chain = root_bounds(costs, max(budgets))
-        budgets = {n: b for n, b in budgets.items() if chain[n] < b}
+        budgets = {n: b for n, b in budgets.items() if chain[n] < b * TIE_FACTOR}
         if not budgets:
             return
         prefix = PrefixBounds(costs, max(budgets))
@@ -280,6 +300,7 @@ def _sweep_thresholds(
             for _, W in sorted(rated[n])[:PROBE_ATTEMPTS]:
                 attempt(W, {n: target(n)})
                 if n in best:
+                    best[n] = _refine(table, gpus, r, best[n][1])
                     break
 
     windows = np.array([window(n) for n in nodes], dtype=np.int64).reshape(-1, 2)
