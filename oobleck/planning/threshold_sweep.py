@@ -109,8 +109,14 @@ def _sweep_thresholds(
         if n in wanted:
             one_stage_slowest[n] = max(_layout_seconds(table, layout, gpus))
             best[n] = _descend(table, gpus, r, layout)
+    # Equal layers make plateaus of equal T (two stages swap their lengths, T stays), on which
+    # the descent, one boundary at a time, stalls: there the seed is replaced by the best
+    # one-stage-per-node layout at its slowest stage, one DP for every node count sharing it. On
+    # varied layers the descent reaches that layout already (every case of the benchmark), and
+    # the DPs would only cost time.
     by_slowest: dict[float, list[int]] = {}
-    for n, W in one_stage_slowest.items():
+    equal_layers = bool((table.arrays.run_end - table.arrays.run_start).max(initial=0) > 1)
+    for n, W in one_stage_slowest.items() if equal_layers else ():
         by_slowest.setdefault(W, []).append(n)
     for W, counts in by_slowest.items():
         found = _least_t_one_stage_per_node(table, gpus, r, W, max(counts))
