@@ -10,7 +10,12 @@ cap).
 The template search first improves that seed's T by a short descent over its boundaries
 (``_descend``): the min-max layout is often a few tenths of a percent above the optimum in T, and
 only a budget within about 0.1% of it rules out most thresholds before any search (on the
-realistic profile that halves the time).
+realistic profile that halves the time). Equal layers make plateaus of equal T (two stages of a
+run swap their lengths and T stays) on which that descent stalls; there
+``_least_t_one_stage_per_node`` gives the one-stage-per-node layout with the least T at the seed's
+slowest stage, for every node count sharing it at once. ``_refine`` improves any layout, several
+stages per node included, by shifting a boundary and moving GPUs between two stages of a node:
+it refines the first layout found for node counts where memory rules the seed out.
 """
 
 from __future__ import annotations

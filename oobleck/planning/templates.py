@@ -19,8 +19,8 @@ once, at its own W, with its exact T; the minimum over W is the optimum. The swe
 for a node count once a lower bound reaches the best T found (``threshold_sweep``).
 
 Speed without giving up exactness (branch and bound): both searches start from the best layout with
-one full-node stage per node (a cheap min-max partition) as an upper bound and look only for
-strictly better layouts; a sub-search that cannot beat its budget stops and is memoised as a lower
+one full-node stage per node (a cheap min-max partition, then improved) as an upper bound and look
+only for layouts better than it by more than ``TIE_SLACK`` (1e-12 relative); a sub-search that cannot beat its budget stops and is memoised as a lower
 bound. Most thresholds never reach the DP: bounds rule them out first (``threshold_sweep``). The
 exactness tests compare against brute force over every layout (the bounds themselves too:
 ``tests/planning/test_node_bounds.py``), and medium cases against slower searches of earlier

@@ -7,10 +7,13 @@ and D <= sum w: the total compute C over G, or spread over the n G GPUs with no 
 than memory lets it (``node_costs._spread``), plus the cheapest cross-node boundary per node
 boundary.
 
-Every node count starts from its seed (``bottleneck_search``). Node counts for which memory rules
-that seed out are first searched at the few thresholds the node-level bound rates best
-(``PROBE_THRESHOLDS``), so the ascending sweep meets most thresholds with a budget near the
-optimum. Most thresholds never reach the DP: a W is skipped when no stage of time W can be the
+Every node count starts from its seed (``bottleneck_search``: descended, and where equal layers
+make plateaus of equal T the best one-stage-per-node layout at its slowest stage). Node counts for
+which memory rules that seed out are first searched at the few thresholds the node-level bound
+rates best (``PROBE_THRESHOLDS``), and the first layout found is refined (``_refine``), so the
+ascending sweep meets most thresholds with a budget near the optimum. A bound that comes within
+``TIE_SLACK`` of a budget rules a search out (``node_geometry``): equal layers make many layouts
+of the same T, and proving none of them better would cost as much as finding the first. Most thresholds never reach the DP: a W is skipped when no stage of time W can be the
 bottleneck of a better layout, first by a compute bound (``_promising_markers``), then, for the
 few markers of distinct layers, by a per-marker node relaxation (``_marker_bounds``), then by the
 node-level chain bound of ``oobleck.planning.node_bounds`` for every node count at once
