@@ -65,6 +65,8 @@ class _GpuRelaxation:
             exact &= allowed
         gpus_, links, lengths, starts = np.nonzero(exact)
         self.markers = (gpus_, lengths, starts, links)
+        self.marker_room = self.room[gpus_, lengths, starts]
+        self.marker_by_link = {link: np.flatnonzero(links == link) for link in (LINK_NONE, LINK_INTRA, LINK_INTER)}
         self._by_flight: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
     def _costs(self, link: int, in_flight: int) -> tuple[np.ndarray, np.ndarray]:
@@ -89,31 +91,32 @@ class _GpuRelaxation:
         marked = np.full((most_gpus + 1, L + 2), INF)
         open_[0, L] = 0.0
         for used in range(most_gpus):
-            before, after = open_[used], marked[used]
-            reached = np.flatnonzero((before < INF) | (after < INF))
-            if not reached.size:
-                continue
-            # Only stages ending where a state was reached: starts from ``first`` to ``last``.
-            first, last = max(int(reached[0]) - length, 0), int(reached[-1])
             on_node = used % G
             link = LINK_NONE if used == 0 else (LINK_INTRA if on_node else LINK_INTER)
             in_flight = used // G + (2 if on_node else 1)
             most = min(widest, G - on_node, most_gpus - used)
-            left, right = self._costs(link, in_flight)
-            span = slice(first, last)
-            near = ends[:, span]
             rows = slice(used + 1, used + most + 1)
-            if after[first : last + length + 1].min() < INF:
-                placed = (after[near] + left[1 : most + 1, :, span]).min(axis=1)
-                np.minimum(marked[rows, span], placed, out=marked[rows, span])
-            if before[first : last + length + 1].min() < INF:
-                still = (before[near] + right[1 : most + 1, :, span]).min(axis=1)
-                np.minimum(open_[rows, span], still, out=open_[rows, span])
-                # The marker: rW, where it fits in flight (a few stages, placed one by one).
-                chosen = (m_gpus <= most) & (m_link == link) & (self.room[m_gpus, m_length, m_start] >= in_flight)
-                if chosen.any():
-                    values = before[m_end[chosen]] + self.rW
-                    np.minimum.at(marked, (used + m_gpus[chosen], m_start[chosen]), values)
+            costs = None
+            # Stages left of the marker extend ``marked`` states, those right of it ``open_``
+            # ones; each only from the positions where a state of its kind was reached.
+            for states, kind in ((marked, 0), (open_, 1)):
+                here = states[used]
+                reached = np.flatnonzero(here < INF)
+                if not reached.size:
+                    continue
+                if costs is None:
+                    costs = self._costs(link, in_flight)
+                # Only stages ending where a state was reached: starts from ``first`` to ``last``.
+                span = slice(max(int(reached[0]) - length, 0), int(reached[-1]))
+                found = (here[ends[:, span]] + costs[kind][1 : most + 1, :, span]).min(axis=1)
+                np.minimum(states[rows, span], found, out=states[rows, span])
+            # The marker: rW, where it fits in flight (a few stages, placed one by one).
+            before = open_[used]
+            chosen = self.marker_by_link[link]
+            chosen = chosen[(m_gpus[chosen] <= most) & (self.marker_room[chosen] >= in_flight)]
+            chosen = chosen[before[m_end[chosen]] < INF]
+            if chosen.size:
+                np.minimum.at(marked, (used + m_gpus[chosen], m_start[chosen]), before[m_end[chosen]] + self.rW)
         result = np.full(max_nodes + 1, INF)
         result[1:] = marked[G::G, 0][:max_nodes]
         return result
