@@ -42,11 +42,20 @@ class _GpuRelaxation:
     nothing.
     """
 
-    def __init__(self, table: _StageTable, gpus: int, W: float, r: int, markers: set[tuple[int, int, int]] | None):
+    def __init__(
+        self,
+        table: _StageTable,
+        gpus: int,
+        W: float,
+        r: int,
+        markers: set[tuple[int, int, int]] | None,
+        top: float | None = None,
+    ):
         bands = table.stage_bands()
         self.gpus, self.rW = gpus, r * W
-        # Only stages with w <= W are placed: no longer ones than the longest such.
-        at_most = bands.w <= W
+        top = W if top is None else top
+        # Only stages with w <= top are placed: no longer ones than the longest such.
+        at_most = bands.w <= top
         length = int(np.flatnonzero(at_most.any(axis=(0, 1, 3)))[-1]) + 1 if at_most.any() else 1
         w, at_most = bands.w[:, :, :length], at_most[:, :, :length]
         self.ends, self.length = bands.ends[:length], length
@@ -54,9 +63,9 @@ class _GpuRelaxation:
         self.room = np.where(bands.cap[:, :length] >= bands.need[:length][None], bands.cap[:, :length], 0.0)
         # Cost of a stage left of the marker and right of it.
         self.left = np.where(at_most, w + self.rW, INF)
-        self.right = np.where(w < W, 2 * w + (r - 1) * W, INF)
+        self.right = np.where(w < top, 2 * w + (r - 1) * W, INF)
         # The markers (stages of time exactly W the DP may take as the bottleneck), as arrays.
-        exact = w == W
+        exact = (w >= W) & (w <= top)
         if markers is not None:
             allowed = np.zeros(exact.shape, dtype=bool)
             listed = np.array(sorted(markers), dtype=np.int64).reshape(-1, 3)

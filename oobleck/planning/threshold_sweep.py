@@ -31,7 +31,9 @@ one DP for every node count and e), more than n + e (on gpt128 that rules out ha
 that reached the chain bound). For node counts where memory forces more stages than nodes, a
 threshold the compute and per-marker bounds leave meets ``_GpuRelaxation`` (``gpu_relaxation``)
 before the chain bound; it decides most searches there that would find nothing (gpt128: 98 of
-130). What is left goes to the exact DP for that W (``threshold_search``).
+130), and the same relaxation over an interval of thresholds (costs at its low end, stages up to
+its high end) rules out runs of them at once. What is left goes to the exact DP for that W
+(``threshold_search``).
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ PROBE_ATTEMPTS = 8
 # grows with it): past it the chain bound decides (on gpt128, gpt100 and the realistic profile
 # no threshold needed more).
 MOST_SPLITS = 8
+# Where memory puts several stages on a node, thresholds are first ruled out this many at a time
+# by one GPU-level relaxation over the interval (doubling or halving as it works or not).
+RELAX_INTERVAL = 16
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,9 @@ def _sweep_thresholds(
     # count of stages a threshold needs varies with it, and without this most thresholds reach the DP;
     # with a stage per node the one-stage node bounds are exact already.
     capped: dict[int, dict[int, tuple[float, float]]] = {}  # n -> stages -> (low, high)
+    # ``relax_ahead``: thresholds ruled out up to an index, by node count; the interval's length.
+    skip_until: dict[int, int] = {}
+    span = [RELAX_INTERVAL]
     split_floors: list[np.ndarray] = []  # ``split_node_floors``, once asked for
 
     def forces_too_many_stages(n: int, W: float, budget: float) -> bool:
@@ -274,6 +282,8 @@ def _sweep_thresholds(
             budgets = {
                 n: b for n, b in budgets.items() if n not in crowded or relaxed[n] * (1 - BOUND_SLACK) < b * TIE_FACTOR
             }
+            if not any(n in budgets for n in crowded):
+                span[0] = max(span[0], 2)  # ruled out here: the next thresholds may be too, try two at once
             if not budgets:
                 return
         starts, ends, widths = (np.array([m[i] for m in markers]) for i in range(3))
@@ -312,6 +322,34 @@ def _sweep_thresholds(
                     best[n] = _refine(table, gpus, r, best[n][1])
                     break
 
+    def relax_ahead(first: int, budgets: dict[int, float]) -> None:
+        """Node counts where memory puts several stages on a node: one GPU-level relaxation over
+        the thresholds ``first`` .. ``first + span - 1`` (stage costs at the low end, stages up to
+        the high end allowed, any stage within it the marker) bounds every threshold in it; where
+        that reaches the budget, the node count skips them all (dropped from ``budgets``). The
+        interval doubles while it rules node counts out and halves when it does not (near an
+        optimum only single thresholds are); a single threshold ruled out re-opens it at two."""
+        crowded = [n for n in budgets if stages[n] > n * table.stages_per_node]
+        if not crowded or span[0] < 2:
+            return
+        last = min(first + span[0], len(candidates)) - 1
+        low, high = float(candidates[first]), float(candidates[last])
+        lo = int(np.searchsorted(table.marker_costs, low, side="left"))
+        hi = int(np.searchsorted(table.marker_costs, high, side="right"))
+        markers = set(
+            zip(
+                table.marker_starts[lo:hi].tolist(),
+                table.marker_ends[lo:hi].tolist(),
+                table.marker_gpus[lo:hi].tolist(),
+            )
+        )
+        relaxed = _GpuRelaxation(table, gpus, low, r, markers, top=high).bounds(max(crowded))
+        ruled = [n for n in crowded if relaxed[n] * (1 - BOUND_SLACK) >= budgets[n] * TIE_FACTOR]
+        for n in ruled:
+            skip_until[n] = last
+            del budgets[n]
+        span[0] = span[0] * 2 if ruled else span[0] // 2
+
     windows = np.array([window(n) for n in nodes], dtype=np.int64).reshape(-1, 2)
     index = 0
     while len(nodes):
@@ -326,9 +364,12 @@ def _sweep_thresholds(
             progress(TemplateProgress(settled, len(nodes), next_index, len(candidates)))
         W = float(candidates[next_index])
         inside = np.flatnonzero((windows[:, 0] <= next_index) & (next_index < windows[:, 1]))
-        budgets = {nodes[i]: target(nodes[i]) for i in inside if lower_bound(nodes[i], W) < target(nodes[i])}
+        open_here = [nodes[i] for i in inside if skip_until.get(nodes[i], -1) < next_index]
+        budgets = {n: target(n) for n in open_here if lower_bound(n, W) < target(n)}
         budgets = {n: b for n, b in budgets.items() if not forces_too_many_stages(n, W, b)}
         index = next_index + 1
+        if budgets and in_flight:
+            relax_ahead(next_index, budgets)
         if not budgets:
             continue
         before = {n: target(n) for n in budgets}

@@ -17,6 +17,7 @@ from collections import defaultdict
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from planning_brute import all_layouts
 from test_identical_layer_runs import RUN_CASES, memory_tight_case, runs_profile
 
@@ -69,6 +70,30 @@ def test_relaxation_never_exceeds_brute_force(runs, gpus, nodes, memory, r, max_
             for n in range(1, nodes + 1):
                 expected = by_nodes[n][0] if n in by_nodes else math.inf
                 assert free[n] == pytest.approx(expected, rel=REL), (W, n)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**RUN_CASES, pick=st.randoms(use_true_random=False))
+def test_interval_relaxation_never_exceeds_brute_force(runs, gpus, nodes, memory, r, max_gpus, pick):
+    """Over an interval of bottlenecks [low, high] (stage costs at low, stages up to high, any
+    stage within it the marker): never above the best T of a layout whose bottleneck lies in it,
+    so the sweep may skip every threshold of an interval whose bound reaches the budget."""
+    profile = runs_profile(runs)
+    spec = cluster(nodes, gpus, memory)
+    limit = min(max_gpus or gpus, gpus)
+    table = _StageTable(profile, spec, limit)
+    best = _best_by_bottleneck(profile, spec, table, nodes, r, limit)
+    bottlenecks = sorted(best)
+    for _ in range(4):
+        if not bottlenecks:
+            break
+        first = pick.randrange(len(bottlenecks))
+        last = min(first + pick.randrange(1, 9), len(bottlenecks) - 1)
+        low, high = bottlenecks[first], bottlenecks[last]
+        bounds = _GpuRelaxation(table, gpus, low, r, None, top=high).bounds(nodes)
+        for W in bottlenecks[first : last + 1]:
+            for n, (T, _) in best[W].items():
+                assert bounds[n] <= T * (1 + REL), (low, high, W, n, bounds[n], T)
 
 
 def test_relaxation_never_exceeds_the_exact_search():
