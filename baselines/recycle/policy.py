@@ -181,11 +181,10 @@ class ReCycle(FixedDepthPipelines[ReCycleState]):
         return self._intact_makespan[key]
 
     def _makespan_s(self, plan: ExecutionPlan) -> float:
-        from oobleck.schedules import build_schedule
-        from oobleck.schedules.cost import schedule_cost
+        from oobleck.schedules.cost import plan_cost
 
         ctx = self.context
-        return schedule_cost(plan, build_schedule(plan), ctx.profile, ctx.cluster).makespan_s
+        return plan_cost(plan, ctx.profile, ctx.cluster).makespan_s
 
     def layout(self, state: ReCycleState) -> Layout:
         if state not in self._layouts:
@@ -285,8 +284,7 @@ def staggering_bound_s(plan: ExecutionPlan, profile: ModelProfile, cluster: Clus
     cost: a rank whose last op ends early could reduce its gradients and step while the others
     finish, so at most the gap between the earliest rank's end and the makespan is hidden (and
     never more than the reduction and optimizer step themselves, which the caller bounds)."""
-    from oobleck.schedules import build_schedule
-    from oobleck.schedules.cost import schedule_cost
+    from oobleck.schedules.cost import plan_cost
 
-    cost = schedule_cost(plan, build_schedule(plan), profile, cluster)
+    cost = plan_cost(plan, profile, cluster)
     return cost.makespan_s - min(cost.rank_end_s)

@@ -17,9 +17,9 @@ from __future__ import annotations
 from oobleck.planning.outputs import ExecutionPlan
 from oobleck.schedules.bamboo import place_redundant_forwards
 from oobleck.schedules.check import ScheduleError, check_schedule
-from oobleck.schedules.lower import lower, one_f_one_b
+from oobleck.schedules.lower import Slot, Task, lower, one_f_one_b
 from oobleck.schedules.ops import Op, OpKind, Schedule
-from oobleck.schedules.recycle import rerouted_orders
+from oobleck.schedules.recycle import rerouted_orders, rerouted_pairs
 from oobleck.schedules.routes import Routes, plan_routes
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "build_schedule",
     "check_schedule",
     "checked_schedule",
+    "compute_pairs",
     "plan_routes",
 ]
 
@@ -42,17 +43,32 @@ def build_schedule(plan: ExecutionPlan, routes: Routes | None = None) -> Schedul
         ranks = lower(routes, rerouted_orders(routes))
         generator = "recycle"
     else:
-        orders = {}
-        for pipeline in plan.pipelines:
-            microbatches = list(range(pipeline.first_microbatch, pipeline.first_microbatch + pipeline.microbatches))
-            for stage in range(pipeline.template.num_stages):
-                orders[(pipeline.index, stage)] = one_f_one_b(stage, pipeline.template.num_stages, microbatches)
-        ranks = lower(routes, orders)
+        ranks = lower(routes, _one_f_one_b_orders(plan))
         generator = "1f1b"
         if plan.shadows:
             ranks = place_redundant_forwards(plan, ranks, plan.redundancy)
             generator = f"bamboo-{plan.redundancy}"
     return Schedule(tuple(tuple(ops) for ops in ranks), generator, plan.microbatch_size, plan.num_layers)
+
+
+def _one_f_one_b_orders(plan: ExecutionPlan) -> dict[Slot, list[Task]]:
+    orders = {}
+    for pipeline in plan.pipelines:
+        microbatches = list(range(pipeline.first_microbatch, pipeline.first_microbatch + pipeline.microbatches))
+        for stage in range(pipeline.template.num_stages):
+            orders[(pipeline.index, stage)] = one_f_one_b(stage, pipeline.template.num_stages, microbatches)
+    return orders
+
+
+def compute_pairs(plan: ExecutionPlan, routes: Routes | None = None) -> dict[Slot, list[tuple[OpKind, int]]]:
+    """Every slot's compute order in ``build_schedule(plan)``, as (kind, microbatch) pairs, for a
+    plan without shadows (whose lists are these orders lowered: ``oobleck.schedules.cost.orders_cost``)."""
+    if plan.shadows:
+        raise ValueError("a plan with shadows has redundant forwards besides its compute orders")
+    routes = routes if routes is not None else plan_routes(plan)
+    if plan.reroutes:
+        return rerouted_pairs(routes)
+    return {slot: [(task.kind, task.microbatch) for task in tasks] for slot, tasks in _one_f_one_b_orders(plan).items()}
 
 
 def checked_schedule(plan: ExecutionPlan) -> Schedule:

@@ -14,16 +14,32 @@ not in it (they follow the schedule: ``oobleck.planning.pipeline_cost``).
 On plain 1F1B with one device per stage and free transfers this is exactly
 ``exact_1f1b_makespan`` (the same longest path), and so Eq. 1-4 where those agree (equal stages,
 m >= S); the planner's cost model instead adds each boundary transfer to the stage's time.
+
+``orders_cost`` gives the same numbers from the slots' compute orders without making the ops: a
+rank's op list is, task by task, the receives of the task's input, the compute op and the sends of
+its output (``oobleck.schedules.lower``), so it runs those groups with the same float operations
+in the same order as ``run_lists`` runs the ops (a task's receives are taken together once all
+have arrived: each takes its channel's next message whenever it is taken, and the clock is their
+maximum). ``plan_cost`` uses it for every plan whose lists are lowered orders (1F1B, re-routed),
+the simulator's ReCycle costing among them.
 """
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from oobleck.planning.inputs import ClusterSpec, ModelProfile
 from oobleck.planning.outputs import ExecutionPlan
+from oobleck.schedules import build_schedule, compute_pairs, plan_routes
+from oobleck.schedules.lower import Slot, positions
 from oobleck.schedules.ops import Op, OpKind, Schedule
+from oobleck.schedules.routes import Hop, Route, Routes, rows
 from oobleck.schedules.simulate import run_lists
+
+F, B, I, W = OpKind.FORWARD, OpKind.BACKWARD, OpKind.BACKWARD_INPUT, OpKind.BACKWARD_WEIGHT
 
 
 @dataclass(frozen=True)
@@ -51,44 +67,257 @@ def _prefix(values: list[float]) -> list[float]:
     return sums
 
 
-def schedule_cost(
-    plan: ExecutionPlan, schedule: Schedule, profile: ModelProfile, cluster: ClusterSpec | None = None
-) -> ScheduleCost:
-    """Time ``schedule`` (see the module docstring); ``cluster`` None: transfers take no time."""
-    layers = profile.layers
-    if len(layers) != plan.num_layers:
-        raise ValueError(f"the profile has {len(layers)} layers but the plan {plan.num_layers}")
-    forward = _prefix([layer.forward_s for layer in layers])
-    backward = _prefix([layer.backward_s for layer in layers])
-    inputs = _prefix([layer.backward_split[0] for layer in layers])
-    weights = _prefix([layer.backward_split[1] for layer in layers])
-    node = [a.worker[0] for a in plan.assignments()]
-    b = plan.microbatch_size
+class _Timing:
+    """An op's seconds (see the module docstring), from its kind, layers, rows and ranks: the one
+    definition both the op path and the order path use, so their floats are the same."""
 
-    def duration(rank: int, op: Op) -> float:
-        share = (op.hi - op.lo) / b
-        a, c = op.start, op.end
-        if op.kind in (OpKind.FORWARD, OpKind.REDUNDANT_FORWARD):
-            seconds = forward[c] - forward[a]
-        elif op.kind is OpKind.BACKWARD or (op.kind is OpKind.BACKWARD_WEIGHT and a == 0):
-            seconds = backward[c] - backward[a]
-        elif op.kind is OpKind.BACKWARD_INPUT:
-            seconds = 0.0 if a == 0 else inputs[c] - inputs[a]
-        elif op.kind is OpKind.BACKWARD_WEIGHT:
-            seconds = weights[c] - weights[a]
+    def __init__(self, plan: ExecutionPlan, profile: ModelProfile, cluster: ClusterSpec | None) -> None:
+        layers = profile.layers
+        if len(layers) != plan.num_layers:
+            raise ValueError(f"the profile has {len(layers)} layers but the plan {plan.num_layers}")
+        self.layers, self.cluster = layers, cluster
+        self.forward = _prefix([layer.forward_s for layer in layers])
+        self.backward = _prefix([layer.backward_s for layer in layers])
+        self.inputs = _prefix([layer.backward_split[0] for layer in layers])
+        self.weights = _prefix([layer.backward_split[1] for layer in layers])
+        self.node = [a.worker[0] for a in plan.assignments()]
+        self.b = plan.microbatch_size
+
+    def compute_s(self, kind: OpKind, a: int, c: int, lo: int, hi: int) -> float:
+        """A compute op of layers ``[a, c)`` on rows ``[lo, hi)``; 0 for any other op."""
+        share = (hi - lo) / self.b
+        if kind in (OpKind.FORWARD, OpKind.REDUNDANT_FORWARD):
+            seconds = self.forward[c] - self.forward[a]
+        elif kind is OpKind.BACKWARD or (kind is OpKind.BACKWARD_WEIGHT and a == 0):
+            seconds = self.backward[c] - self.backward[a]
+        elif kind is OpKind.BACKWARD_INPUT:
+            seconds = 0.0 if a == 0 else self.inputs[c] - self.inputs[a]
+        elif kind is OpKind.BACKWARD_WEIGHT:
+            seconds = self.weights[c] - self.weights[a]
         else:
             seconds = 0.0
         return seconds * share
 
-    def delivery(rank: int, op: Op) -> float:
-        if cluster is None:
+    def delivery_s(self, kind: OpKind, a: int, c: int, lo: int, hi: int, rank: int, peer: int) -> float:
+        """A send of ``rank`` (of the compute op of layers ``[a, c)``) of rows ``[lo, hi)`` to ``peer``."""
+        if self.cluster is None:
             return 0.0
-        boundary = op.end - 1 if op.kind is OpKind.SEND_F else op.start - 1
-        nbytes = layers[boundary].output_bytes * (op.hi - op.lo) / b
-        same_node = node[rank] == node[op.peer]
-        return nbytes / (cluster.intra_node_bandwidth if same_node else cluster.inter_node_bandwidth)
+        boundary = c - 1 if kind is OpKind.SEND_F else a - 1
+        nbytes = self.layers[boundary].output_bytes * (hi - lo) / self.b
+        same_node = self.node[rank] == self.node[peer]
+        return nbytes / (self.cluster.intra_node_bandwidth if same_node else self.cluster.inter_node_bandwidth)
+
+
+def schedule_cost(
+    plan: ExecutionPlan, schedule: Schedule, profile: ModelProfile, cluster: ClusterSpec | None = None
+) -> ScheduleCost:
+    """Time ``schedule`` (see the module docstring); ``cluster`` None: transfers take no time."""
+    timing = _Timing(plan, profile, cluster)
+
+    def duration(rank: int, op: Op) -> float:
+        return timing.compute_s(op.kind, op.start, op.end, op.lo, op.hi)
+
+    def delivery(rank: int, op: Op) -> float:
+        return timing.delivery_s(op.kind, op.start, op.end, op.lo, op.hi, rank, op.peer)
 
     timeline = run_lists(schedule, duration, delivery)
     if not timeline.finished:
-        raise ValueError("the schedule deadlocks; check it with oobleck.schedules.check_schedule first")
+        raise ValueError(_DEADLOCK)
     return ScheduleCost(timeline.end, timeline.busy)
+
+
+_DEADLOCK = "the schedule deadlocks; check it with oobleck.schedules.check_schedule first"
+
+
+def plan_cost(plan: ExecutionPlan, profile: ModelProfile, cluster: ClusterSpec | None = None) -> ScheduleCost:
+    """``schedule_cost`` of ``build_schedule(plan)``, the same numbers; a plan without shadows (1F1B
+    or re-routed) is costed from its compute orders (``orders_cost``), its ops never made."""
+    if plan.shadows:
+        return schedule_cost(plan, build_schedule(plan), profile, cluster)
+    with _collector_paused():
+        routes = plan_routes(plan)
+        return orders_cost(routes, compute_pairs(plan, routes), profile, cluster)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector. A large plan's costing makes some 10^5 tuples and lists,
+    nearly all alive until it returns and none in a cycle (reference counting frees them); the
+    collections their number triggers would scan them, and in a simulation every other object of
+    the process, over and over: they took half of a simulation's time."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+# A task of a rank: (the channels of its receives, its compute seconds, (channel, delivery
+# seconds) of its sends), receives and sends in the order the lowered ops have them.
+_Step = tuple[tuple[int, ...], float, tuple[tuple[int, float], ...]]
+
+
+def orders_cost(
+    routes: Routes,
+    orders: Mapping[Slot, Sequence[tuple[OpKind, int]]],
+    profile: ModelProfile,
+    cluster: ClusterSpec | None = None,
+) -> ScheduleCost:
+    """``schedule_cost`` of the lists ``lower(routes, orders)`` makes (``orders``: each slot's
+    (kind, microbatch) tasks), without making them (see the module docstring)."""
+    timing = _Timing(routes.plan, profile, cluster)
+    steps = _RankSteps(routes, timing)
+    lists: list[list[_Step]] = [[] for _ in routes.plan.assignments()]
+    for slot, hop in routes.slots.items():
+        for shard, rank in enumerate(hop.ranks):
+            lo, hi = rows(routes.microbatch_size, len(hop.ranks), shard)
+            if hi > lo:
+                lists[rank] = steps.of(slot, hop, rank, (lo, hi), orders.get(slot, ()))
+    end, busy, finished = _run_steps(lists, len(steps.channels))
+    if not finished:
+        raise ValueError(_DEADLOCK)
+    return ScheduleCost(tuple(end), tuple(busy))
+
+
+class _RankSteps:
+    """Each rank's tasks as ``_Step`` s; channels numbered as they are first met (one per sender,
+    receiver and direction, as ``run_lists`` keys them)."""
+
+    def __init__(self, routes: Routes, timing: _Timing) -> None:
+        self.routes, self.timing = routes, timing
+        self.where = positions(routes)
+        self.channels: dict[tuple[int, int, bool], int] = {}
+
+    def of(
+        self, slot: Slot, hop: Hop, rank: int, mine: tuple[int, int], tasks: Sequence[tuple[OpKind, int]]
+    ) -> list[_Step]:
+        """The steps of ``rank`` (rows ``mine`` of ``hop``) for the tasks of its slot."""
+        by_microbatch, where, timing = self.routes.by_microbatch, self.where, self.timing
+        a, c, lo, hi = hop.start, hop.end, mine[0], mine[1]
+        forward, inputs = timing.compute_s(F, a, c, lo, hi), timing.compute_s(I, a, c, lo, hi)
+        backward, weights = timing.compute_s(B, a, c, lo, hi), timing.compute_s(W, a, c, lo, hi)
+        # id of the neighbouring hop -> what this rank receives from it / sends to it, per direction;
+        # the hops live in ``routes``, so ids are stable.
+        from_before: dict[int, tuple[int, ...]] = {}
+        to_after: dict[int, tuple[tuple[int, float], ...]] = {}
+        from_after: dict[int, tuple[int, ...]] = {}
+        to_before: dict[int, tuple[tuple[int, float], ...]] = {}
+        result: list[_Step] = []
+        append = result.append
+        for kind, mb in tasks:
+            route = by_microbatch[mb]
+            at = where[mb].get(slot)
+            if at is None:
+                raise ValueError(f"microbatch {mb} does not pass stage {slot[1]} of pipeline {slot[0]}")
+            hops = route.hops
+            if kind is F:
+                receives = sends = None
+                if at:
+                    receives = from_before.get(id(hops[at - 1]))
+                    if receives is None:
+                        receives = self._receives(from_before, hop, rank, route, at, -1, True)
+                if at + 1 < len(hops):
+                    sends = to_after.get(id(hops[at + 1]))
+                    if sends is None:
+                        sends = self._sends(to_after, hop, rank, route, at, +1, True)
+                append((receives or (), forward, sends or ()))
+            elif kind is I or kind is B:
+                receives = sends = None
+                if at + 1 < len(hops):
+                    receives = from_after.get(id(hops[at + 1]))
+                    if receives is None:
+                        receives = self._receives(from_after, hop, rank, route, at, +1, False)
+                if at:
+                    sends = to_before.get(id(hops[at - 1]))
+                    if sends is None:
+                        sends = self._sends(to_before, hop, rank, route, at, -1, False)
+                append((receives or (), inputs if kind is I else backward, sends or ()))
+            else:
+                append(((), weights if kind is W else timing.compute_s(kind, a, c, lo, hi), ()))
+        return result
+
+    def _channel(self, sender: int, receiver: int, activations: bool) -> int:
+        key = (sender, receiver, activations)
+        number = self.channels.get(key)
+        if number is None:
+            number = self.channels[key] = len(self.channels)
+        return number
+
+    def _receives(
+        self, cache: dict[int, tuple[int, ...]], hop: Hop, rank: int, route: Route, at: int, offset: int, act: bool
+    ) -> tuple[int, ...]:
+        """The channels ``rank`` receives on from the shards of the hop ``offset`` away (cached per hop)."""
+        other = route.hops[at + offset]
+        found = cache.get(id(other))
+        if found is None:
+            peers = self.routes.neighbours(hop, rank, route, at, offset)
+            found = cache[id(other)] = tuple(self._channel(peer, rank, act) for peer, _ in peers)
+        return found
+
+    def _sends(
+        self,
+        cache: dict[int, tuple[tuple[int, float], ...]],
+        hop: Hop,
+        rank: int,
+        route: Route,
+        at: int,
+        offset: int,
+        act: bool,
+    ) -> tuple[tuple[int, float], ...]:
+        """(channel, delivery seconds) of each send of ``rank`` to the shards of the hop ``offset``
+        away (cached per hop)."""
+        other = route.hops[at + offset]
+        found = cache.get(id(other))
+        if found is None:
+            kind = OpKind.SEND_F if act else OpKind.SEND_B
+            peers = self.routes.neighbours(hop, rank, route, at, offset)
+            found = cache[id(other)] = tuple(
+                (self._channel(rank, peer, act), self.timing.delivery_s(kind, hop.start, hop.end, x, y, rank, peer))
+                for peer, (x, y) in peers
+            )
+        return found
+
+
+def _run_steps(lists: list[list[_Step]], channels: int) -> tuple[list[float], list[float], bool]:
+    """``run_lists`` on steps: each rank runs its steps in order, a step once every message it
+    receives has arrived; (each rank's end, its compute seconds, whether every list finished)."""
+    sent: list[list[float]] = [[] for _ in range(channels)]  # arrival times, in sending order
+    taken = [0] * channels
+    position = [0] * len(lists)
+    clock = [0.0] * len(lists)
+    busy = [0.0] * len(lists)
+    progress = True
+    while progress:
+        progress = False
+        for rank, steps in enumerate(lists):
+            at, count = position[rank], len(steps)
+            if at == count:
+                continue
+            now, spent = clock[rank], busy[rank]
+            while at < count:
+                receives, seconds, sends = steps[at]
+                if receives:
+                    waiting = False
+                    for c in receives:
+                        if taken[c] == len(sent[c]):
+                            waiting = True
+                            break
+                    if waiting:
+                        break
+                    for c in receives:
+                        k = taken[c]
+                        taken[c] = k + 1
+                        now = max(now, sent[c][k])
+                now += seconds
+                spent += seconds
+                for c, delivery in sends:
+                    sent[c].append(now + delivery)
+                at += 1
+            if at != position[rank]:
+                position[rank], clock[rank], busy[rank] = at, now, spent
+                progress = True
+    finished = all(position[r] == len(steps) for r, steps in enumerate(lists))
+    return clock, busy, finished

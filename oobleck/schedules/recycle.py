@@ -27,15 +27,18 @@ needs every stage's gradients first), its failure normalisation over several fai
 heterogeneous templates (a re-routed range must be exactly one peer stage; a heterogeneous peer
 would need the range split over several of its stages, each hop a partial range, which
 ``oobleck.schedules.routes`` refuses with that reason).
+
+The list scheduler runs once per re-routed plan the simulator costs (tens of thousands of tasks
+for a large plan), so its inner loop works on flat per-slot lists, integer task codes and tuples;
+``rerouted_pairs`` gives its orders as (kind, microbatch) pairs for the operation-level cost
+(``oobleck.schedules.cost.orders_cost``), ``rerouted_orders`` as ``Task`` lists for lowering.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
-import math
-from collections import deque
-from dataclasses import dataclass, field
+from collections import defaultdict, deque
 
 from oobleck.errors import PlanningError
 from oobleck.planning.inputs import DEFAULT_BACKWARD_INPUT_FRACTION
@@ -46,34 +49,19 @@ from oobleck.schedules.routes import Routes
 
 F, I, W, B = OpKind.FORWARD, OpKind.BACKWARD_INPUT, OpKind.BACKWARD_WEIGHT, OpKind.BACKWARD
 
+# Task codes inside the scheduler (an enum member hashes through Python code; an int does not),
+# and the kind of each code.
+_F, _I, _W, _B = 0, 1, 2, 3
+_KINDS = (F, I, W, B)
 
-@dataclass(slots=True)
-class _Need:
-    """What a task of a slot waits for: the task (kind, microbatch, slot) whose end makes its input
-    (None: none, a first stage's forward), and the queue of the channel its message arrives on."""
-
-    after: tuple[OpKind, int, Slot] | None
-    channel: deque[int] | None
-    sends: deque[int] | None  # the queue of the channel this task's own output leaves on
-
-
-# An eligible task: (ready at, microbatch, task, what it needs). A slot sees a microbatch's task of
-# one kind once, so (ready at, microbatch) orders the entries totally and the rest is never compared.
-_Entry = tuple[float, int, Task, _Need]
-
-
-@dataclass
-class _SlotState:
-    slot: Slot
-    limit: int  # microbatches that may be in flight (forward done, input gradient not)
-    seconds: dict[OpKind, float]
-    remaining: int = 0
-    # Tasks whose input is (or will be) there: kind -> entries, each list sorted.
-    eligible: dict[OpKind, list[_Entry]] = field(default_factory=lambda: {F: [], I: [], W: []})
-    order: list[Task] = field(default_factory=list)
-    free_at: float = 0.0
-    in_flight: int = 0
-    deferred: int = 0  # W tasks whose I ran
+# An eligible task: (ready at, microbatch, code, the channel its input arrives on, the channel its
+# output leaves on, the key of its end: None for a W, whose end nobody waits for). A slot sees a
+# microbatch's task of one kind once, so (ready at, microbatch) orders a slot's entries of one kind
+# totally and the rest is never compared.
+_Entry = tuple[float, int, int, "deque[int] | None", "deque[int] | None", "int | None"]
+# A task waiting for another's end: (its slot, the eligible list it joins, then its entry's fields
+# after the ready time).
+_Waiter = tuple[int, list[_Entry], int, int, "deque[int] | None", "deque[int] | None", "int | None"]
 
 
 def task_seconds(routes: Routes, slot: Slot) -> dict[OpKind, float]:
@@ -89,7 +77,67 @@ def task_seconds(routes: Routes, slot: Slot) -> dict[OpKind, float]:
 def rerouted_orders(routes: Routes, split: bool = True) -> dict[Slot, list[Task]]:
     """Every slot's compute order, list-scheduled (see the module docstring): F, I and W tasks, or
     with ``split`` false F and whole-backward B tasks (ReCycle without decoupled back-propagation,
-    to measure what the split buys).
+    to measure what the split buys)."""
+    return {slot: [Task(kind, mb) for kind, mb in pairs] for slot, pairs in rerouted_pairs(routes, split).items()}
+
+
+class _Tasks:
+    """Every slot's tasks before scheduling: those ready at the start, those waiting for another
+    task's end, and each slot's in-flight limit and task count.
+
+    A task's end has an integer key: ``(microbatch * slots + slot) * 2``, plus one for the input
+    gradient (an I or B) rather than the forward output (unique for any integer microbatch). A
+    channel between slots is keyed alike: ``(sender * slots + receiver) * 2``, plus one for input
+    gradients rather than forward outputs."""
+
+    def __init__(self, routes: Routes, slots: list[Slot], split: bool) -> None:
+        n = len(slots)
+        index = {slot: i for i, slot in enumerate(slots)}
+        self.eligible: tuple[list[list[_Entry]], ...] = tuple([[] for _ in slots] for _ in range(3))  # F, I, W
+        self.waiting: dict[int | None, list[_Waiter]] = {}
+        self.limit = [0] * n
+        self.remaining = [0] * n
+        queues: defaultdict[int, deque[int]] = defaultdict(deque)  # sent, not yet consumed, in order
+        backward = _I if split else _B
+        per_hop = 3 if split else 2
+        forwards, inputs, weights = self.eligible
+        waiting, limit, remaining = self.waiting, self.limit, self.remaining
+        sends: deque[int] | None
+        reads: deque[int] | None
+        back: deque[int] | None
+        for route in routes.routes:
+            mb = route.microbatch
+            path = [index[(hop.pipeline, hop.stage)] for hop in route.hops]
+            hops = len(path)
+            mine = mb * n
+            for at, i in enumerate(path):
+                limit[i] = max(limit[i], hops - at)
+                remaining[i] += per_hop
+                output = (mine + i) * 2
+                gradient = output + 1
+                if at + 1 < hops:
+                    after = path[at + 1]
+                    sends = queues[(i * n + after) * 2]
+                    reads = queues[(after * n + i) * 2 + 1]
+                    after_key = (mine + after) * 2 + 1
+                else:
+                    sends = reads = None
+                    after_key = output
+                if at:
+                    before = path[at - 1]
+                    waiter = (i, forwards[i], mb, _F, queues[(before * n + i) * 2], sends, output)
+                    waiting.setdefault((mine + before) * 2, []).append(waiter)
+                    back = queues[(i * n + before) * 2 + 1]
+                else:
+                    bisect.insort(forwards[i], (0.0, mb, _F, None, sends, output))
+                    back = None
+                waiting.setdefault(after_key, []).append((i, inputs[i], mb, backward, reads, back, gradient))
+                if split:
+                    waiting.setdefault(gradient, []).append((i, weights[i], mb, _W, None, None, None))
+
+
+def rerouted_pairs(routes: Routes, split: bool = True) -> dict[Slot, list[tuple[OpKind, int]]]:
+    """``rerouted_orders`` as (kind, microbatch) pairs.
 
     The schedule is made in passes at one time ``now``: each pass offers every free slot, in slot
     order, one task by the priorities; when a pass starts nothing, ``now`` moves to the next end of
@@ -99,54 +147,27 @@ def rerouted_orders(routes: Routes, split: bool = True) -> dict[Slot, list[Task]
     pick came out empty stays empty until then). The orders are those of offering every slot in
     every pass, which the tests check against a copy of that simpler loop."""
     slots = sorted(routes.slots)
-    states = [_SlotState(slot, 0, task_seconds(routes, slot)) for slot in slots]
-    index = {slot: i for i, slot in enumerate(slots)}
-    backward = I if split else B
-    queues: dict[tuple[Slot, Slot, OpKind], deque[int]] = {}  # sent, not yet consumed, in order
-
-    def queue(channel: tuple[Slot, Slot, OpKind] | None) -> deque[int] | None:
-        return None if channel is None else queues.setdefault(channel, deque())
-
-    # a task's end -> the tasks it unblocks (slot index, task, need)
-    waiting: dict[tuple[OpKind, int, Slot], list[tuple[int, Task, _Need]]] = {}
-    for route in routes.routes:
-        mb, hops = route.microbatch, route.hops
-        path = [(hop.pipeline, hop.stage) for hop in hops]
-        for at, slot in enumerate(path):
-            i = index[slot]
-            state = states[i]
-            state.limit = max(state.limit, len(hops) - at)
-            before = path[at - 1] if at > 0 else None
-            after = path[at + 1] if at < len(hops) - 1 else None
-            kinds = {
-                F: _Need(
-                    (F, mb, before) if before else None,
-                    queue((before, slot, F) if before else None),
-                    queue((slot, after, F) if after else None),
-                ),
-                backward: _Need(
-                    (I, mb, after) if after else (F, mb, slot),
-                    queue((after, slot, I) if after else None),
-                    queue((slot, before, I) if before else None),
-                ),
-            }
-            if split:
-                kinds[W] = _Need((I, mb, slot), None, None)
-            for kind, need in kinds.items():
-                task = Task(kind, mb)
-                state.remaining += 1
-                if need.after is None:
-                    bisect.insort(state.eligible[F], (0.0, mb, task, need))
-                else:
-                    waiting.setdefault(need.after, []).append((i, task, need))
-    left = sum(state.remaining for state in states)
+    n = len(slots)
+    tasks = _Tasks(routes, slots, split)
+    forwards, inputs, weights = tasks.eligible
+    waiting, limit, remaining = tasks.waiting, tasks.limit, tasks.remaining
+    seconds = []
+    for slot in slots:
+        of = task_seconds(routes, slot)
+        seconds.append(tuple(of[kind] for kind in _KINDS))
+    orders: list[list[tuple[OpKind, int]]] = [[] for _ in slots]
+    free_at = [0.0] * n
+    in_flight = [0] * n  # microbatches whose forward ran and input gradient not
+    deferred = [0] * n  # W tasks whose I ran
+    left = sum(remaining)
     # Slots whose pick may change when ``now`` reaches a time (a task ends there: its slot becomes
     # free and the tasks it unblocks become ready), and those times (a heap).
     wake: dict[float, list[int]] = {}
     times: list[float] = []
-    pending = list(range(len(states)))  # slots to offer in the next pass (repeats allowed)
+    pending = list(range(n))  # slots to offer in the next pass (repeats allowed)
     relaxed = False
     now = 0.0
+    heappop, heappush, insort = heapq.heappop, heapq.heappush, bisect.insort  # (the loop runs per task)
     while left:
         offer = pending  # a heap: slot order
         heapq.heapify(offer)
@@ -154,111 +175,89 @@ def rerouted_orders(routes: Routes, split: bool = True) -> dict[Slot, list[Task]
         started = False
         last = -1
         while offer:
-            i = heapq.heappop(offer)
+            i = heappop(offer)
             if i == last:
                 continue  # offered already in this pass
             last = i
-            state = states[i]
-            if state.free_at > now or not state.remaining:
+            if free_at[i] > now or not remaining[i]:
                 continue
-            picked = _pick(state, now, relaxed)
-            if picked is None:
-                continue
-            task, need = picked
-            end = _start(state, task, now, need)
+            # The pick (module docstring): an input gradient, else a forward within the in-flight
+            # limit unless as many W's wait as may be in flight, else the oldest deferred W.
+            entries = inputs[i]
+            at = _first_ready(entries, now) if entries else -1
+            if at < 0:
+                entries = forwards[i]
+                at = _first_ready(entries, now) if entries and (relaxed or in_flight[i] < limit[i]) else -1
+                if at < 0 or deferred[i] >= limit[i]:
+                    weight = _first_ready(weights[i], now) if weights[i] else -1
+                    if weight >= 0:
+                        entries, at = weights[i], weight
+                    elif at < 0:
+                        continue
+            _, mb, code, reads, sends, key = entries.pop(at)
+            # Start it at ``now``.
+            remaining[i] -= 1
+            orders[i].append((_KINDS[code], mb))
+            end = now + seconds[i][code]
+            free_at[i] = end
+            if reads is not None:
+                reads.popleft()
+            if sends is not None:
+                sends.append(mb)
+            if code == _F:
+                in_flight[i] += 1
+            elif code == _W:
+                deferred[i] -= 1
+            else:
+                in_flight[i] -= 1
+                deferred[i] += code == _I
             left -= 1
             started = True
             # Who may pick differently now: this slot (at once if the task took no time) and the
             # slots of the tasks it unblocks (at once if they are ready now). A message it sends is
             # read only by a task it unblocks, so a new channel head is among these. "At once": a
             # slot after this one in this pass, one before it (or this one) in the next.
+            unblocked = waiting.pop(key, ())
             if end > now:
-                _wake_at(wake, times, end, i)
+                woken = wake.get(end)
+                if woken is None:
+                    woken = wake[end] = []
+                    heappush(times, end)
+                woken.append(i)
+                for j, joins, their_mb, their_code, their_reads, their_sends, their_key in unblocked:
+                    insort(joins, (end, their_mb, their_code, their_reads, their_sends, their_key))
+                    if j != i:
+                        woken.append(j)
             else:
                 pending.append(i)
-            # a B gives the input gradient
-            produced = (I if task.kind is B else task.kind, task.microbatch, state.slot)
-            for j, unblocked, needed in waiting.pop(produced, ()):
-                kind = I if unblocked.kind is B else unblocked.kind
-                bisect.insort(states[j].eligible[kind], (end, unblocked.microbatch, unblocked, needed))
-                if end > now:
-                    _wake_at(wake, times, end, j)
-                elif j > i:
-                    heapq.heappush(offer, j)
-                else:
-                    pending.append(j)
+                for j, joins, their_mb, their_code, their_reads, their_sends, their_key in unblocked:
+                    insort(joins, (end, their_mb, their_code, their_reads, their_sends, their_key))
+                    if j > i:
+                        heappush(offer, j)
+                    else:
+                        pending.append(j)
         if started and pending:
             continue  # (a pass offering no slot would start nothing: move on at once)
         if times:
-            now = heapq.heappop(times)
+            now = heappop(times)
             pending = wake.pop(now)
         elif not relaxed:
             relaxed = True  # in-flight limits held every slot: let forwards run past them
-            pending = list(range(len(states)))
+            pending = list(range(n))
         else:
-            stuck = {s.slot: s.remaining for s in states if s.remaining}
+            stuck = {slots[i]: remaining[i] for i in range(n) if remaining[i]}
             raise PlanningError(f"the re-routed schedule cannot be ordered; tasks left per (pipeline, stage): {stuck}")
-    return {state.slot: state.order for state in states}
+    return dict(zip(slots, orders))
 
 
-def _wake_at(wake: dict[float, list[int]], times: list[float], at: float, slot: int) -> None:
-    woken = wake.get(at)
-    if woken is None:
-        wake[at] = [slot]
-        heapq.heappush(times, at)
-    else:
-        woken.append(slot)
-
-
-def _best(entries: list[_Entry], now: float) -> int:
+def _first_ready(entries: list[_Entry], now: float) -> int:
     """Where in ``entries`` the earliest-ready, then lowest-microbatch task that can start at
     ``now`` is (sorted: the first that can start is the best), or -1."""
     for at, entry in enumerate(entries):
         if entry[0] > now:
             return -1
-        channel = entry[3].channel
-        if channel is not None and (not channel or channel[0] != entry[1]):
+        reads = entry[3]
+        if reads is not None and (not reads or reads[0] != entry[1]):
             continue  # not the oldest message on its channel
         return at
     return -1
-
-
-def _pick(state: _SlotState, now: float, relaxed: bool) -> tuple[Task, _Need] | None:
-    """The slot's next task at ``now`` by the priorities of the module docstring, or None."""
-    eligible = state.eligible
-    inputs = _best(eligible[I], now)
-    if inputs >= 0:
-        return _take(eligible[I], inputs)
-    limit = math.inf if relaxed else state.limit
-    forward = _best(eligible[F], now) if state.in_flight < limit else -1
-    weights = _best(eligible[W], now)
-    if weights >= 0 and (state.deferred >= state.limit or forward < 0):
-        return _take(eligible[W], weights)
-    if forward >= 0:
-        return _take(eligible[F], forward)
-    return None
-
-
-def _take(entries: list[_Entry], at: int) -> tuple[Task, _Need]:
-    entry = entries.pop(at)
-    return entry[2], entry[3]
-
-
-def _start(state: _SlotState, task: Task, now: float, need: _Need) -> float:
-    """Start ``task`` at ``now``; returns when it ends."""
-    state.remaining -= 1
-    state.order.append(task)
-    end = now + state.seconds[task.kind]
-    state.free_at = end
-    if need.channel is not None:
-        need.channel.popleft()
-    if need.sends is not None:
-        need.sends.append(task.microbatch)
-    if task.kind is F:
-        state.in_flight += 1
-    elif task.kind in (I, B):
-        state.in_flight -= 1
-        state.deferred += task.kind is I
-    else:
-        state.deferred -= 1
-    return end
