@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from oobleck.planning.inputs import ClusterSpec, ModelProfile
 from oobleck.planning.outputs import ExecutionPlan
 from oobleck.schedules import build_schedule, compute_pairs, plan_routes
-from oobleck.schedules.lower import Slot, positions
+from oobleck.schedules.lower import Slot
 from oobleck.schedules.ops import Op, OpKind, Schedule
-from oobleck.schedules.routes import Hop, Route, Routes, rows
+from oobleck.schedules.routes import Hop, Routes, rows
 from oobleck.schedules.simulate import run_lists
 
 F, B, I, W = OpKind.FORWARD, OpKind.BACKWARD, OpKind.BACKWARD_INPUT, OpKind.BACKWARD_WEIGHT
@@ -184,60 +184,73 @@ def orders_cost(
 
 class _RankSteps:
     """Each rank's tasks as ``_Step`` s; channels numbered as they are first met (one per sender,
-    receiver and direction, as ``run_lists`` keys them)."""
+    receiver and direction, as ``run_lists`` keys them).
+
+    A task's step depends only on its kind and the hops before and after the slot on its route (at
+    the slot's first place there, as ``lower`` takes it), so each rank works out the four steps
+    (F, I, B, W) of each such pair of hops once and looks a task's up by its microbatch."""
 
     def __init__(self, routes: Routes, timing: _Timing) -> None:
         self.routes, self.timing = routes, timing
-        self.where = positions(routes)
         self.channels: dict[tuple[int, int, bool], int] = {}
+        # slot -> microbatch -> (the hop before, the hop after) the slot on its route
+        self.around: dict[Slot, dict[int, tuple[Hop | None, Hop | None]]] = {slot: {} for slot in routes.slots}
+        for mb, route in routes.by_microbatch.items():
+            hops = route.hops
+            for at, hop in enumerate(hops):
+                passing = self.around.setdefault((hop.pipeline, hop.stage), {})
+                if mb not in passing:
+                    passing[mb] = (hops[at - 1] if at else None, hops[at + 1] if at + 1 < len(hops) else None)
 
     def of(
         self, slot: Slot, hop: Hop, rank: int, mine: tuple[int, int], tasks: Sequence[tuple[OpKind, int]]
     ) -> list[_Step]:
         """The steps of ``rank`` (rows ``mine`` of ``hop``) for the tasks of its slot."""
-        by_microbatch, where, timing = self.routes.by_microbatch, self.where, self.timing
-        a, c, lo, hi = hop.start, hop.end, mine[0], mine[1]
-        forward, inputs = timing.compute_s(F, a, c, lo, hi), timing.compute_s(I, a, c, lo, hi)
-        backward, weights = timing.compute_s(B, a, c, lo, hi), timing.compute_s(W, a, c, lo, hi)
-        # id of the neighbouring hop -> what this rank receives from it / sends to it, per direction;
-        # the hops live in ``routes``, so ids are stable.
-        from_before: dict[int, tuple[int, ...]] = {}
-        to_after: dict[int, tuple[tuple[int, float], ...]] = {}
-        from_after: dict[int, tuple[int, ...]] = {}
-        to_before: dict[int, tuple[tuple[int, float], ...]] = {}
+        by_hops: dict[tuple[int, int], tuple[_Step, _Step, _Step, _Step]] = {}  # ids of the hops around
+        by_microbatch: dict[int, tuple[_Step, _Step, _Step, _Step]] = {}
+        for mb, (before, after) in self.around[slot].items():
+            key = (id(before), id(after))  # the hops live in ``routes``, so ids are stable
+            four = by_hops.get(key)
+            if four is None:
+                four = by_hops[key] = self._four(hop, rank, mine, before, after)
+            by_microbatch[mb] = four
         result: list[_Step] = []
         append = result.append
         for kind, mb in tasks:
-            route = by_microbatch[mb]
-            at = where[mb].get(slot)
-            if at is None:
+            four = by_microbatch.get(mb)
+            if four is None:
+                if mb not in self.routes.by_microbatch:
+                    raise KeyError(mb)  # as lowering fails on a microbatch of no route
                 raise ValueError(f"microbatch {mb} does not pass stage {slot[1]} of pipeline {slot[0]}")
-            hops = route.hops
             if kind is F:
-                receives = sends = None
-                if at:
-                    receives = from_before.get(id(hops[at - 1]))
-                    if receives is None:
-                        receives = self._receives(from_before, hop, rank, route, at, -1, True)
-                if at + 1 < len(hops):
-                    sends = to_after.get(id(hops[at + 1]))
-                    if sends is None:
-                        sends = self._sends(to_after, hop, rank, route, at, +1, True)
-                append((receives or (), forward, sends or ()))
-            elif kind is I or kind is B:
-                receives = sends = None
-                if at + 1 < len(hops):
-                    receives = from_after.get(id(hops[at + 1]))
-                    if receives is None:
-                        receives = self._receives(from_after, hop, rank, route, at, +1, False)
-                if at:
-                    sends = to_before.get(id(hops[at - 1]))
-                    if sends is None:
-                        sends = self._sends(to_before, hop, rank, route, at, -1, False)
-                append((receives or (), inputs if kind is I else backward, sends or ()))
-            else:
-                append(((), weights if kind is W else timing.compute_s(kind, a, c, lo, hi), ()))
+                append(four[0])
+            elif kind is I:
+                append(four[1])
+            elif kind is B:
+                append(four[2])
+            elif kind is W:
+                append(four[3])
+            else:  # (no generator orders other kinds; lowered, they are a compute op alone)
+                append(((), self.timing.compute_s(kind, hop.start, hop.end, *mine), ()))
         return result
+
+    def _four(
+        self, hop: Hop, rank: int, mine: tuple[int, int], before: Hop | None, after: Hop | None
+    ) -> tuple[_Step, _Step, _Step, _Step]:
+        """The F, I, B and W steps of ``rank`` (rows ``mine`` of ``hop``) between ``before`` and
+        ``after``: a forward receives from the hop before and sends to the one after, a backward
+        the other way, a W neither."""
+        timing, a, c = self.timing, hop.start, hop.end
+        forward_in = self._receives(hop, rank, before, True) if before is not None else ()
+        forward_out = self._sends(hop, rank, after, True) if after is not None else ()
+        backward_in = self._receives(hop, rank, after, False) if after is not None else ()
+        backward_out = self._sends(hop, rank, before, False) if before is not None else ()
+        return (
+            (forward_in, timing.compute_s(F, a, c, *mine), forward_out),
+            (backward_in, timing.compute_s(I, a, c, *mine), backward_out),
+            (backward_in, timing.compute_s(B, a, c, *mine), backward_out),
+            ((), timing.compute_s(W, a, c, *mine), ()),
+        )
 
     def _channel(self, sender: int, receiver: int, activations: bool) -> int:
         key = (sender, receiver, activations)
@@ -246,39 +259,17 @@ class _RankSteps:
             number = self.channels[key] = len(self.channels)
         return number
 
-    def _receives(
-        self, cache: dict[int, tuple[int, ...]], hop: Hop, rank: int, route: Route, at: int, offset: int, act: bool
-    ) -> tuple[int, ...]:
-        """The channels ``rank`` receives on from the shards of the hop ``offset`` away (cached per hop)."""
-        other = route.hops[at + offset]
-        found = cache.get(id(other))
-        if found is None:
-            peers = self.routes.neighbours(hop, rank, route, at, offset)
-            found = cache[id(other)] = tuple(self._channel(peer, rank, act) for peer, _ in peers)
-        return found
+    def _receives(self, hop: Hop, rank: int, other: Hop, activations: bool) -> tuple[int, ...]:
+        """The channels ``rank`` receives on from the shards of ``other``, in shard order."""
+        return tuple(self._channel(peer, rank, activations) for peer, _ in self.routes.overlapping(hop, rank, other))
 
-    def _sends(
-        self,
-        cache: dict[int, tuple[tuple[int, float], ...]],
-        hop: Hop,
-        rank: int,
-        route: Route,
-        at: int,
-        offset: int,
-        act: bool,
-    ) -> tuple[tuple[int, float], ...]:
-        """(channel, delivery seconds) of each send of ``rank`` to the shards of the hop ``offset``
-        away (cached per hop)."""
-        other = route.hops[at + offset]
-        found = cache.get(id(other))
-        if found is None:
-            kind = OpKind.SEND_F if act else OpKind.SEND_B
-            peers = self.routes.neighbours(hop, rank, route, at, offset)
-            found = cache[id(other)] = tuple(
-                (self._channel(rank, peer, act), self.timing.delivery_s(kind, hop.start, hop.end, x, y, rank, peer))
-                for peer, (x, y) in peers
-            )
-        return found
+    def _sends(self, hop: Hop, rank: int, other: Hop, activations: bool) -> tuple[tuple[int, float], ...]:
+        """(channel, delivery seconds) of each send of ``rank`` to the shards of ``other``."""
+        kind = OpKind.SEND_F if activations else OpKind.SEND_B
+        return tuple(
+            (self._channel(rank, peer, activations), self.timing.delivery_s(kind, hop.start, hop.end, x, y, rank, peer))
+            for peer, (x, y) in self.routes.overlapping(hop, rank, other)
+        )
 
 
 def _run_steps(lists: list[list[_Step]], channels: int) -> tuple[list[float], list[float], bool]:

@@ -74,8 +74,12 @@ class Routes:
     ) -> list[tuple[int, tuple[int, int]]]:
         """(peer rank, rows both own) for each shard of the hop ``offset`` away from ``position``
         on ``route`` whose rows overlap those of ``rank`` (a shard of ``hop``)."""
+        return self.overlapping(hop, rank, route.hops[position + offset])
+
+    def overlapping(self, hop: Hop, rank: int, other: Hop) -> list[tuple[int, tuple[int, int]]]:
+        """(peer rank, rows both own) for each shard of ``other`` whose rows overlap those of
+        ``rank`` (a shard of ``hop``), in shard order."""
         mine = rows(self.microbatch_size, len(hop.ranks), hop.ranks.index(rank))
-        other = route.hops[position + offset]
         result = []
         for peer, theirs in other.shard_rows(self.microbatch_size):
             common = overlap(mine, theirs)
