@@ -32,6 +32,7 @@ __all__ = [
     "check_schedule",
     "checked_schedule",
     "compute_pairs",
+    "one_f_one_b_orders",
     "plan_routes",
 ]
 
@@ -43,7 +44,7 @@ def build_schedule(plan: ExecutionPlan, routes: Routes | None = None) -> Schedul
         ranks = lower(routes, rerouted_orders(routes))
         generator = "recycle"
     else:
-        ranks = lower(routes, _one_f_one_b_orders(plan))
+        ranks = lower(routes, one_f_one_b_orders(plan))
         generator = "1f1b"
         if plan.shadows:
             ranks = place_redundant_forwards(plan, ranks, plan.redundancy)
@@ -51,7 +52,8 @@ def build_schedule(plan: ExecutionPlan, routes: Routes | None = None) -> Schedul
     return Schedule(tuple(tuple(ops) for ops in ranks), generator, plan.microbatch_size, plan.num_layers)
 
 
-def _one_f_one_b_orders(plan: ExecutionPlan) -> dict[Slot, list[Task]]:
+def one_f_one_b_orders(plan: ExecutionPlan) -> dict[Slot, list[Task]]:
+    """Every slot's 1F1B compute order (its pipeline's microbatches), as lowering takes them."""
     orders = {}
     for pipeline in plan.pipelines:
         microbatches = list(range(pipeline.first_microbatch, pipeline.first_microbatch + pipeline.microbatches))
@@ -68,7 +70,7 @@ def compute_pairs(plan: ExecutionPlan, routes: Routes | None = None) -> dict[Slo
     routes = routes if routes is not None else plan_routes(plan)
     if plan.reroutes:
         return rerouted_pairs(routes)
-    return {slot: [(task.kind, task.microbatch) for task in tasks] for slot, tasks in _one_f_one_b_orders(plan).items()}
+    return {slot: [(task.kind, task.microbatch) for task in tasks] for slot, tasks in one_f_one_b_orders(plan).items()}
 
 
 def checked_schedule(plan: ExecutionPlan) -> Schedule:

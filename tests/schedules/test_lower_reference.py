@@ -16,24 +16,14 @@ import reference_lower
 from hypothesis import HealthCheck, given, settings
 from plans import bamboo_plan, crafted_routes, random_plan, rerouted_plan, seeded_rerouted_plan
 
-from oobleck.planning.outputs import ExecutionPlan
-from oobleck.schedules import plan_routes
-from oobleck.schedules.lower import Task, lower, one_f_one_b
+from oobleck.schedules import one_f_one_b_orders, plan_routes
+from oobleck.schedules.lower import Task, lower
 from oobleck.schedules.ops import COMPUTE, OpKind
 from oobleck.schedules.recycle import rerouted_orders
 from oobleck.schedules.routes import Routes
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SEEDS = 25
-
-
-def one_f_one_b_orders(plan: ExecutionPlan) -> dict[tuple[int, int], list[Task]]:
-    orders = {}
-    for pipeline in plan.pipelines:
-        microbatches = list(range(pipeline.first_microbatch, pipeline.first_microbatch + pipeline.microbatches))
-        for stage in range(pipeline.template.num_stages):
-            orders[(pipeline.index, stage)] = one_f_one_b(stage, pipeline.template.num_stages, microbatches)
-    return orders
 
 
 def assert_same_ops(routes: Routes, orders: dict[tuple[int, int], list[Task]]) -> None:
