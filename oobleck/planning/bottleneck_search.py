@@ -89,6 +89,18 @@ def _one_stage_per_node(table: _StageTable, gpus: int, max_nodes: int) -> dict[i
     return layouts
 
 
+def _seed_layouts(table: _StageTable, gpus: int, max_nodes: int) -> dict[int, list[tuple[int, int, int]]]:
+    """``_one_stage_per_node`` for at least every node count up to ``max_nodes``, kept on the table
+    (the layout of n nodes does not depend on how many counts one asks for). A count past those
+    kept doubles them, so asking for every count in turn, as n0's search does where nothing fits
+    until many nodes, costs about as much as asking once for the last."""
+    kept = table.seed_layouts
+    if kept is None or kept[0] < max_nodes:
+        covered = max(max_nodes, 2 * kept[0]) if kept is not None else max_nodes
+        kept = table.seed_layouts = (covered, _one_stage_per_node(table, gpus, covered))
+    return kept[1]
+
+
 def _descend(
     table: _StageTable, gpus: int, r: int, layout: list[tuple[int, int, int]]
 ) -> tuple[float, list[tuple[int, int, int]]]:
@@ -282,7 +294,7 @@ def _bottleneck_dp(
         memo[key] = (result if exact else budget, exact)
         return result if exact else budget
 
-    seeds = _one_stage_per_node(table, G, max_nodes)
+    seeds = _seed_layouts(table, G, max_nodes)
     result = {}
     for n in range(1, max_nodes + 1) if only is None else (only,):
         bound = max(_layout_seconds(table, seeds[n], G)) if n in seeds and n <= most_stages else INF

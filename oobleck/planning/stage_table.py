@@ -123,6 +123,8 @@ class _StageTable:
         self._marker_counts: tuple[np.ndarray, np.ndarray] | None = None
         self._stage_bands: _StageBands | None = None
         self._node_geometry: NodeGeometry | None = None
+        # ``bottleneck_search._seed_layouts``: (node counts covered, layouts by node count).
+        self.seed_layouts: tuple[int, dict[int, list[tuple[int, int, int]]]] | None = None
         self._cap_matrices: dict[int, np.ndarray] = {}
         self._cap_stack: np.ndarray | None = None
         self.total_compute = float(arrays.compute[-1])

@@ -49,8 +49,8 @@ from oobleck.planning.bottleneck_search import (
     _descend,
     _layout_seconds,
     _least_t_one_stage_per_node,
-    _one_stage_per_node,
     _refine,
+    _seed_layouts,
 )
 from oobleck.planning.gpu_relaxation import _GpuRelaxation
 from oobleck.planning.marker_bounds import _marker_bounds, _promising_markers
@@ -113,7 +113,7 @@ def _sweep_thresholds(
     cross = table.min_cross_link
     best: dict[int, tuple[float, list[tuple[int, int, int]]]] = {}
     one_stage_slowest: dict[int, float] = {}  # the least slowest stage of one-stage-per-node layouts
-    for n, layout in _one_stage_per_node(table, gpus, max(wanted, default=0)).items():
+    for n, layout in _seed_layouts(table, gpus, max(wanted, default=0)).items():
         if n in wanted:
             one_stage_slowest[n] = max(_layout_seconds(table, layout, gpus))
             best[n] = _descend(table, gpus, r, layout)

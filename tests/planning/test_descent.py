@@ -26,6 +26,7 @@ from oobleck.planning.bottleneck_search import (
     _least_t_one_stage_per_node,
     _one_stage_per_node,
     _refine,
+    _seed_layouts,
     _to_stages,
 )
 from oobleck.planning.pipeline_cost import pipeline_iteration_time
@@ -250,3 +251,15 @@ def test_templates_do_not_depend_on_the_starting_budgets(monkeypatch):
         for n in with_budgets.sizes:
             assert with_budgets[n].reference_iteration_s == pytest.approx(without[n].reference_iteration_s, rel=1e-12)
     assert all(calls.values()), calls
+
+
+def test_seed_layouts_kept_on_the_table_are_the_seeds():
+    """Asked for every node count in turn (as n0's search asks) and then for fewer, the kept seeds
+    are those of one ``_one_stage_per_node`` call for the most asked."""
+    profile = synthetic_profile(30, seed=5, jitter=0.6, output_bytes=2e7)
+    table = _StageTable(profile, cluster(30, 2, 3e9), 2)
+    expected = _one_stage_per_node(_StageTable(profile, cluster(30, 2, 3e9), 2), 2, 30)
+    for n in [*range(1, 31), 3]:
+        kept = _seed_layouts(table, 2, n)
+        assert table.seed_layouts is not None and table.seed_layouts[0] >= n
+        assert {k: v for k, v in kept.items() if k <= n} == {k: v for k, v in expected.items() if k <= n}
