@@ -61,7 +61,7 @@ from typing import Any, ClassVar
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from oobleck.errors import ConfigError, unknown_key_message
+from oobleck.errors import ConfigError, PlanningError, unknown_key_message
 from oobleck.plain import resolved_dict
 from oobleck.planning.inputs import ClusterSpec, ModelProfile
 from oobleck.planning.outputs import ExecutionPlan, LayerTransfer
@@ -205,6 +205,8 @@ class StrategyContext:
     # planner.replan_horizon; oobleck.planning.horizon, set by oobleck.elastic.job for real runs).
     replan_horizon_steps: int = 100
     _templates: dict[int, Any] = field(default_factory=dict, repr=False)
+    # f -> the PlanningError's message where no template fits (the same inputs fail the same way).
+    _no_templates: dict[int, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_config(cls, cfg: Any, profile: ModelProfile, cluster: ClusterSpec | None = None) -> StrategyContext:
@@ -241,14 +243,20 @@ class StrategyContext:
         from oobleck.planning.templates import generate_templates
 
         f = self.fault_tolerance if fault_tolerance is None else fault_tolerance
+        if f in self._no_templates:
+            raise PlanningError(self._no_templates[f])
         if f not in self._templates:
-            self._templates[f] = generate_templates(
-                self.profile,
-                self.cluster,
-                f,
-                reference_microbatches_per_stage=self.reference_microbatches_per_stage,
-                max_gpus_per_stage=self.max_gpus_per_stage,
-            )
+            try:
+                self._templates[f] = generate_templates(
+                    self.profile,
+                    self.cluster,
+                    f,
+                    reference_microbatches_per_stage=self.reference_microbatches_per_stage,
+                    max_gpus_per_stage=self.max_gpus_per_stage,
+                )
+            except PlanningError as error:
+                self._no_templates[f] = str(error)
+                raise
         return self._templates[f]
 
 

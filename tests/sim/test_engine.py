@@ -235,3 +235,30 @@ def test_rolled_back_work_is_marked_in_the_timeline():
     assert discarded == [(pytest.approx(70), pytest.approx(95))]
     spans = [(r["t_start_s"], r["t_end_s"]) for r in result.segments]
     assert all(a[1] == pytest.approx(b[0]) for a, b in zip(spans, spans[1:]))  # still tiles time
+
+
+def test_a_context_remembers_that_no_template_fits(monkeypatch):
+    """The same profile, cluster and f fail the planner the same way: a strategy that asks again
+    at every membership change (a model nothing fits) gets the same error without a search."""
+    import oobleck.planning.templates as templates_module
+    from oobleck.errors import PlanningError
+
+    calls = []
+    real = templates_module.generate_templates
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(templates_module, "generate_templates", counting)
+    context = StrategyContext(PROFILE, ClusterSpec(8, 1, 1.0, 1e10, 1e9), 1, 1, 0)  # one byte per GPU
+    messages = []
+    for _ in range(3):
+        with pytest.raises(PlanningError) as error:
+            context.templates()
+        messages.append(str(error.value))
+    assert len(calls) == 1 and len(set(messages)) == 1 and "fits" in messages[0]
+    # Another f is another question.
+    with pytest.raises(PlanningError):
+        context.templates(1)
+    assert len(calls) == 2
