@@ -13,7 +13,9 @@ which memory rules that seed out are first searched at the few thresholds the no
 rates best (``PROBE_THRESHOLDS``), and the first layout found is refined (``_refine``), so the
 ascending sweep meets most thresholds with a budget near the optimum. A bound that comes within
 ``TIE_SLACK`` of a budget rules a search out (``node_geometry``): equal layers make many layouts
-of the same T, and proving none of them better would cost as much as finding the first. Most thresholds never reach the DP: a W is skipped when no stage of time W can be the
+of the same T, and proving none of them better would cost as much as finding the first.
+
+Most thresholds never reach the DP: a W is skipped when no stage of time W can be the
 bottleneck of a better layout, first by a compute bound (``_promising_markers``), then, for the
 few markers of distinct layers, by a per-marker node relaxation (``_marker_bounds``), then by the
 node-level chain bound of ``oobleck.planning.node_bounds`` for every node count at once
