@@ -282,9 +282,7 @@ class _StageBands:
     def __init__(self, table: _StageTable):
         L, widest = table.num_layers, table.stage_gpu_limit
         positions = np.arange(L + 1)
-        caps = np.zeros((widest + 1, L + 1, L + 1))
-        for g in range(1, widest + 1):
-            caps[g] = table.cap_matrix(g)
+        caps = table.cap_stack()[: widest + 1]
         fits = (caps >= 1) & (positions[None, :, None] < positions[None, None, :])
         longest = max(int(np.where(fits, positions[None, None, :] - positions[None, :, None], 0).max()), 1)
         ends = np.arange(1, longest + 1)[:, None] + positions[None, :]
